@@ -1,0 +1,659 @@
+// train_mlp: mixed-precision training of a small MLP with mpopt, done the way a real engine does it.
+//
+//   build/examples/train_mlp                                   # fp16 + dynamic loss scaling, Adam, fused layout
+//   build/examples/train_mlp --precision bf16 --rule lamb --layout unfused
+//   build/examples/train_mlp --steps 12 --print-every 1              # watch the loss scale come down
+//   build/examples/train_mlp --help
+//
+// The task: 32-d Gaussian points labelled by a random "teacher" network (the argmax of its 10
+// outputs). The student is a 32-64-64-10 ReLU MLP trained with softmax cross-entropy.
+//
+// Who does what in one training step:
+//   the model (this file)  keeps its weights in the precision's param_type (mpopt::half,
+//                          mpopt::bfloat16 or float). Forward and backward compute in float, reading
+//                          those weights. The backward multiplies the loss gradient by
+//                          opt.loss_scale() and stores the weight gradients in grad_type.
+//   opt.step() (mpopt)     unscales the gradients, skips the step and lowers the scale if any of them
+//                          overflowed, clips to a global norm of 1, runs Adam or LAMB on the fp32
+//                          master weights and rounds the result back into the model's weights.
+//
+// With fp16 the dynamic loss scale starts at 2^24, far too high on purpose: watch the first steps
+// overflow and get skipped while the scale comes down (the "skipped" column). At the end the same
+// run (same seed, data, initial weights and batches) is repeated in fp32 without loss scaling, and
+// the two results are printed side by side. The exit code is nonzero if the loss did not go down.
+
+#include <mpopt/mpopt.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <numbers>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+constexpr int n_inputs = 32;
+constexpr int n_hidden = 64;
+constexpr int n_classes = 10;
+
+// ---------------------------------------------------------------------------------------------
+// Random numbers: splitmix64 and Box-Muller, so that every platform draws the same data and init.
+
+class rng {
+ public:
+  explicit rng(std::uint64_t seed) : state_(seed) {}
+
+  std::uint64_t next() {
+    std::uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  double uniform() { return double(next() >> 11) * 0x1.0p-53; }  // [0, 1)
+  std::size_t below(std::size_t n) { return std::size_t(uniform() * double(n)); }
+  float normal() {
+    const double u1 = 1.0 - uniform();  // (0, 1]: log(u1) is finite
+    const double u2 = uniform();
+    return float(std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2));
+  }
+
+ private:
+  std::uint64_t state_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// The data: Gaussian inputs, labelled by argmax(V tanh(U x)) for a random teacher (U, V).
+// Mildly nonlinear, and learnable by the student well beyond chance (10%) in a few hundred steps.
+
+struct dataset {
+  std::vector<float> x;  // size() rows of n_inputs
+  std::vector<int> y;    // labels in [0, n_classes)
+  std::size_t size() const { return y.size(); }
+};
+
+struct task {
+  dataset train, test;
+};
+
+task make_task(std::uint64_t seed, std::size_t n_train, std::size_t n_test) {
+  constexpr int teacher_hidden = 32;
+  rng r(seed);
+  std::vector<float> u(teacher_hidden * n_inputs), v(n_classes * teacher_hidden);
+  for (float& w : u) w = 0.75f * r.normal() / std::sqrt(float(n_inputs));
+  for (float& w : v) w = r.normal() / std::sqrt(float(teacher_hidden));
+
+  auto draw = [&](std::size_t n) {
+    dataset d;
+    d.x.resize(n * n_inputs);
+    d.y.resize(n);
+    std::array<float, teacher_hidden> h;
+    for (std::size_t s = 0; s < n; ++s) {
+      float* x = &d.x[s * n_inputs];
+      for (int i = 0; i < n_inputs; ++i) x[i] = r.normal();
+      for (int j = 0; j < teacher_hidden; ++j) {
+        float a = 0;
+        for (int i = 0; i < n_inputs; ++i) a += u[j * n_inputs + i] * x[i];
+        h[j] = std::tanh(a);
+      }
+      int best = 0;
+      float best_score = 0;
+      for (int c = 0; c < n_classes; ++c) {
+        float score = 0;
+        for (int j = 0; j < teacher_hidden; ++j) score += v[c * teacher_hidden + j] * h[j];
+        if (c == 0 || score > best_score) best = c, best_score = score;
+      }
+      d.y[s] = best;
+    }
+    return d;
+  };
+  task t;
+  t.train = draw(n_train);
+  t.test = draw(n_test);
+  return t;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Conversions between the model's storage types and float, in bulk (mpopt::convert uses F16C /
+// AVX-512 where available and rounds to nearest even).
+
+template <class T>
+void widen(std::span<const T> in, std::span<float> out) {
+  if constexpr (std::is_same_v<T, float>) std::ranges::copy(in, out.begin());
+  else mpopt::convert(in, out);
+}
+
+template <class T>
+void narrow(std::span<const float> in, std::span<T> out) {
+  if constexpr (std::is_same_v<T, float>) std::ranges::copy(in, out.begin());
+  else mpopt::convert(in, out);  // values beyond the format's range become inf: that is an overflow
+}
+
+// ---------------------------------------------------------------------------------------------
+// The model. A layer is y = W x + b with W stored [out][in], as in PyTorch. Its parameters and
+// gradients are views: into the optimizer's flat buffers (fused layout) or into vectors the
+// training loop owns (unfused layout). P is the precision's param_type, G its grad_type.
+
+template <class P, class G>
+struct linear {
+  std::string name;
+  int in = 0, out = 0;
+  std::span<P> weight, bias;
+  std::span<G> weight_grad, bias_grad;
+};
+
+// Cross-entropy of one sample's logits z[0..n_classes) against its label. With dz, also writes
+// the gradient d(loss)/dz = softmax(z) - onehot(label).
+double cross_entropy(const float* z, int label, float* dz = nullptr) {
+  const float zmax = *std::max_element(z, z + n_classes);  // for a stable softmax
+  float sum = 0;
+  for (int c = 0; c < n_classes; ++c) sum += std::exp(z[c] - zmax);
+  if (dz)
+    for (int c = 0; c < n_classes; ++c) dz[c] = std::exp(z[c] - zmax) / sum - (c == label ? 1.0f : 0.0f);
+  return std::log(sum) - (z[label] - zmax);
+}
+
+struct evaluation {
+  double loss = 0;      // mean cross-entropy
+  double accuracy = 0;  // fraction of correct argmax predictions
+};
+
+template <class P, class G>
+class mlp {
+ public:
+  static constexpr int depth = 3;
+  static constexpr std::array<int, depth + 1> widths = {n_inputs, n_hidden, n_hidden, n_classes};
+
+  std::array<linear<P, G>, depth> layers;
+
+  mlp() {
+    for (int l = 0; l < depth; ++l) {
+      layers[l].name = "fc" + std::to_string(l + 1);
+      layers[l].in = widths[l];
+      layers[l].out = widths[l + 1];
+      w_[l].resize(std::size_t(widths[l]) * widths[l + 1]);
+      wt_[l].resize(w_[l].size());
+      dw_[l].resize(w_[l].size());
+      b_[l].resize(widths[l + 1]);
+      db_[l].resize(b_[l].size());
+    }
+  }
+
+  /// He-normal weights and zero biases, drawn in float and rounded to P. Call once the layers'
+  /// views are attached to their storage.
+  void initialize(std::uint64_t seed) {
+    rng r(seed);
+    for (auto& layer : layers) {
+      const float stddev = std::sqrt(2.0f / float(layer.in));
+      for (P& w : layer.weight) w = P(stddev * r.normal());
+      std::ranges::fill(layer.bias, P(0.0f));
+    }
+  }
+
+  /// Forward and backward on one batch. Returns the batch's mean cross-entropy and stores
+  /// loss_scale * d(mean loss)/d(parameter) into the gradient tensors, in grad type G.
+  double train_batch(std::span<const float> x, std::span<const int> labels, float loss_scale) {
+    const int batch = int(labels.size());
+    load_parameters();
+    forward(x, batch);
+
+    // The loss is the batch mean, so d(loss)/d(logits) is each sample's gradient / batch.
+    // Multiplying it by the loss scale here scales every gradient of the backward pass.
+    double loss = 0;
+    dact_[depth].resize(std::size_t(batch) * n_classes);
+    for (int n = 0; n < batch; ++n) {
+      float* dz = &dact_[depth][std::size_t(n) * n_classes];
+      loss += cross_entropy(&act_[depth][std::size_t(n) * n_classes], labels[n], dz);
+      for (int c = 0; c < n_classes; ++c) dz[c] *= loss_scale / float(batch);
+    }
+
+    backward(batch);
+    for (int l = 0; l < depth; ++l) {
+      narrow<G>(dw_[l], layers[l].weight_grad);
+      narrow<G>(db_[l], layers[l].bias_grad);
+    }
+    return loss / batch;
+  }
+
+  /// Mean loss and accuracy over a whole data set (forward only).
+  evaluation evaluate(const dataset& d) {
+    constexpr std::size_t chunk = 256;
+    load_parameters();
+    evaluation e;
+    for (std::size_t first = 0; first < d.size(); first += chunk) {
+      const int batch = int(std::min(chunk, d.size() - first));
+      forward(std::span(d.x).subspan(first * n_inputs, std::size_t(batch) * n_inputs), batch);
+      for (int n = 0; n < batch; ++n) {
+        const float* z = &act_[depth][std::size_t(n) * n_classes];
+        const int label = d.y[first + n];
+        e.loss += cross_entropy(z, label);
+        e.accuracy += (std::max_element(z, z + n_classes) - z == label) ? 1 : 0;
+      }
+    }
+    e.loss /= double(d.size());
+    e.accuracy /= double(d.size());
+    return e;
+  }
+
+ private:
+  // Reads the stored parameters (type P) into the float copies the arithmetic uses, and a
+  // transposed copy of each weight so that every inner loop below runs over contiguous memory.
+  void load_parameters() {
+    for (int l = 0; l < depth; ++l) {
+      widen<P>(layers[l].weight, w_[l]);
+      widen<P>(layers[l].bias, b_[l]);
+      const int in = widths[l], out = widths[l + 1];
+      for (int o = 0; o < out; ++o)
+        for (int i = 0; i < in; ++i) wt_[l][std::size_t(i) * out + o] = w_[l][std::size_t(o) * in + i];
+    }
+  }
+
+  void forward(std::span<const float> x, int batch) {
+    act_[0].assign(x.begin(), x.end());
+    for (int l = 0; l < depth; ++l) {
+      const int in = widths[l], out = widths[l + 1];
+      act_[l + 1].resize(std::size_t(batch) * out);
+      const bool relu = l + 1 < depth;  // ReLU on the hidden layers, raw logits at the end
+      for (int n = 0; n < batch; ++n) {
+        const float* xn = &act_[l][std::size_t(n) * in];
+        float* yn = &act_[l + 1][std::size_t(n) * out];
+        std::ranges::copy(b_[l], yn);  // y = b + sum_i x[i] * W[:, i]
+        for (int i = 0; i < in; ++i) {
+          if (xn[i] == 0.0f) continue;  // ReLU zeroed it
+          const float* wi = &wt_[l][std::size_t(i) * out];
+          for (int o = 0; o < out; ++o) yn[o] += xn[i] * wi[o];
+        }
+        if (relu)
+          for (int o = 0; o < out; ++o) yn[o] = std::max(yn[o], 0.0f);
+      }
+    }
+  }
+
+  // Expects dact_[depth] = d(scaled loss)/d(logits); fills dw_ and db_.
+  void backward(int batch) {
+    for (int l = depth - 1; l >= 0; --l) {
+      const int in = widths[l], out = widths[l + 1];
+      std::ranges::fill(dw_[l], 0.0f);
+      std::ranges::fill(db_[l], 0.0f);
+      const bool propagate = l > 0;  // no gradient needed for the input data
+      if (propagate) dact_[l].assign(std::size_t(batch) * in, 0.0f);
+      for (int n = 0; n < batch; ++n) {
+        const float* xn = &act_[l][std::size_t(n) * in];
+        const float* dyn = &dact_[l + 1][std::size_t(n) * out];
+        float* dxn = propagate ? &dact_[l][std::size_t(n) * in] : nullptr;
+        for (int o = 0; o < out; ++o) {
+          const float g = dyn[o];
+          if (g == 0.0f) continue;  // ReLU zeroed it
+          db_[l][o] += g;
+          float* dwo = &dw_[l][std::size_t(o) * in];
+          for (int i = 0; i < in; ++i) dwo[i] += g * xn[i];
+          if (propagate) {
+            const float* wo = &w_[l][std::size_t(o) * in];
+            for (int i = 0; i < in; ++i) dxn[i] += g * wo[i];
+          }
+        }
+        if (propagate)  // through the ReLU that produced xn
+          for (int i = 0; i < in; ++i)
+            if (xn[i] <= 0.0f) dxn[i] = 0.0f;
+      }
+    }
+  }
+
+  std::array<std::vector<float>, depth> w_, wt_, b_;  // float copies of the parameters (wt_: transposed)
+  std::array<std::vector<float>, depth> dw_, db_;      // float gradients, before rounding to G
+  std::array<std::vector<float>, depth + 1> act_, dact_;    // activations and their gradients
+};
+
+// ---------------------------------------------------------------------------------------------
+// Command line.
+
+struct config {
+  std::string precision = "fp16";  // fp16 | bf16 | fp32
+  std::string scaler;              // dynamic | static | none; default: dynamic for fp16, else none
+  std::string rule = "adam";       // adam | lamb
+  std::string layout = "fused";    // fused | unfused
+  int steps = 600;
+  int batch = 64;
+  int accumulate = 1;
+  int print_every = 100;
+  double lr = -1;         // < 0: the rule's default (see usage)
+  double loss_scale = 0;  // 0: 2^24 initial scale for dynamic, 1024 for static
+  double weight_decay = 0.01;
+  std::uint64_t seed = 1;
+};
+
+constexpr std::string_view usage = R"(usage: train_mlp [options]
+
+Trains a 32-64-64-10 MLP on a synthetic 10-class task with mixed precision, then repeats the
+run in fp32 without loss scaling for comparison.
+
+  --precision fp16|bf16|fp32    parameter and gradient type (default fp16)
+  --scaler dynamic|static|none  loss scaling; dynamic or static need fp16 (default: dynamic
+                                for fp16, none otherwise)
+  --loss-scale S                initial scale (dynamic, default 2^24) or the scale (static,
+                                default 1024)
+  --rule adam|lamb              update rule (default adam; AdamW-style weight decay)
+  --layout fused|unfused        optimizer-owned flat buffers (add_flat_group, default) or the
+                                model's own vectors (add_group + add)
+  --steps N                     optimizer steps (default 600)
+  --batch B                     samples per micro-batch (default 64)
+  --accumulate K                micro-batches per optimizer step (default 1)
+  --lr X                        learning rate (default 3e-3 for adam, 1e-2 for lamb)
+  --seed S                      seed of the data, the initial weights and the batches (default 1)
+  --print-every N               progress line every N steps (default 100; 0: none)
+  --help                        this text
+)";
+
+struct usage_error {
+  std::string message;
+};
+
+template <class T>
+T parse_number(std::string_view flag, const std::string& text, T min) {
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(text.c_str(), &end);
+  constexpr bool integral = std::is_integral_v<T>;
+  if (text.empty() || *end != '\0' || errno != 0 || !std::isfinite(v) || v < double(min) ||
+      (integral && (v != std::floor(v) || v > 1e15))) {
+    char expected[64];
+    std::snprintf(expected, sizeof expected, "%s >= %g", integral ? "an integer" : "a number", double(min));
+    throw usage_error{std::string(flag) + " expects " + expected + ", got '" + text + "'"};
+  }
+  return T(v);
+}
+
+void check_choice(std::string_view flag, const std::string& value, std::initializer_list<std::string_view> choices) {
+  if (std::ranges::find(choices, value) != choices.end()) return;
+  std::string list;
+  for (auto c : choices) {
+    if (!list.empty()) list += '|';
+    list += c;
+  }
+  throw usage_error{std::string(flag) + " must be " + list + ", got '" + value + "'"};
+}
+
+// Returns false if --help was given.
+bool parse_args(int argc, char** argv, config& c) {
+  for (int i = 1; i < argc; ++i) {
+    std::string flag = argv[i], value;
+    if (flag == "--help" || flag == "-h") return false;
+    if (const auto eq = flag.find('='); eq != std::string::npos) {
+      value = flag.substr(eq + 1);
+      flag.resize(eq);
+    } else if (flag.starts_with("--") && i + 1 < argc && !std::string_view(argv[i + 1]).starts_with("--")) {
+      value = argv[++i];
+    } else {
+      throw usage_error{flag.starts_with("--") ? flag + " needs a value" : "unexpected argument '" + flag + "'"};
+    }
+    if (flag == "--precision") check_choice(flag, c.precision = value, {"fp16", "bf16", "fp32"});
+    else if (flag == "--scaler") check_choice(flag, c.scaler = value, {"dynamic", "static", "none"});
+    else if (flag == "--rule") check_choice(flag, c.rule = value, {"adam", "lamb"});
+    else if (flag == "--layout") check_choice(flag, c.layout = value, {"fused", "unfused"});
+    else if (flag == "--loss-scale") c.loss_scale = parse_number<double>(flag, value, 1);
+    else if (flag == "--steps") c.steps = parse_number<int>(flag, value, 1);
+    else if (flag == "--batch") c.batch = parse_number<int>(flag, value, 1);
+    else if (flag == "--accumulate") c.accumulate = parse_number<int>(flag, value, 1);
+    else if (flag == "--lr") c.lr = parse_number<double>(flag, value, 0);
+    else if (flag == "--seed") c.seed = parse_number<std::uint64_t>(flag, value, 0);
+    else if (flag == "--print-every") c.print_every = parse_number<int>(flag, value, 0);
+    else throw usage_error{"unknown option '" + flag + "'"};
+  }
+
+  if (c.scaler.empty()) c.scaler = c.precision == "fp16" ? "dynamic" : "none";
+  if (c.scaler != "none" && c.precision != "fp16")
+    throw usage_error{"--scaler " + c.scaler + " needs --precision fp16: loss scaling exists for fp16 gradients; " +
+                      c.precision + " has float's exponent range (use --scaler none)"};
+  if (c.loss_scale != 0 && c.scaler == "none") throw usage_error{"--loss-scale needs --scaler dynamic or static"};
+  if (c.loss_scale == 0) c.loss_scale = c.scaler == "dynamic" ? 0x1p24 : 1024;
+  if (c.lr < 0) c.lr = c.rule == "lamb" ? 1e-2 : 3e-3;
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Attaching the model's tensors to the optimizer. Two parameter groups in both layouts: the
+// weights with weight decay, the biases without.
+
+// Fused: the optimizer allocates one flat parameter buffer and one flat gradient buffer per group
+// (like DeepSpeed's flattened groups); the layers get views into them. They start at zero.
+template <class Opt, class Model>
+void attach_fused(Opt& opt, Model& model, const typename Opt::group_options& weights_options,
+                  const typename Opt::group_options& biases_options) {
+  std::vector<mpopt::tensor_spec> weight_specs, bias_specs;
+  for (const auto& l : model.layers) {
+    weight_specs.push_back({l.name + ".weight", std::size_t(l.in) * l.out});
+    bias_specs.push_back({l.name + ".bias", std::size_t(l.out)});
+  }
+  auto& weights = opt.add_flat_group(weights_options, weight_specs);
+  auto& biases = opt.add_flat_group(biases_options, bias_specs);
+  for (std::size_t i = 0; i < model.layers.size(); ++i) {
+    auto& l = model.layers[i];
+    l.weight = weights.param(i);
+    l.weight_grad = weights.grad(i);
+    l.bias = biases.param(i);
+    l.bias_grad = biases.grad(i);
+  }
+}
+
+// Unfused: the model owns its tensors (here std::vectors) and registers them one by one. They
+// must stay alive and in place as long as the optimizer is used.
+template <class P, class G>
+struct owned_tensor {
+  std::vector<P> param;
+  std::vector<G> grad;
+};
+
+template <class Opt, class Model>
+void attach_unfused(Opt& opt, Model& model, const typename Opt::group_options& weights_options,
+                    const typename Opt::group_options& biases_options,
+                    std::vector<owned_tensor<typename Opt::param_type, typename Opt::grad_type>>& storage) {
+  using P = typename Opt::param_type;
+  using G = typename Opt::grad_type;
+  storage.reserve(2 * model.layers.size());  // no reallocation: the optimizer keeps pointers
+  auto make = [&](std::size_t n) -> auto& {
+    return storage.emplace_back(owned_tensor<P, G>{std::vector<P>(n, P(0.0f)), std::vector<G>(n, G(0.0f))});
+  };
+  auto& weights = opt.add_group(weights_options);
+  auto& biases = opt.add_group(biases_options);
+  for (auto& l : model.layers) {
+    auto& w = make(std::size_t(l.in) * l.out);
+    auto& b = make(std::size_t(l.out));
+    weights.add(w.param, w.grad, l.name + ".weight");
+    biases.add(b.param, b.grad, l.name + ".bias");
+    l.weight = w.param;
+    l.weight_grad = w.grad;
+    l.bias = b.param;
+    l.bias_grad = b.grad;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The training loop, written once for every optimizer type.
+
+struct run_result {
+  double initial_loss = 0;  // on the whole training set, before the first step
+  double final_loss = 0;    // on the whole training set, after the last step
+  double test_accuracy = 0;
+  std::uint64_t skipped = 0;
+  double seconds = 0;  // the training loop only
+};
+
+std::string format(const char* spec, double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, spec, v);
+  return buf;
+}
+
+template <class Scaler>
+Scaler scaler_options(const config& c) {
+  if constexpr (std::is_same_v<Scaler, mpopt::dynamic_scale_options>) {
+    // A deliberately huge initial scale: the first backward passes overflow fp16 (max 65504), those
+    // steps are skipped (weights untouched) and the scale comes down until the gradients fit.
+    // After `window` clean steps the scaler tries doubling it again, which can cost another skip.
+    // DeepSpeed starts at 2^16 by default; 2^24 makes the mechanism visible.
+    return {.init_scale = c.loss_scale, .window = 200};
+  } else if constexpr (std::is_same_v<Scaler, mpopt::static_scale_options>) {
+    return {.scale = c.loss_scale};
+  } else {
+    return {};
+  }
+}
+
+template <class Opt>
+run_result train(const config& c, const task& data, bool verbose) {
+  using P = typename Opt::param_type;
+  using G = typename Opt::grad_type;
+  using clock = std::chrono::steady_clock;
+
+  std::vector<owned_tensor<P, G>> storage;  // the unfused layout's tensors; outlives the optimizer
+  // Clip the true gradient to a global L2 norm of 1; give up (mpopt::error) if 100 steps in a row
+  // overflow, which no sane loss scale would cause.
+  Opt opt({.clip_grad = 1.0, .accumulation_steps = c.accumulate, .max_consecutive_skips = 100},
+          scaler_options<typename Opt::scaler_options>(c));
+
+  const typename Opt::group_options weights_options{.lr = c.lr, .weight_decay = c.weight_decay};
+  const typename Opt::group_options biases_options{.lr = c.lr, .weight_decay = 0.0};
+  mlp<P, G> model;
+  if (c.layout == "fused") attach_fused(opt, model, weights_options, biases_options);
+  else attach_unfused(opt, model, weights_options, biases_options, storage);
+  model.initialize(c.seed);
+
+  run_result r;
+  r.initial_loss = model.evaluate(data.train).loss;
+
+  rng batches(c.seed + 1);
+  std::vector<float> x(std::size_t(c.batch) * n_inputs);
+  std::vector<int> y(c.batch);
+  double loss_sum = 0, last_norm = -1;  // mean batch loss since the last progress line; last applied step's norm
+  int loss_count = 0;
+  mpopt::step_status status;
+  const auto start = clock::now();
+  auto last_print = start;
+
+  for (int step = 1; step <= c.steps; ++step) {
+    for (int micro = 0; micro < c.accumulate; ++micro) {
+      for (int n = 0; n < c.batch; ++n) {
+        const std::size_t s = batches.below(data.train.size());
+        std::copy_n(&data.train.x[s * n_inputs], n_inputs, &x[std::size_t(n) * n_inputs]);
+        y[n] = data.train.y[s];
+      }
+      loss_sum += model.train_batch(x, y, float(opt.loss_scale()));
+      ++loss_count;
+      // One call per backward: micro-steps 1..K-1 only accumulate, the K-th applies (or skips).
+      status = opt.step();
+    }
+    if (status.applied) last_norm = status.grad_norm;
+
+    if (verbose && c.print_every > 0 && (step % c.print_every == 0 || step == c.steps)) {
+      const auto now = clock::now();
+      const double elapsed = std::chrono::duration<double>(now - last_print).count();
+      const int since = step % c.print_every == 0 ? c.print_every : step % c.print_every;
+      const std::string norm = last_norm < 0 ? "-" : format("%.3f", last_norm);  // "-": no step applied yet
+      std::printf("step %5d  loss %.4f  scale %-9.0f  grad-norm %6s  skipped %3llu  %5.0f steps/s\n", step,
+                  loss_sum / loss_count, opt.loss_scale(), norm.c_str(),
+                  static_cast<unsigned long long>(status.skipped_steps), since / elapsed);
+      loss_sum = 0;
+      loss_count = 0;
+      last_print = now;
+    }
+  }
+  r.seconds = std::chrono::duration<double>(clock::now() - start).count();
+  r.skipped = status.skipped_steps;
+  r.final_loss = model.evaluate(data.train).loss;
+  r.test_accuracy = model.evaluate(data.test).accuracy;
+  return r;
+}
+
+std::string describe(const config& c) {
+  std::string s = c.precision;
+  if (c.scaler != "none") s += " + " + c.scaler + " scale";
+  return s;
+}
+
+void print_comparison(const config& c, const run_result& mixed, const run_result& fp32) {
+  auto row = [](const char* what, const std::string& a, const std::string& b) {
+    std::printf("  %-18s %-24s %s\n", what, a.c_str(), b.c_str());
+  };
+  std::printf("\nthe same run (seed, data, initial weights, batches) in fp32 without loss scaling:\n");
+  row("", describe(c), "fp32");
+  row("final train loss", format("%.4f", mixed.final_loss), format("%.4f", fp32.final_loss));
+  row("test accuracy", format("%.1f%%", 100 * mixed.test_accuracy), format("%.1f%%", 100 * fp32.test_accuracy));
+  row("skipped steps", format("%.0f", double(mixed.skipped)), format("%.0f", double(fp32.skipped)));
+  row("wall time", format("%.2f s", mixed.seconds), format("%.2f s", fp32.seconds));
+}
+
+template <class Opt>
+int run(const config& c, const task& data) {
+  std::printf("train_mlp: %s, %s, %s layout; MLP %d-%d-%d-%d; %zu train / %zu test samples; %d steps of %s%d samples\n",
+              describe(c).c_str(), c.rule.c_str(), c.layout.c_str(), n_inputs, n_hidden, n_hidden, n_classes,
+              data.train.size(), data.test.size(), c.steps,
+              c.accumulate > 1 ? (std::to_string(c.accumulate) + " x ").c_str() : "", c.batch);
+
+  const run_result r = train<Opt>(c, data, true);
+  std::printf("done: train loss %.4f -> %.4f, test accuracy %.1f%% (chance %.0f%%), %llu of %d steps skipped, %.2f s\n",
+              r.initial_loss, r.final_loss, 100 * r.test_accuracy, 100.0 / n_classes,
+              static_cast<unsigned long long>(r.skipped), c.steps, r.seconds);
+
+  if constexpr (!std::is_same_v<typename Opt::precision, mpopt::fp32>) {
+    using reference = mpopt::optimizer<mpopt::fp32, mpopt::no_scaling, mpopt::replicated, typename Opt::rule>;
+    config fc = c;
+    fc.precision = "fp32";
+    fc.scaler = "none";
+    print_comparison(c, r, train<reference>(fc, data, false));
+  }
+
+  if (!(r.final_loss < r.initial_loss)) {  // also catches a NaN loss
+    std::fprintf(stderr, "train_mlp: training did not reduce the loss (%.4f -> %.4f)\n", r.initial_loss, r.final_loss);
+    return 1;
+  }
+  return 0;
+}
+
+// Runtime flags -> one instantiation of mpopt::optimizer<Precision, LossScaler, Partition, Rule>.
+template <class Precision, class Scaler>
+int run_with_rule(const config& c, const task& data) {
+  if (c.rule == "lamb") return run<mpopt::optimizer<Precision, Scaler, mpopt::replicated, mpopt::lamb>>(c, data);
+  return run<mpopt::optimizer<Precision, Scaler, mpopt::replicated, mpopt::adam>>(c, data);
+}
+
+int dispatch(const config& c, const task& data) {
+  if (c.precision == "fp32") return run_with_rule<mpopt::fp32, mpopt::no_scaling>(c, data);
+  if (c.precision == "bf16") return run_with_rule<mpopt::bf16, mpopt::no_scaling>(c, data);
+  if (c.scaler == "dynamic") return run_with_rule<mpopt::fp16, mpopt::dynamic_scale>(c, data);
+  if (c.scaler == "static") return run_with_rule<mpopt::fp16, mpopt::static_scale>(c, data);
+  return run_with_rule<mpopt::fp16, mpopt::no_scaling>(c, data);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  config c;
+  try {
+    if (!parse_args(argc, argv, c)) {
+      std::fputs(usage.data(), stdout);
+      return 0;
+    }
+  } catch (const usage_error& e) {
+    std::fprintf(stderr, "train_mlp: %s (see --help)\n", e.message.c_str());
+    return 2;
+  }
+
+  try {
+    const task data = make_task(c.seed, 8192, 2048);
+    return dispatch(c, data);
+  } catch (const mpopt::error& e) {  // invalid option, or training beyond what the scaler can rescue
+    std::fprintf(stderr, "train_mlp: %s\n", e.what());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "train_mlp: unexpected error: %s\n", e.what());
+  }
+  return 1;
+}

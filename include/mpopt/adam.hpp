@@ -1,0 +1,61 @@
+// mpopt — the Adam update rule (FusedAdam math): L2 or decoupled (AdamW) weight decay.
+#pragma once
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "detail/adam_math.hpp"
+#include "detail/validate.hpp"
+
+namespace mpopt {
+
+struct adam {
+  /// Per parameter group. Defaults are FusedAdam's, with adam_w_mode=True as DeepSpeed builds it.
+  struct options {
+    double lr = 1e-3;
+    double beta1 = 0.9;
+    double beta2 = 0.999;
+    double eps = 1e-8;
+    double weight_decay = 0.0;
+    bool decoupled_weight_decay = true;  ///< AdamW; false: L2 decay added to the gradient
+    bool bias_correction = true;
+
+    void validate(std::string_view group) const {
+      const std::string g(group);
+      detail::require_non_negative(g + ".lr", lr);
+      detail::require_beta(g + ".beta1", beta1);
+      detail::require_beta(g + ".beta2", beta2);
+      detail::require_positive(g + ".eps", eps);
+      detail::require_non_negative(g + ".weight_decay", weight_decay);
+    }
+  };
+
+  static constexpr std::string_view name = "adam";
+  static constexpr std::array<std::string_view, 2> moment_names = {"exp_avg", "exp_avg_sq"};
+
+  /// Scalars of step t (1-based: the t-th applied step of the group).
+  static detail::adam_coefficients coefficients(const options& o, std::uint64_t t) {
+    const double bc1 = o.bias_correction ? 1.0 - std::pow(o.beta1, double(t)) : 1.0;
+    const double bc2 = o.bias_correction ? 1.0 - std::pow(o.beta2, double(t)) : 1.0;
+    return {float(o.lr), float(o.beta1), float(o.beta2), float(1.0 - o.beta1), float(1.0 - o.beta2),
+            float(1.0 / bc1), float(1.0 / bc2), float(o.eps), float(o.weight_decay), o.decoupled_weight_decay};
+  }
+
+  static nlohmann::json to_json(const options& o) {
+    return {{"lr", o.lr}, {"beta1", o.beta1}, {"beta2", o.beta2}, {"eps", o.eps},
+            {"weight_decay", o.weight_decay}, {"decoupled_weight_decay", o.decoupled_weight_decay},
+            {"bias_correction", o.bias_correction}};
+  }
+  static options from_json(const nlohmann::json& j) {
+    return {j.at("lr").get<double>(), j.at("beta1").get<double>(), j.at("beta2").get<double>(),
+            j.at("eps").get<double>(), j.at("weight_decay").get<double>(),
+            j.at("decoupled_weight_decay").get<bool>(), j.at("bias_correction").get<bool>()};
+  }
+};
+
+}  // namespace mpopt

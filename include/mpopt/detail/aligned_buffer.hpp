@@ -1,0 +1,39 @@
+// mpopt — a fixed-size, 64-byte-aligned array: state buffers start on a cache line and a zmm
+// boundary, and are never reallocated (views into them stay valid).
+#pragma once
+
+#include <cstddef>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <span>
+
+namespace mpopt::detail {
+
+template <class T>
+class aligned_buffer {
+ public:
+  static constexpr std::size_t alignment = 64;
+
+  aligned_buffer() = default;
+  explicit aligned_buffer(std::size_t n) : size_(n) {
+    if (n) data_.reset(static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{alignment})));
+  }
+
+  T* data() { return data_.get(); }
+  const T* data() const { return data_.get(); }
+  std::size_t size() const { return size_; }
+  std::span<T> span() { return {data(), size_}; }
+  std::span<const T> span() const { return {data(), size_}; }
+  T& operator[](std::size_t i) { return data_[i]; }
+  const T& operator[](std::size_t i) const { return data_[i]; }
+
+ private:
+  struct release {
+    void operator()(T* p) const { ::operator delete(p, std::align_val_t{alignment}); }
+  };
+  std::unique_ptr<T[], release> data_;
+  std::size_t size_ = 0;
+};
+
+}  // namespace mpopt::detail

@@ -1,0 +1,50 @@
+// mpopt — the LAMB element math, shared by every backend. LAMB needs per-tensor norms of the weights
+// and of the update before any weight may change, so a step is two element passes: lamb_direction
+// advances the moments and yields the update direction u (whose squares the backend sums per tensor);
+// the second pass recomputes u from the stored moments, bit for bit, and applies lamb_apply.
+#pragma once
+
+#include "config.hpp"
+#include "lanes.hpp"
+
+namespace mpopt::detail {
+
+struct lamb_coefficients {
+  float beta1, beta2;
+  float one_minus_beta1, one_minus_beta2;
+  float eps;
+  float weight_decay;
+  bool eps_inside_sqrt;
+};
+
+/// FusedLamb (DeepSpeed csrc/lamb/fused_lamb_cuda_kernel.cu): uncorrected moments,
+/// u = m / (sqrt(v) + eps) + wd * p (or sqrt(v + eps) with eps inside).
+template <class V>
+MPOPT_HOST_DEVICE V lamb_direction(V m, V v, V p, const lamb_coefficients& c) {
+  const V den = c.eps_inside_sqrt ? sqrt(v + V(c.eps)) : sqrt(v) + V(c.eps);
+  return fma(V(c.weight_decay), p, m / den);
+}
+
+/// Advances the moments with the true gradient g; returns the direction u.
+template <class V>
+MPOPT_HOST_DEVICE V lamb_moments(V g, V& m, V& v, V p, const lamb_coefficients& c) {
+  m = fma(V(c.beta1), m, V(c.one_minus_beta1) * g);
+  v = fma(V(c.beta2), v, (V(c.one_minus_beta2) * g) * g);
+  return lamb_direction(m, v, p, c);
+}
+
+/// p - alpha * u, with alpha = lr * sqrt(1 - beta2^t) / (1 - beta1^t) * trust_ratio for this tensor.
+template <class V>
+MPOPT_HOST_DEVICE V lamb_apply(V u, V p, float alpha) {
+  return fma(V(-alpha), u, p);
+}
+
+/// FusedLamb's trust ratio: ||p|| / ||u|| clamped to [min_coeff, max_coeff]; 1 when either norm is 0.
+MPOPT_HOST_DEVICE double lamb_trust_ratio(double weight_norm, double update_norm, double min_coeff,
+                                          double max_coeff) {
+  if (weight_norm == 0 || update_norm == 0) return 1.0;
+  const double r = weight_norm / update_norm;
+  return r < min_coeff ? min_coeff : (r > max_coeff ? max_coeff : r);
+}
+
+}  // namespace mpopt::detail

@@ -1,0 +1,55 @@
+// mpopt — deterministic sum of squares. Element i of a chunk always goes to fp32 lane i % 16 and the
+// 16 lanes are combined by one fixed pairwise tree, so the AVX-512 path, the scalar path and any
+// thread count give the same bits; across chunks the caller adds in double, in chunk order.
+#pragma once
+
+#include <cstddef>
+
+#include "lanes.hpp"
+
+namespace mpopt::detail {
+
+constexpr std::size_t sum_lanes = 16;
+
+inline float lane_tree_sum(float (&a)[sum_lanes]) {
+  for (std::size_t w = sum_lanes / 2; w > 0; w /= 2)
+    for (std::size_t j = 0; j < w; ++j) a[j] = a[j] + a[j + w];
+  return a[0];
+}
+
+template <class L>
+struct square_sum;
+
+template <>
+struct square_sum<scalar_lanes> {
+  float lanes[sum_lanes] = {};
+  void add(std::size_t i, float x, full_t) { lanes[i % sum_lanes] = fma(x, x, lanes[i % sum_lanes]); }
+  float total() { return lane_tree_sum(lanes); }
+};
+
+/// True if any active lane is NaN or infinite.
+inline bool any_nonfinite(float x, full_t) { return !(std::fabs(x) <= 3.40282347e+38f); }
+
+#if MPOPT_HAVE_AVX512
+MPOPT_INTRINSICS_BEGIN
+template <>
+struct square_sum<avx512_lanes> {
+  __m512 acc = _mm512_setzero_ps();
+  void add(std::size_t, f32x16 x, full_t) { acc = _mm512_fmadd_ps(x.r, x.r, acc); }
+  void add(std::size_t, f32x16 x, __mmask16 m) { acc = _mm512_mask3_fmadd_ps(x.r, x.r, acc, m); }
+  float total() {
+    alignas(64) float a[sum_lanes];
+    _mm512_store_ps(a, acc);
+    return lane_tree_sum(a);
+  }
+};
+
+inline bool any_nonfinite(f32x16 x, __mmask16 m) {
+  const __m512 magnitude = _mm512_abs_ps(x.r);
+  return _mm512_mask_cmp_ps_mask(m, magnitude, _mm512_set1_ps(3.40282347e+38f), _CMP_NLE_UQ) != 0;
+}
+inline bool any_nonfinite(f32x16 x, full_t) { return any_nonfinite(x, __mmask16(0xFFFF)); }
+MPOPT_INTRINSICS_END
+#endif
+
+}  // namespace mpopt::detail

@@ -1,0 +1,476 @@
+// mpopt — the optimizer's checkpoint container: a safetensors-compatible file.
+//
+// Layout (all of it readable by the Python `safetensors` package):
+//   [8 bytes]  N, little-endian uint64: length of the JSON header
+//   [N bytes]  UTF-8 JSON object, starting with '{', padded with trailing spaces so (8 + N) % 8 == 0
+//   [rest]     data section: tensors back to back in the order they were added, no padding
+//              (safetensors forbids holes), so readers memcpy instead of casting pointers.
+// Header:
+//   {"__metadata__": {"format": "mpopt-state", "format_version": "1",
+//                     "mpopt": "<the optimizer's JSON, serialized>", "checksum": "<16 hex digits>"},
+//    "<tensor>": {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]}, ...}
+// data_offsets are relative to the start of the data section. The checksum is MurmurHash64A (see
+// checksum64) over the bytes of the "mpopt" string followed by the whole data section.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <set>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "../error.hpp"
+
+#if __has_include(<unistd.h>)
+#include <unistd.h>  // fsync
+#define MPOPT_STATE_FILE_HAVE_FSYNC 1
+#else
+#define MPOPT_STATE_FILE_HAVE_FSYNC 0
+#endif
+
+namespace mpopt::detail {
+
+/// Maps an element type to its safetensors dtype name. The library's 16-bit float types (and any
+/// other trivially copyable type whose size matches the dtype) opt in by specializing it:
+///   template <> struct state_dtype<mpopt::half> { static constexpr std::string_view value = "F16"; };
+template <class T>
+struct state_dtype {};
+template <> struct state_dtype<double> { static constexpr std::string_view value = "F64"; };
+template <> struct state_dtype<float> { static constexpr std::string_view value = "F32"; };
+template <> struct state_dtype<std::int64_t> { static constexpr std::string_view value = "I64"; };
+template <> struct state_dtype<std::int32_t> { static constexpr std::string_view value = "I32"; };
+template <> struct state_dtype<std::uint8_t> { static constexpr std::string_view value = "U8"; };
+
+template <class T>
+concept state_element = std::is_trivially_copyable_v<T> && requires {
+  { state_dtype<T>::value } -> std::convertible_to<std::string_view>;
+};
+
+/// Bytes per element of a safetensors dtype we support; 0 for anything else.
+inline std::size_t state_dtype_size(std::string_view dtype) {
+  static constexpr std::array<std::pair<std::string_view, std::size_t>, 7> table{{
+      {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8}, {"I32", 4}, {"U8", 1}}};
+  for (const auto& [name, size] : table)
+    if (name == dtype) return size;
+  return 0;
+}
+
+/// MurmurHash64A (Austin Appleby's public-domain hash, seed 0), fed incrementally. Each 8-byte
+/// little-endian word goes through an invertible multiply-xorshift mix and is folded into the state
+/// with another odd multiply, so any change confined to one word always changes the result; about
+/// one multiply latency per 8 bytes keeps it well above disk speed. It detects corruption, it is not
+/// a defence against deliberate tampering. The total length must be known up front (the algorithm
+/// seeds with it); both the writer and the reader know it.
+class checksum64 {
+ public:
+  explicit checksum64(std::uint64_t total_length) : h_(total_length * m) {}
+
+  void update(std::span<const std::byte> s) {
+    std::size_t i = 0;
+    if (pending_ != 0) {  // complete a word left over from the previous call
+      while (pending_ < 8 && i < s.size()) buf_[pending_++] = s[i++];
+      if (pending_ < 8) return;
+      word(load(buf_.data()));
+      pending_ = 0;
+    }
+    for (; i + 8 <= s.size(); i += 8) word(load(s.data() + i));
+    for (; i < s.size(); ++i) buf_[pending_++] = s[i];
+  }
+
+  std::uint64_t finish() const {
+    std::uint64_t h = h_;
+    if (pending_ != 0) {  // 1..7 tail bytes, as a zero-extended little-endian word
+      std::uint64_t tail = 0;
+      for (std::size_t i = pending_; i-- > 0;) tail = (tail << 8) | std::to_integer<std::uint64_t>(buf_[i]);
+      h ^= tail;
+      h *= m;
+    }
+    h ^= h >> r;
+    h *= m;
+    h ^= h >> r;
+    return h;
+  }
+
+  static std::string hex(std::uint64_t v) {
+    std::string s(16, '0');
+    for (std::size_t i = 16; i-- > 0; v >>= 4) s[i] = "0123456789abcdef"[v & 15];
+    return s;
+  }
+
+ private:
+  static constexpr std::uint64_t m = 0xc6a4a7935bd1e995ULL;
+  static constexpr int r = 47;
+
+  static std::uint64_t load(const std::byte* p) {
+    std::uint64_t v;
+    std::memcpy(&v, p, 8);
+    if constexpr (std::endian::native == std::endian::big) {
+      std::uint64_t le = 0;
+      for (int i = 0; i < 8; ++i, v >>= 8) le = (le << 8) | (v & 0xff);
+      v = le;
+    }
+    return v;
+  }
+
+  void word(std::uint64_t k) {
+    k *= m;
+    k ^= k >> r;
+    k *= m;
+    h_ ^= k;
+    h_ *= m;
+  }
+
+  std::uint64_t h_;
+  std::array<std::byte, 8> buf_{};
+  std::size_t pending_ = 0;
+};
+
+/// out = product(shape) * elem; false on a negative dimension or on overflow.
+inline bool state_tensor_bytes(const std::vector<std::int64_t>& shape, std::size_t elem, std::uint64_t& out) {
+  std::uint64_t n = elem;
+  for (std::int64_t d : shape) {
+    if (d < 0) return false;
+    const auto ud = static_cast<std::uint64_t>(d);
+    if (ud != 0 && n > UINT64_MAX / ud) return false;
+    n *= ud;
+  }
+  out = n;
+  return true;
+}
+
+inline std::string state_shape_string(const std::vector<std::int64_t>& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+inline std::string state_errno_message(const std::filesystem::path& path, const char* what) {
+  return path.string() + ": " + what + ": " + std::strerror(errno);
+}
+
+inline constexpr std::string_view state_format = "mpopt-state";
+inline constexpr std::string_view state_format_version = "1";
+
+class state_writer {
+ public:
+  /// The optimizer's own metadata; stored serialized as __metadata__["mpopt"].
+  void set_metadata(nlohmann::json meta) { meta_ = std::move(meta); }
+
+  /// Records a tensor without copying: `data` must stay alive until write().
+  void add(std::string name, std::string_view dtype, std::vector<std::int64_t> shape,
+           std::span<const std::byte> data) {
+    if (name.empty() || name.starts_with("__"))
+      throw error("state file: invalid tensor name '" + name + "' (empty or starting with \"__\")");
+    if (names_.contains(name)) throw error("state file: duplicate tensor name '" + name + "'");
+    const std::size_t elem = state_dtype_size(dtype);
+    if (elem == 0) throw error("state file: tensor '" + name + "': unknown dtype '" + std::string(dtype) + "'");
+    std::uint64_t expected = 0;
+    if (!state_tensor_bytes(shape, elem, expected))
+      throw error("state file: tensor '" + name + "': invalid shape " + state_shape_string(shape));
+    if (expected != data.size())
+      throw error("state file: tensor '" + name + "': shape " + state_shape_string(shape) + " of " +
+                  std::string(dtype) + " needs " + std::to_string(expected) + " bytes, data has " +
+                  std::to_string(data.size()));
+    names_.insert(name);
+    entries_.push_back({std::move(name), std::string(dtype), std::move(shape), data});
+  }
+
+  template <state_element T>
+  void add(std::string name, std::vector<std::int64_t> shape, std::span<const T> data) {
+    add(std::move(name), state_dtype<T>::value, std::move(shape), std::as_bytes(data));
+  }
+
+  /// Writes path + ".tmp", flushes it to disk, then renames it over `path`: a crash or failure
+  /// leaves either the old checkpoint or the new one under the real name, never a partial file.
+  void write(const std::filesystem::path& path) const {
+    std::string meta_text;
+    try {
+      meta_text = meta_.dump();
+    } catch (const nlohmann::json::exception& e) {
+      throw error(path.string() + ": cannot serialize metadata: " + e.what());
+    }
+
+    std::uint64_t data_size = 0;
+    for (const auto& e : entries_) data_size += e.data.size();
+    checksum64 sum(meta_text.size() + data_size);
+    sum.update(std::as_bytes(std::span(meta_text)));
+    for (const auto& e : entries_) sum.update(e.data);
+
+    // ordered_json keeps __metadata__ first and the tensors in insertion (= file) order.
+    nlohmann::ordered_json header;
+    header["__metadata__"] = {{"format", state_format},
+                              {"format_version", state_format_version},
+                              {"mpopt", meta_text},
+                              {"checksum", checksum64::hex(sum.finish())}};
+    std::uint64_t offset = 0;
+    for (const auto& e : entries_) {
+      const std::uint64_t end = offset + e.data.size();
+      header[e.name] = {{"dtype", e.dtype}, {"shape", e.shape}, {"data_offsets", {offset, end}}};
+      offset = end;
+    }
+    std::string text = header.dump();
+    text.append((8 - text.size() % 8) % 8, ' ');  // 8 + N stays a multiple of 8
+
+    std::array<std::byte, 8> prefix{};
+    for (std::size_t i = 0, n = text.size(); i < 8; ++i, n >>= 8) prefix[i] = static_cast<std::byte>(n & 0xff);
+
+    std::filesystem::path tmp = path;
+    tmp += ".tmp";
+    std::FILE* f = std::fopen(tmp.c_str(), "wb");
+    if (!f) throw error(state_errno_message(tmp, "cannot open for writing"));
+    auto fail = [&](const char* what) {
+      const std::string msg = state_errno_message(tmp, what);
+      if (f) std::fclose(f);
+      std::error_code ec;
+      std::filesystem::remove(tmp, ec);
+      throw error(msg);
+    };
+    auto put = [&](const void* p, std::size_t n) {
+      if (n != 0 && std::fwrite(p, 1, n, f) != n) fail("write failed");
+    };
+    put(prefix.data(), prefix.size());
+    put(text.data(), text.size());
+    for (const auto& e : entries_) put(e.data.data(), e.data.size());
+    if (std::fflush(f) != 0) fail("flush failed");
+#if MPOPT_STATE_FILE_HAVE_FSYNC
+    if (::fsync(::fileno(f)) != 0) fail("fsync failed");
+#endif
+    const int rc = std::fclose(f);
+    f = nullptr;
+    if (rc != 0) fail("close failed");
+
+    std::error_code ec;
+    std::filesystem::rename(tmp, path, ec);
+    if (ec) {
+      const std::string msg = path.string() + ": cannot rename " + tmp.string() + " into place: " + ec.message();
+      std::filesystem::remove(tmp, ec);
+      throw error(msg);
+    }
+  }
+
+ private:
+  struct entry {
+    std::string name;
+    std::string dtype;
+    std::vector<std::int64_t> shape;
+    std::span<const std::byte> data;
+  };
+  nlohmann::json meta_ = nlohmann::json::object();
+  std::vector<entry> entries_;
+  std::set<std::string, std::less<>> names_;
+};
+
+class state_reader {
+ public:
+  /// Reads the whole file and validates structure and checksum before returning.
+  explicit state_reader(const std::filesystem::path& path) : path_(path.string()) {
+    load(path);
+    parse();
+  }
+
+  const nlohmann::json& metadata() const { return meta_; }
+  bool contains(std::string_view name) const { return index_.contains(name); }
+
+  std::vector<std::string> names() const {
+    std::vector<std::string> out;
+    out.reserve(entries_.size());
+    for (const auto& e : entries_) out.push_back(e.name);
+    return out;
+  }
+
+  std::string_view dtype(std::string_view name) const { return find(name).dtype; }
+  const std::vector<std::int64_t>& shape(std::string_view name) const { return find(name).shape; }
+
+  std::span<const std::byte> bytes(std::string_view name) const {
+    const entry& e = find(name);
+    return {data_ + e.begin, static_cast<std::size_t>(e.end - e.begin)};
+  }
+
+  /// Copies tensor `name` into `out` after checking its dtype and element count.
+  template <state_element T>
+  void read(std::string_view name, std::span<T> out) const {
+    const entry& e = find(name);
+    constexpr std::string_view want = state_dtype<T>::value;
+    if (e.dtype != want)
+      throw error(path_ + ": tensor '" + e.name + "': dtype mismatch: expected " + std::string(want) +
+                  ", found " + e.dtype);
+    const std::uint64_t count = (e.end - e.begin) / sizeof(T);
+    if (count != out.size())
+      throw error(path_ + ": tensor '" + e.name + "': size mismatch: expected " + std::to_string(out.size()) +
+                  " elements, found " + std::to_string(count) + " (shape " + state_shape_string(e.shape) + ")");
+    if (!out.empty()) std::memcpy(out.data(), data_ + e.begin, out.size_bytes());
+  }
+
+ private:
+  struct entry {
+    std::string name;
+    std::string dtype;
+    std::vector<std::int64_t> shape;
+    std::uint64_t begin, end;  // relative to the data section
+  };
+
+  [[noreturn]] void fail(const std::string& what) const { throw error(path_ + ": " + what); }
+
+  const entry& find(std::string_view name) const {
+    const auto it = index_.find(name);
+    if (it == index_.end()) fail("no tensor named '" + std::string(name) + "'");
+    return entries_[it->second];
+  }
+
+  void load(const std::filesystem::path& path) {
+    std::error_code ec;
+    const std::uintmax_t size = std::filesystem::file_size(path, ec);
+    if (ec) fail("cannot read: " + ec.message());
+    std::FILE* f = std::fopen(path.c_str(), "rb");
+    if (!f) fail(std::string("cannot open: ") + std::strerror(errno));
+    size_ = static_cast<std::size_t>(size);
+    file_ = std::make_unique_for_overwrite<std::byte[]>(size_);
+    errno = 0;
+    const std::size_t got = size_ ? std::fread(file_.get(), 1, size_, f) : 0;
+    const int err = errno;
+    std::fclose(f);
+    if (got != size_) fail(std::string("read failed: ") + (err ? std::strerror(err) : "short read"));
+  }
+
+  using header_json = nlohmann::ordered_json;  // keeps the header's key order
+
+  static const header_json* member(const header_json& obj, const char* key) {
+    const auto it = obj.find(key);
+    return it == obj.end() ? nullptr : &*it;
+  }
+  static bool is_string(const header_json* v, std::string_view s) {
+    return v && v->is_string() && v->get_ref<const std::string&>() == s;
+  }
+
+  void parse() {
+    if (size_ == 0) fail("empty file (truncated, not an mpopt state file)");
+    if (size_ < 8) fail("truncated: " + std::to_string(size_) + " bytes, less than the 8-byte header length");
+    std::uint64_t n = 0;
+    for (std::size_t i = 8; i-- > 0;) n = (n << 8) | std::to_integer<std::uint64_t>(file_[i]);
+    if (n > 100'000'000) fail("header length " + std::to_string(n) + " exceeds 100 MB: not an mpopt state file");
+    if (n > size_ - 8)
+      fail("truncated: header length " + std::to_string(n) + " but only " + std::to_string(size_ - 8) +
+           " bytes follow");
+    data_ = file_.get() + 8 + n;
+    const std::uint64_t data_size = size_ - 8 - n;
+
+    header_json header;
+    const auto* text = reinterpret_cast<const char*>(file_.get() + 8);
+    try {
+      header = header_json::parse(text, text + n);
+    } catch (const nlohmann::json::exception& e) {
+      fail(std::string("header is not valid JSON: ") + e.what());
+    }
+    if (!header.is_object()) fail("header is not a JSON object: not an mpopt state file");
+
+    const header_json* meta = member(header, "__metadata__");
+    if (!meta || !meta->is_object()) fail("no __metadata__: not an mpopt state file");
+    for (const auto& [k, v] : meta->items())
+      if (!v.is_string()) fail("__metadata__ value '" + k + "' is not a string");
+    if (!is_string(member(*meta, "format"), state_format)) fail("format is not \"mpopt-state\": not an mpopt state file");
+    const header_json* version = member(*meta, "format_version");
+    if (!version) fail("missing __metadata__.format_version");
+    if (!is_string(version, state_format_version))
+      fail("unsupported format_version \"" + version->get<std::string>() + "\" (supported: \"" +
+           std::string(state_format_version) + "\")");
+    const header_json* mpopt_text = member(*meta, "mpopt");
+    const header_json* stored_sum = member(*meta, "checksum");
+    if (!mpopt_text) fail("missing __metadata__.mpopt");
+    if (!stored_sum) fail("missing __metadata__.checksum");
+
+    for (const auto& [name, t] : header.items()) {
+      if (name == "__metadata__") continue;
+      entries_.push_back(parse_entry(name, t, data_size));
+    }
+
+    // Tensors must tile the data section exactly, as safetensors requires. The stable sort keeps
+    // zero-size tensors that share an offset in header (= insertion) order.
+    std::stable_sort(entries_.begin(), entries_.end(),
+                     [](const entry& a, const entry& b) { return a.begin < b.begin || (a.begin == b.begin && a.end < b.end); });
+    std::uint64_t cursor = 0;
+    for (const auto& e : entries_) {
+      if (e.begin > cursor)
+        fail("hole in data section: bytes [" + std::to_string(cursor) + ", " + std::to_string(e.begin) +
+             ") belong to no tensor (before '" + e.name + "')");
+      if (e.begin < cursor) fail("tensor '" + e.name + "' overlaps the previous tensor");
+      cursor = e.end;
+    }
+    if (cursor != data_size)
+      fail("hole in data section: " + std::to_string(data_size - cursor) + " trailing bytes belong to no tensor");
+    for (std::size_t i = 0; i < entries_.size(); ++i) index_.emplace(entries_[i].name, i);
+
+    const std::string& mpopt = mpopt_text->get_ref<const std::string&>();
+    checksum64 sum(mpopt.size() + data_size);
+    sum.update(std::as_bytes(std::span(mpopt)));
+    sum.update({data_, static_cast<std::size_t>(data_size)});
+    const std::string actual = checksum64::hex(sum.finish());
+    if (actual != stored_sum->get_ref<const std::string&>())
+      fail("checksum mismatch: header says " + stored_sum->get<std::string>() + ", contents hash to " + actual +
+           " (the file is corrupt)");
+
+    try {
+      meta_ = nlohmann::json::parse(mpopt);
+    } catch (const nlohmann::json::exception& e) {
+      fail(std::string("__metadata__.mpopt is not valid JSON: ") + e.what());
+    }
+  }
+
+  entry parse_entry(const std::string& name, const header_json& t, std::uint64_t data_size) const {
+    const std::string where = "tensor '" + name + "': ";
+    if (!t.is_object()) fail(where + "entry is not an object");
+    const header_json* dtype = member(t, "dtype");
+    const header_json* shape = member(t, "shape");
+    const header_json* offsets = member(t, "data_offsets");
+    if (!dtype || !shape || !offsets) fail(where + "needs dtype, shape and data_offsets");
+    if (!dtype->is_string() || state_dtype_size(dtype->get_ref<const std::string&>()) == 0)
+      fail(where + "unknown dtype " + dtype->dump());
+
+    entry e{name, dtype->get<std::string>(), {}, 0, 0};
+    if (!shape->is_array()) fail(where + "shape is not an array");
+    for (const auto& d : *shape) {
+      // Non-negative JSON integers parse as number_unsigned; negatives and fractions do not.
+      if (!d.is_number_unsigned() || d.get<std::uint64_t>() > INT64_MAX)
+        fail(where + "shape " + shape->dump() + " must hold non-negative integers");
+      e.shape.push_back(static_cast<std::int64_t>(d.get<std::uint64_t>()));
+    }
+    if (!offsets->is_array() || offsets->size() != 2 || !(*offsets)[0].is_number_unsigned() ||
+        !(*offsets)[1].is_number_unsigned())
+      fail(where + "data_offsets " + offsets->dump() + " must be two non-negative integers");
+    e.begin = (*offsets)[0].get<std::uint64_t>();
+    e.end = (*offsets)[1].get<std::uint64_t>();
+    if (e.begin > e.end) fail(where + "data_offsets " + offsets->dump() + " end before they begin");
+    if (e.end > data_size)
+      fail("truncated or corrupt: " + where + "data_offsets " + offsets->dump() +
+           " run past the end of the data section (" + std::to_string(data_size) + " bytes)");
+    std::uint64_t expected = 0;
+    if (!state_tensor_bytes(e.shape, state_dtype_size(e.dtype), expected) || expected != e.end - e.begin)
+      fail(where + "shape " + shape->dump() + " of " + e.dtype + " does not match data_offsets " +
+           offsets->dump() + " (" + std::to_string(e.end - e.begin) + " bytes)");
+    return e;
+  }
+
+  std::string path_;
+  std::unique_ptr<std::byte[]> file_;
+  std::size_t size_ = 0;
+  const std::byte* data_ = nullptr;
+  std::vector<entry> entries_;
+  std::map<std::string, std::size_t, std::less<>> index_;
+  nlohmann::json meta_;
+};
+
+}  // namespace mpopt::detail

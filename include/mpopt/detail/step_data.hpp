@@ -1,0 +1,40 @@
+// mpopt — the tensor table and the buffers one step touches: what the optimizer hands its backend.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "work_list.hpp"
+
+namespace mpopt::detail {
+
+template <class Param, class Grad>
+struct tensor_slot {
+  Param* param;
+  Grad* grad;
+  std::size_t size;
+  std::size_t offset;   ///< start in the fp32 state buffers (64-byte aligned)
+  std::uint32_t group;
+};
+
+/// Pointers and scalars for one pass. Kernels read the true gradient as
+/// (accum + grad) * grad_scale, or grad * grad_scale without accumulation.
+template <class Precision>
+struct step_data {
+  using param_type = typename Precision::param_type;
+  using grad_type = typename Precision::grad_type;
+  static constexpr bool has_master = Precision::has_master;
+
+  const tensor_slot<param_type, grad_type>* tensors = nullptr;
+  const work_list* work = nullptr;
+  float* master = nullptr;        ///< null when the parameter is its own master (fp32)
+  float* m = nullptr;             ///< first moment
+  float* v = nullptr;             ///< second moment
+  float* accum = nullptr;         ///< gradient accumulator, null when not accumulating
+  float* chunk_sum = nullptr;     ///< per-chunk partial sums of squares
+  float* chunk_sum2 = nullptr;    ///< a second per-chunk partial (LAMB: update norms)
+  std::uint8_t* chunk_nonfinite = nullptr;
+  float grad_scale = 1.0f;
+};
+
+}  // namespace mpopt::detail

@@ -1,0 +1,56 @@
+// mpopt — the multi-tensor work list: every tensor cut into chunks of at most chunk_elements, in
+// tensor order. Per-chunk partial sums make every reduction independent of the thread count, and
+// threads take contiguous, element-balanced runs of chunks, so thousands of small tensors cost one
+// parallel loop, not thousands.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+namespace mpopt::detail {
+
+constexpr std::size_t chunk_elements = std::size_t{1} << 16;
+
+struct chunk {
+  std::uint32_t tensor;  ///< index into the optimizer's tensor table
+  std::size_t begin;     ///< first element, relative to the tensor
+  std::size_t size;
+};
+
+class work_list {
+ public:
+  void add_tensor(std::uint32_t tensor, std::size_t size) {
+    for (std::size_t b = 0; b < size; b += chunk_elements) {
+      chunks_.push_back({tensor, b, std::min(chunk_elements, size - b)});
+      prefix_.push_back(prefix_.back() + chunks_.back().size);
+    }
+    first_chunk_.push_back(chunks_.size());
+  }
+
+  std::size_t size() const { return chunks_.size(); }
+  const chunk& operator[](std::size_t i) const { return chunks_[i]; }
+  std::size_t elements() const { return prefix_.back(); }
+  /// Chunks of tensor t are [first_chunk(t), first_chunk(t + 1)).
+  std::size_t first_chunk(std::size_t t) const { return first_chunk_[t]; }
+
+  /// The run of chunks thread t of n takes: split at the chunk boundaries nearest to equal elements.
+  std::pair<std::size_t, std::size_t> range(std::size_t t, std::size_t n) const {
+    return {split(t, n), split(t + 1, n)};
+  }
+
+ private:
+  std::size_t split(std::size_t t, std::size_t n) const {
+    if (t >= n) return chunks_.size();
+    const std::size_t target = elements() / n * t + elements() % n * t / n;
+    return std::size_t(std::lower_bound(prefix_.begin(), prefix_.end(), target) - prefix_.begin());
+  }
+
+  std::vector<chunk> chunks_;
+  std::vector<std::size_t> prefix_{0};  ///< elements before chunk i
+  std::vector<std::size_t> first_chunk_{0};  ///< plus one past the last tensor
+};
+
+}  // namespace mpopt::detail

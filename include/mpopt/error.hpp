@@ -1,0 +1,17 @@
+// mpopt — the one exception type the library throws.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace mpopt {
+
+/// Thrown for every invalid option, mismatched tensor, corrupt file or unrecoverable numeric state.
+/// The message names the offending field or tensor. When an operation throws, the optimizer's
+/// observable state (parameters, masters, moments, counters, loss scale) is unchanged.
+class error : public std::runtime_error {
+ public:
+  explicit error(const std::string& what) : std::runtime_error("mpopt: " + what) {}
+};
+
+}  // namespace mpopt

@@ -1,0 +1,70 @@
+// mpopt — the LAMB update rule (FusedLamb math): per-tensor trust ratio on uncorrected moments.
+#pragma once
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "detail/lamb_math.hpp"
+#include "detail/validate.hpp"
+
+namespace mpopt {
+
+struct lamb {
+  /// Per parameter group. Defaults are FusedLamb's.
+  struct options {
+    double lr = 1e-3;
+    double beta1 = 0.9;
+    double beta2 = 0.999;
+    double eps = 1e-8;
+    double weight_decay = 0.0;
+    bool bias_correction = true;  ///< enters only the step size: lr * sqrt(1 - beta2^t) / (1 - beta1^t)
+    bool eps_inside_sqrt = false;
+    double min_coeff = 0.01;
+    double max_coeff = 10.0;
+
+    void validate(std::string_view group) const {
+      const std::string g(group);
+      detail::require_non_negative(g + ".lr", lr);
+      detail::require_beta(g + ".beta1", beta1);
+      detail::require_beta(g + ".beta2", beta2);
+      detail::require_positive(g + ".eps", eps);
+      detail::require_non_negative(g + ".weight_decay", weight_decay);
+      detail::require_non_negative(g + ".min_coeff", min_coeff);
+      detail::require_positive(g + ".max_coeff", max_coeff);
+      if (min_coeff > max_coeff)
+        detail::fail(g, ".min_coeff (", min_coeff, ") must be <= max_coeff (", max_coeff, ")");
+    }
+  };
+
+  static constexpr std::string_view name = "lamb";
+  static constexpr std::array<std::string_view, 2> moment_names = {"exp_avg", "exp_avg_sq"};
+
+  static detail::lamb_coefficients coefficients(const options& o, std::uint64_t) {
+    return {float(o.beta1), float(o.beta2), float(1.0 - o.beta1), float(1.0 - o.beta2), float(o.eps),
+            float(o.weight_decay), o.eps_inside_sqrt};
+  }
+
+  /// lr * sqrt(1 - beta2^t) / (1 - beta1^t) for the t-th applied step (lr without bias correction).
+  static double step_size(const options& o, std::uint64_t t) {
+    if (!o.bias_correction) return o.lr;
+    return o.lr * std::sqrt(1.0 - std::pow(o.beta2, double(t))) / (1.0 - std::pow(o.beta1, double(t)));
+  }
+
+  static nlohmann::json to_json(const options& o) {
+    return {{"lr", o.lr}, {"beta1", o.beta1}, {"beta2", o.beta2}, {"eps", o.eps},
+            {"weight_decay", o.weight_decay}, {"bias_correction", o.bias_correction},
+            {"eps_inside_sqrt", o.eps_inside_sqrt}, {"min_coeff", o.min_coeff}, {"max_coeff", o.max_coeff}};
+  }
+  static options from_json(const nlohmann::json& j) {
+    return {j.at("lr").get<double>(), j.at("beta1").get<double>(), j.at("beta2").get<double>(),
+            j.at("eps").get<double>(), j.at("weight_decay").get<double>(), j.at("bias_correction").get<bool>(),
+            j.at("eps_inside_sqrt").get<bool>(), j.at("min_coeff").get<double>(), j.at("max_coeff").get<double>()};
+  }
+};
+
+}  // namespace mpopt

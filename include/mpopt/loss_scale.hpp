@@ -1,0 +1,166 @@
+// mpopt — loss-scaler policies. The optimizer calls update(overflow) once per accumulation boundary
+// with the overflow flag already agreed by every rank.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "detail/validate.hpp"
+
+namespace mpopt {
+
+/// No scaling: bf16 and fp32 training. The scale is always 1.
+class no_scaling {
+ public:
+  struct options {};
+  static constexpr std::string_view name = "no_scaling";
+  static constexpr bool dynamic = false;
+
+  explicit no_scaling(options = {}) {}
+  double scale() const { return 1.0; }
+  bool raises_on(bool) const { return false; }
+  void update(bool) {}
+  nlohmann::json save() const { return nlohmann::json::object(); }
+  void load(const nlohmann::json&) {}
+};
+
+struct static_scale_options {
+  double scale = 1.0;
+};
+
+/// A constant scale S (DeepSpeed's LossScaler). An overflow still skips the step.
+class static_scale {
+ public:
+  using options = static_scale_options;
+  static constexpr std::string_view name = "static_scale";
+  static constexpr bool dynamic = false;
+
+  explicit static_scale(options o = {}) : scale_(o.scale) { detail::require_positive("static_scale.scale", o.scale); }
+  double scale() const { return scale_; }
+  bool raises_on(bool) const { return false; }
+  void update(bool) {}
+  nlohmann::json save() const { return {{"scale", scale_}}; }
+  void load(const nlohmann::json& j) {
+    const double scale = j.at("scale").get<double>();
+    detail::require_positive("saved static_scale.scale", scale);
+    scale_ = scale;
+  }
+
+ private:
+  double scale_;
+};
+
+/// What the dynamic scaler does when an overflow arrives while the scale is already at its minimum.
+enum class at_min_scale {
+  raise,          ///< throw mpopt::error naming the non-finite tensors (DeepSpeed ZeRO's behaviour)
+  keep_skipping,  ///< skip the step and stay at the minimum (FP16_Optimizer's behaviour)
+};
+
+/// Defaults are DeepSpeed's fp16 config defaults.
+struct dynamic_scale_options {
+  double init_scale = 65536.0;  ///< 2^initial_scale_power, power 16
+  std::int64_t window = 1000;   ///< loss_scale_window
+  double min_scale = 1.0;       ///< min_loss_scale
+  std::int64_t hysteresis = 2;  ///< delayed_shift: overflows tolerated before the first halving
+  bool consecutive_hysteresis = false;
+  at_min_scale on_min_scale = at_min_scale::raise;
+};
+
+/// DeepSpeed's DynamicLossScaler (runtime/fp16/loss_scaler.py): halve on overflow after `hysteresis`
+/// tolerated overflows, double after `window` clean steps since the last overflow.
+class dynamic_scale {
+ public:
+  using options = dynamic_scale_options;
+  static constexpr std::string_view name = "dynamic_scale";
+  static constexpr bool dynamic = true;
+  static constexpr double factor = 2.0;  // DeepSpeed fixes scale_factor at 2
+
+  explicit dynamic_scale(options o = {}) : opt_(o) {
+    detail::require_positive("dynamic_scale.init_scale", o.init_scale);
+    detail::require_positive("dynamic_scale.min_scale", o.min_scale);
+    if (o.window <= 0) detail::fail("dynamic_scale.window must be > 0, got ", o.window);
+    if (o.hysteresis <= 0) detail::fail("dynamic_scale.hysteresis must be > 0, got ", o.hysteresis);
+    if (o.min_scale > o.init_scale)
+      detail::fail("dynamic_scale.min_scale (", o.min_scale, ") must be <= init_scale (", o.init_scale, ")");
+    scale_ = o.init_scale;
+    hysteresis_left_ = o.hysteresis;
+  }
+
+  double scale() const { return scale_; }
+  const options& config() const { return opt_; }
+
+  /// True when update(overflow) would have to lower a scale that is already at the minimum and the
+  /// policy is to raise. The optimizer asks first so it can throw before changing anything.
+  bool raises_on(bool overflow) const {
+    return overflow && halves_now() && scale_ == opt_.min_scale && opt_.on_min_scale == at_min_scale::raise;
+  }
+
+  void update(bool overflow) {
+    if (overflow) {
+      if (halves_now())
+        scale_ = std::max(scale_ / factor, opt_.min_scale);
+      else
+        --hysteresis_left_;
+      last_overflow_iter_ = iter_;
+    } else {
+      if (opt_.consecutive_hysteresis) hysteresis_left_ = opt_.hysteresis;
+      const std::int64_t stable = iter_ - last_overflow_iter_ - 1;
+      if (stable > 0 && stable % opt_.window == 0) {
+        if (!opt_.consecutive_hysteresis) hysteresis_left_ = opt_.hysteresis;
+        scale_ *= factor;
+      }
+    }
+    ++iter_;
+  }
+
+  std::int64_t iteration() const { return iter_; }
+  std::int64_t hysteresis_left() const { return hysteresis_left_; }
+
+  nlohmann::json save() const {
+    return {{"scale", scale_}, {"iter", iter_}, {"last_overflow_iter", last_overflow_iter_},
+            {"hysteresis_left", hysteresis_left_}};
+  }
+  /// Restores save()d state; the options stay this scaler's own (like DeepSpeed's min_loss_scale).
+  /// Checks the state is one the rule can reach before changing anything.
+  void load(const nlohmann::json& j) {
+    const double scale = j.at("scale").get<double>();
+    const auto iter = j.at("iter").get<std::int64_t>();
+    const auto last_overflow = j.at("last_overflow_iter").get<std::int64_t>();
+    const auto hysteresis_left = j.at("hysteresis_left").get<std::int64_t>();
+    detail::require_positive("saved dynamic_scale.scale", scale);
+    if (iter < 0 || last_overflow < -1 || last_overflow >= std::max<std::int64_t>(iter, 0))
+      detail::fail("saved dynamic_scale state is inconsistent: iter ", iter, ", last_overflow_iter ", last_overflow);
+    if (hysteresis_left < 1 || hysteresis_left > opt_.hysteresis)
+      detail::fail("saved dynamic_scale.hysteresis_left ", hysteresis_left, " is outside [1, hysteresis = ",
+                   opt_.hysteresis, "]");
+    scale_ = scale;
+    iter_ = iter;
+    last_overflow_iter_ = last_overflow;
+    hysteresis_left_ = hysteresis_left;
+  }
+
+ private:
+  bool halves_now() const { return opt_.hysteresis == 1 || hysteresis_left_ == 1; }
+
+  options opt_;
+  double scale_;
+  std::int64_t iter_ = 0;
+  std::int64_t last_overflow_iter_ = -1;
+  std::int64_t hysteresis_left_;
+};
+
+template <class S>
+concept loss_scaler_policy = requires(S s, const S cs, bool b, const nlohmann::json& j) {
+  typename S::options;
+  { cs.scale() } -> std::convertible_to<double>;
+  { cs.raises_on(b) } -> std::convertible_to<bool>;
+  s.update(b);
+  { cs.save() } -> std::convertible_to<nlohmann::json>;
+  s.load(j);
+  { S::name } -> std::convertible_to<std::string_view>;
+};
+
+}  // namespace mpopt

@@ -1,0 +1,16 @@
+// mpopt — mixed-precision, partitioned optimizers for C++ training engines. Include this one header.
+#pragma once
+
+#include "adam.hpp"           // IWYU pragma: export
+#include "communicator.hpp"   // IWYU pragma: export
+#include "convert.hpp"        // IWYU pragma: export
+#include "error.hpp"          // IWYU pragma: export
+#include "host.hpp"           // IWYU pragma: export
+#include "lamb.hpp"           // IWYU pragma: export
+#include "loss_scale.hpp"     // IWYU pragma: export
+#include "numeric.hpp"        // IWYU pragma: export
+#include "optimizer.hpp"      // IWYU pragma: export
+#include "partition.hpp"      // IWYU pragma: export
+#include "precision.hpp"      // IWYU pragma: export
+#include "status.hpp"         // IWYU pragma: export
+#include "tensor.hpp"         // IWYU pragma: export

@@ -1,0 +1,550 @@
+// mpopt — the optimizer: one class template composing precision, loss scaler, partition, update
+// rule, backend and communicator policies. It owns the step pipeline (DESIGN.md §2); the policies
+// own their options, state and element math.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "adam.hpp"
+#include "communicator.hpp"
+#include "detail/aligned_buffer.hpp"
+#include "detail/state_file.hpp"
+#include "detail/step_data.hpp"
+#include "detail/validate.hpp"
+#include "detail/work_list.hpp"
+#include "host.hpp"
+#include "lamb.hpp"
+#include "loss_scale.hpp"
+#include "numeric.hpp"
+#include "partition.hpp"
+#include "precision.hpp"
+#include "status.hpp"
+#include "tensor.hpp"
+
+namespace mpopt {
+
+namespace detail {
+template <>
+struct state_dtype<half> : dtype_name<half> {};
+template <>
+struct state_dtype<bfloat16> : dtype_name<bfloat16> {};
+}  // namespace detail
+
+/// A tensor the optimizer allocates in a flat group: its name and element count.
+struct tensor_spec {
+  std::string name;
+  std::size_t size;
+};
+
+/// How micro-step gradients are combined at the accumulation boundary.
+enum class accumulation { mean, sum };
+
+/// Options of the step pipeline, common to every policy combination.
+struct optimizer_options {
+  double clip_grad = 1.0;                     ///< max global L2 norm of the true gradient; 0 disables (DeepSpeed default 1.0)
+  int accumulation_steps = 1;                 ///< micro-steps per optimizer step
+  accumulation combine = accumulation::mean;  ///< mean or sum of the micro-step gradients
+  bool skip_nonfinite = true;                 ///< skip steps with inf/NaN gradients (always on with a loss scaler)
+  std::uint64_t max_consecutive_skips = 0;    ///< throw after this many skips in a row; 0: never
+};
+
+template <precision_policy Precision, loss_scaler_policy LossScaler, class Partition, class UpdateRule,
+          class Backend = host, class Communicator = single_process>
+class optimizer {
+  static_assert(std::is_same_v<Precision, fp16> || std::is_same_v<LossScaler, no_scaling>,
+                "loss scaling exists for fp16 gradients only: use mpopt::no_scaling with mpopt::fp32 or mpopt::bf16");
+  static_assert(std::is_same_v<Partition, replicated>,
+                "this build offers mpopt::replicated partitioning only");
+  static_assert(std::is_same_v<UpdateRule, adam> || std::is_same_v<UpdateRule, lamb>,
+                "UpdateRule must be mpopt::adam or mpopt::lamb");
+
+ public:
+  using precision = Precision;
+  using param_type = typename Precision::param_type;
+  using grad_type = typename Precision::grad_type;
+  using rule = UpdateRule;
+  using group_options = typename UpdateRule::options;
+  using scaler_options = typename LossScaler::options;
+
+  using options = optimizer_options;
+
+  /// A parameter group: tensors sharing hyperparameters and a step counter. Either the user owns the
+  /// tensors (add) or the group owns them in one flat buffer (optimizer::add_flat_group).
+  class param_group {
+   public:
+    /// Registers a user-owned parameter and its gradient. Both must stay alive and in place.
+    template <tensor P, tensor G>
+    void add(P&& param, G&& grad, std::string name = {}) {
+      static_assert(std::is_same_v<tensor_element_t<P>, param_type>,
+                    "parameter tensor must hold the precision's param_type (float, mpopt::half or mpopt::bfloat16)");
+      static_assert(std::is_same_v<tensor_element_t<G>, grad_type>,
+                    "gradient tensor must hold the precision's grad_type (float, mpopt::half or mpopt::bfloat16)");
+      if (flat_) detail::fail(label_, " is a flat group: its tensors are fixed by add_flat_group");
+      const auto p = as_view(param);
+      const auto g = as_view(grad);
+      if (name.empty()) name = label_ + "." + std::to_string(entries_.size());
+      owner_->check_new_tensor(name, p.size, g.size, p.space == memory_space::host && g.space == memory_space::host);
+      if (p.data == nullptr || g.data == nullptr) detail::fail("tensor '", name, "' has a null data pointer");
+      if (overlaps(p.data, p.size, g.data, g.size)) detail::fail("tensor '", name, "': parameter and gradient memory overlap");
+      entries_.push_back({std::move(name), p.data, g.data, p.size});
+    }
+
+    std::size_t size() const { return entries_.size(); }
+    std::span<param_type> param(std::size_t i) { return {at(i).param, at(i).size}; }
+    std::span<grad_type> grad(std::size_t i) { return {at(i).grad, at(i).size}; }
+    const std::string& name(std::size_t i) const { return at(i).name; }
+
+    const group_options& options() const { return options_; }
+    void set_options(const group_options& o) {
+      o.validate(label_);
+      options_ = o;
+    }
+    double lr() const { return options_.lr; }
+    void set_lr(double lr) {
+      group_options o = options_;
+      o.lr = lr;
+      set_options(o);
+    }
+    /// Applied steps of this group (the t of bias correction is step() + 1 on the next update).
+    std::uint64_t step() const { return step_; }
+
+   private:
+    friend class optimizer;
+    struct entry {
+      std::string name;
+      param_type* param;
+      grad_type* grad;
+      std::size_t size;
+    };
+
+    param_group(optimizer* owner, std::string label, const group_options& o) : owner_(owner), label_(std::move(label)) {
+      set_options(o);
+    }
+    const entry& at(std::size_t i) const {
+      if (i >= entries_.size()) detail::fail(label_, " has ", entries_.size(), " tensors, no tensor ", i);
+      return entries_[i];
+    }
+    static bool overlaps(const void* a, std::size_t an, const void* b, std::size_t bn) {
+      const auto* ab = static_cast<const std::byte*>(a);
+      const auto* bb = static_cast<const std::byte*>(b);
+      return std::less<>{}(ab, bb + bn * sizeof(grad_type)) && std::less<>{}(bb, ab + an * sizeof(param_type));
+    }
+
+    optimizer* owner_;
+    std::string label_;
+    group_options options_;
+    std::vector<entry> entries_;
+    std::uint64_t step_ = 0;
+    bool flat_ = false;
+    detail::aligned_buffer<param_type> flat_param_;
+    detail::aligned_buffer<grad_type> flat_grad_;
+  };
+
+  explicit optimizer(options o = {}, scaler_options s = {}, Communicator comm = {})
+      : options_(validated(o, std::is_same_v<LossScaler, no_scaling>)), scaler_(s), comm_(std::move(comm)) {}
+
+  optimizer(const optimizer&) = delete;
+  optimizer& operator=(const optimizer&) = delete;
+
+  /// A group of user-owned tensors; register them with param_group::add.
+  param_group& add_group(const group_options& o) { return new_group(o); }
+
+  /// A group whose parameters and gradients live in two flat buffers the optimizer owns (the fused
+  /// layout): param(i) and grad(i) are views to hand to the model. Parameters start at zero.
+  param_group& add_flat_group(const group_options& o, std::span<const tensor_spec> tensors) {
+    const std::string label = "group " + std::to_string(groups_.size());
+    std::vector<std::string> names;
+    std::vector<std::size_t> offsets;
+    std::size_t total = 0;
+    for (const auto& t : tensors) {
+      names.push_back(t.name.empty() ? label + "." + std::to_string(names.size()) : t.name);
+      check_new_tensor(names.back(), t.size, t.size, true);
+      if (std::find(names.begin(), names.end() - 1, names.back()) != names.end() - 1)
+        detail::fail("tensor name '", names.back(), "' is used twice");
+      offsets.push_back(total);
+      total = align_up(total + t.size);
+    }
+    param_group& g = new_group(o);
+    g.flat_ = true;
+    g.flat_param_ = detail::aligned_buffer<param_type>(total);
+    g.flat_grad_ = detail::aligned_buffer<grad_type>(total);
+    std::fill_n(g.flat_param_.data(), total, param_type(0.0f));
+    std::fill_n(g.flat_grad_.data(), total, grad_type(0.0f));
+    for (std::size_t i = 0; i < tensors.size(); ++i)
+      g.entries_.push_back({std::move(names[i]), g.flat_param_.data() + offsets[i], g.flat_grad_.data() + offsets[i], tensors[i].size});
+    return g;
+  }
+  param_group& add_flat_group(const group_options& o, std::initializer_list<tensor_spec> tensors) {
+    return add_flat_group(o, std::span<const tensor_spec>(tensors.begin(), tensors.size()));
+  }
+
+  std::size_t group_count() const { return groups_.size(); }
+  param_group& group(std::size_t i) {
+    if (i >= groups_.size()) detail::fail("there are ", groups_.size(), " groups, no group ", i);
+    return *groups_[i];
+  }
+
+  /// The factor the loss must be multiplied by before backward.
+  double loss_scale() const { return scaler_.scale(); }
+  const LossScaler& scaler() const { return scaler_; }
+  const options& config() const { return options_; }
+  Communicator& communicator() { return comm_; }
+
+  /// Allocates the optimizer state and copies parameters into the masters. step() does this on its
+  /// first call; calling it earlier fixes the parameter set and surfaces layout errors early.
+  void finalize() {
+    if (finalized_) return;
+    if (groups_.empty()) detail::fail("no parameter groups: add a group before the first step");
+    for (const auto& g : groups_)
+      if (g->entries_.empty()) detail::fail(g->label_, " has no parameters");
+    for (std::uint32_t gi = 0; gi < groups_.size(); ++gi)
+      for (const auto& e : groups_[gi]->entries_) {
+        tensors_.push_back({e.param, e.grad, e.size, state_elements_, gi});
+        work_.add_tensor(std::uint32_t(tensors_.size() - 1), e.size);
+        state_elements_ = align_up(state_elements_ + e.size);
+      }
+    if constexpr (Precision::has_master) master_ = detail::aligned_buffer<float>(state_elements_);
+    m_ = detail::aligned_buffer<float>(state_elements_);
+    v_ = detail::aligned_buffer<float>(state_elements_);
+    if (options_.accumulation_steps > 1) accum_ = detail::aligned_buffer<float>(state_elements_);
+    chunk_sum_.assign(work_.size(), 0.0f);
+    chunk_sum2_.assign(work_.size(), 0.0f);
+    chunk_nonfinite_.assign(work_.size(), 0);
+    coefficients_.resize(groups_.size());
+    trust_ratio_.assign(tensors_.size(), 1.0);
+    alpha_.assign(tensors_.size(), 0.0f);
+    finalized_ = true;
+    Backend::initialize_state(data());
+  }
+
+  /// One call per backward. Within an accumulation window it folds the gradients into the fp32
+  /// accumulator; at the boundary it checks, clips and applies the update. Never silent.
+  step_status step() {
+    finalize();
+    step_status st;
+    st.scale_before = st.scale_after = scaler_.scale();
+    st.step = groups_.front()->step_;
+    st.skipped_steps = skipped_;
+    st.consecutive_skips = consecutive_skips_;
+
+    // The counter advances only when the call completes: a throw below leaves the window as it was.
+    if (micro_step_ + 1 < options_.accumulation_steps) {
+      Backend::accumulate(data(true), micro_step_ == 0);
+      st.micro_step = ++micro_step_;
+      return st;
+    }
+    const bool accumulated = micro_step_ > 0;
+
+    const double scale = scaler_.scale();
+    const double divisor = options_.combine == accumulation::mean ? double(options_.accumulation_steps) : 1.0;
+    const double unscale = 1.0 / (scale * divisor);
+    auto d = data(accumulated);
+    d.grad_scale = float(unscale);
+    Backend::gradient_norm(d);
+
+    // Every rank runs both reductions, whatever it found locally.
+    std::uint8_t nonfinite = std::any_of(chunk_nonfinite_.begin(), chunk_nonfinite_.end(), [](auto b) { return b != 0; });
+    double sumsq = 0;
+    for (float s : chunk_sum_) sumsq += double(s);
+    comm_.all_reduce(std::span<std::uint8_t>(&nonfinite, 1), reduce_op::max);
+    comm_.all_reduce(std::span<double>(&sumsq, 1), reduce_op::sum);
+
+    const bool check = options_.skip_nonfinite;
+    const bool norm_overflow = !nonfinite && !std::isfinite(sumsq);
+    if (check && (nonfinite || norm_overflow)) {
+      st.result = nonfinite ? step_result::skipped_nonfinite : step_result::skipped_norm_overflow;
+      st.grad_norm = st.grad_norm_clipped = std::sqrt(sumsq);
+      if (scaler_.raises_on(true))
+        detail::fail("loss scale already at its minimum (", scale, ") and the gradients still overflow; ",
+                     nonfinite_report(), "; skipped ", skipped_, " of ", skipped_ + applied_,
+                     " steps so far. Consider bf16, a lower learning rate, or at_min_scale::keep_skipping");
+      if (options_.max_consecutive_skips && consecutive_skips_ + 1 >= options_.max_consecutive_skips)
+        detail::fail(consecutive_skips_ + 1, " consecutive steps skipped (max_consecutive_skips = ",
+                     options_.max_consecutive_skips, "); loss scale ", scale, "; ", nonfinite_report());
+      scaler_.update(true);
+      micro_step_ = 0;
+      ++skipped_;
+      ++consecutive_skips_;
+      st.scale_after = scaler_.scale();
+      st.skipped_steps = skipped_;
+      st.consecutive_skips = consecutive_skips_;
+      return st;
+    }
+
+    const double norm = std::sqrt(sumsq);
+    const double clip = options_.clip_grad > 0 ? std::min(1.0, options_.clip_grad / (norm + 1e-6)) : 1.0;
+    d.grad_scale = float(unscale * clip);
+    for (std::size_t g = 0; g < groups_.size(); ++g) ++groups_[g]->step_;
+    update(d);
+    scaler_.update(false);
+    micro_step_ = 0;
+    ++applied_;
+    consecutive_skips_ = 0;
+
+    st.result = step_result::applied;
+    st.applied = true;
+    st.grad_norm = norm;
+    st.clip_coef = clip;
+    st.grad_norm_clipped = norm * clip;
+    st.scale_after = scaler_.scale();
+    st.step = groups_.front()->step_;
+    st.consecutive_skips = 0;
+    return st;
+  }
+
+  /// Sets every gradient to zero (for backward passes that add into their gradients).
+  void zero_grad() {
+    finalize();
+    Backend::zero_grad(data());
+  }
+
+  /// Per-tensor trust ratios of the last applied LAMB step, in registration order.
+  std::span<const double> lamb_coeffs() const
+    requires std::is_same_v<UpdateRule, lamb>
+  {
+    return trust_ratio_;
+  }
+
+  /// fp32 master weights of tensor i (in registration order); for fp32 the parameter itself.
+  std::span<const float> master(std::size_t i) const {
+    const auto& t = tensor_at(i);
+    if constexpr (Precision::has_master) return {master_.data() + t.offset, t.size};
+    else return {t.param, t.size};
+  }
+  /// Moment k (0: exp_avg, 1: exp_avg_sq) of tensor i.
+  std::span<const float> moment(std::size_t k, std::size_t i) const {
+    const auto& t = tensor_at(i);
+    return {(k == 0 ? m_ : v_).data() + t.offset, t.size};
+  }
+  std::size_t tensor_count() const { return tensors_.size(); }
+
+  /// Writes every parameter, master and moment by tensor name, with the scaler, counters and group
+  /// options, to a safetensors file (format: README, "Checkpoints").
+  void save(const std::filesystem::path& path) const {
+    if (!finalized_) detail::fail("save(): nothing to save before the first step (or finalize())");
+    if (micro_step_ != 0)
+      detail::fail("save() at micro-step ", micro_step_, " of ", options_.accumulation_steps,
+                   ": save after the accumulation boundary");
+    detail::state_writer w;
+    w.set_metadata(describe());
+    for_each_saved_tensor(*this, [&](std::string key, std::size_t n, const auto* data) {
+      w.add(std::move(key), {std::int64_t(n)}, std::span(data, n));
+    });
+    w.write(path);
+  }
+
+  /// Restores a save()d state. The file must come from an optimizer of the same policies and the same
+  /// tensors (names, sizes, groups); everything is checked before anything changes.
+  void load(const std::filesystem::path& path) {
+    const detail::state_reader r(path);
+    const auto where = path.string() + ": ";
+    LossScaler scaler = scaler_;
+    std::vector<group_options> group_opts;
+    std::vector<std::uint64_t> group_steps;
+    std::uint64_t applied = 0, skipped = 0, consecutive = 0;
+    try {
+      const nlohmann::json& meta = r.metadata();
+      const nlohmann::json mine = describe();
+      for (const char* key : {"precision", "loss_scaler", "partition", "rule"})
+        if (meta.at(key) != mine.at(key))
+          detail::fail(where, "saved with ", key, " ", meta.at(key).dump(), ", this optimizer has ", mine.at(key).dump());
+      const auto& groups = meta.at("groups");
+      if (groups.size() != groups_.size())
+        detail::fail(where, "saved with ", groups.size(), " groups, this optimizer has ", groups_.size());
+      for (std::size_t g = 0; g < groups.size(); ++g) {
+        if (groups[g].at("tensors") != mine["groups"][g]["tensors"])
+          detail::fail(where, "group ", g, " holds different tensors: saved ", groups[g].at("tensors").dump(),
+                       ", this optimizer has ", mine["groups"][g]["tensors"].dump());
+        group_opts.push_back(UpdateRule::from_json(groups[g].at("options")));
+        group_opts.back().validate(where + "group " + std::to_string(g));
+        group_steps.push_back(groups[g].at("step").template get<std::uint64_t>());
+      }
+      scaler.load(meta.at("scaler"));
+      applied = meta.at("applied_steps").template get<std::uint64_t>();
+      skipped = meta.at("skipped_steps").template get<std::uint64_t>();
+      consecutive = meta.at("consecutive_skips").template get<std::uint64_t>();
+    } catch (const nlohmann::json::exception& e) {
+      detail::fail(where, "malformed optimizer metadata: ", e.what());
+    }
+    for_each_saved_tensor(*this, [&](const std::string& key, std::size_t n, auto* dst) {
+      using T = std::remove_pointer_t<decltype(dst)>;
+      if (!r.contains(key)) detail::fail(where, "tensor '", key, "' is missing");
+      if (r.dtype(key) != detail::state_dtype<T>::value || r.shape(key) != std::vector<std::int64_t>{std::int64_t(n)})
+        detail::fail(where, "tensor '", key, "' has dtype ", r.dtype(key), " and ", r.shape(key).size(),
+                     "-d shape, expected ", detail::state_dtype<T>::value, " [", n, "]");
+    });
+    // Everything checked: commit.
+    finalize();
+    for_each_saved_tensor(*this, [&](const std::string& key, std::size_t n, auto* dst) { r.read(key, std::span(dst, n)); });
+    micro_step_ = 0;  // the saved state sits at an accumulation boundary
+    scaler_ = scaler;
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      groups_[g]->options_ = group_opts[g];
+      groups_[g]->step_ = group_steps[g];
+    }
+    applied_ = applied;
+    skipped_ = skipped;
+    consecutive_skips_ = consecutive;
+  }
+
+ private:
+  /// Policies, scaler, counters and group layout: the metadata of a saved state.
+  nlohmann::json describe() const {
+    nlohmann::json groups = nlohmann::json::array();
+    for (const auto& g : groups_) {
+      nlohmann::json tensors = nlohmann::json::array();
+      for (const auto& e : g->entries_) tensors.push_back({{"name", e.name}, {"size", e.size}});
+      groups.push_back({{"options", UpdateRule::to_json(g->options_)}, {"step", g->step_}, {"tensors", tensors}});
+    }
+    return {{"precision", Precision::name},     {"loss_scaler", LossScaler::name},
+            {"partition", Partition::name},     {"rule", UpdateRule::name},
+            {"scaler", scaler_.save()},         {"applied_steps", applied_},
+            {"skipped_steps", skipped_},        {"consecutive_skips", consecutive_skips_},
+            {"groups", groups}};
+  }
+
+  /// Calls f(key, elements, pointer) for every tensor a state file holds, in file order; pointers are
+  /// const when self is. Before finalize() the state pointers are typed nulls: enough to check a file
+  /// against this optimizer without committing to a layout.
+  template <class Self, class F>
+  static void for_each_saved_tensor(Self& self, F&& f) {
+    std::size_t t = 0;
+    auto state = [&](auto& buffer) { return self.finalized_ ? buffer.data() + self.tensors_[t].offset : nullptr; };
+    for (const auto& g : self.groups_)
+      for (const auto& e : g->entries_) {
+        f("param/" + e.name, e.size, e.param);
+        if constexpr (Precision::has_master) f("master/" + e.name, e.size, state(self.master_));
+        f(std::string(UpdateRule::moment_names[0]) + "/" + e.name, e.size, state(self.m_));
+        f(std::string(UpdateRule::moment_names[1]) + "/" + e.name, e.size, state(self.v_));
+        ++t;
+      }
+    if constexpr (std::is_same_v<UpdateRule, lamb>)
+      f(std::string("lamb_coeffs"), t, self.finalized_ ? self.trust_ratio_.data() : nullptr);
+  }
+
+  static options validated(options o, bool unscaled) {
+    detail::require_non_negative("clip_grad", o.clip_grad);
+    if (o.accumulation_steps < 1) detail::fail("accumulation_steps must be >= 1, got ", o.accumulation_steps);
+    if (!o.skip_nonfinite && !unscaled)
+      detail::fail("skip_nonfinite = false needs mpopt::no_scaling: a loss-scaled step must skip on overflow");
+    return o;
+  }
+
+  static std::size_t align_up(std::size_t n) {
+    constexpr std::size_t a = detail::aligned_buffer<float>::alignment / sizeof(float);
+    return (n + a - 1) / a * a;
+  }
+
+  param_group& new_group(const group_options& o) {
+    if (finalized_) detail::fail("cannot add a group after the first step");
+    const std::string label = "group " + std::to_string(groups_.size());
+    groups_.push_back(std::unique_ptr<param_group>(new param_group(this, label, o)));
+    return *groups_.back();
+  }
+
+  void check_new_tensor(const std::string& name, std::size_t param_size, std::size_t grad_size, bool host_memory) const {
+    if (finalized_) detail::fail("cannot add tensor '", name, "' after the first step");
+    if (param_size != grad_size)
+      detail::fail("tensor '", name, "': parameter has ", param_size, " elements but gradient has ", grad_size);
+    if (param_size == 0) detail::fail("tensor '", name, "' has no elements");
+    if (!host_memory && Backend::space == memory_space::host)
+      detail::fail("tensor '", name, "' is in device memory; the host backend needs host memory");
+    for (const auto& g : groups_)
+      for (const auto& e : g->entries_)
+        if (e.name == name) detail::fail("tensor name '", name, "' is used twice");
+  }
+
+  const detail::tensor_slot<param_type, grad_type>& tensor_at(std::size_t i) const {
+    if (i >= tensors_.size()) detail::fail("there are ", tensors_.size(), " tensors (after finalize), no tensor ", i);
+    return tensors_[i];
+  }
+
+  const std::string& tensor_name(std::size_t i) const {
+    return groups_[tensors_[i].group]->entries_[i - first_tensor_of(tensors_[i].group)].name;
+  }
+  std::size_t first_tensor_of(std::uint32_t g) const {
+    std::size_t n = 0;
+    for (std::uint32_t k = 0; k < g; ++k) n += groups_[k]->entries_.size();
+    return n;
+  }
+
+  /// Names the tensors whose gradients held inf or NaN on this rank.
+  std::string nonfinite_report() const {
+    std::string names;
+    std::size_t count = 0;
+    for (std::size_t t = 0; t < tensors_.size(); ++t) {
+      bool bad = false;
+      for (std::size_t c = work_.first_chunk(t); c < work_.first_chunk(t + 1); ++c) bad |= chunk_nonfinite_[c] != 0;
+      if (!bad) continue;
+      if (++count <= 8) names += (names.empty() ? "" : ", ") + ("'" + tensor_name(t) + "'");
+    }
+    if (count == 0) return "no local gradient is non-finite: the global norm overflowed, or another rank overflowed";
+    return "non-finite gradients in " + names + (count > 8 ? " and " + std::to_string(count - 8) + " more" : "");
+  }
+
+  detail::step_data<Precision> data(bool accumulated = false) {
+    detail::step_data<Precision> d;
+    d.tensors = tensors_.data();
+    d.work = &work_;
+    d.master = master_.data();
+    d.m = m_.data();
+    d.v = v_.data();
+    d.accum = accumulated ? accum_.data() : nullptr;
+    d.chunk_sum = chunk_sum_.data();
+    d.chunk_sum2 = chunk_sum2_.data();
+    d.chunk_nonfinite = chunk_nonfinite_.data();
+    return d;
+  }
+
+  void update(detail::step_data<Precision>& d) {
+    for (std::size_t g = 0; g < groups_.size(); ++g)
+      coefficients_[g] = UpdateRule::coefficients(groups_[g]->options_, groups_[g]->step_);
+    if constexpr (std::is_same_v<UpdateRule, adam>) {
+      Backend::adam_update(d, coefficients_.data());
+    } else {
+      Backend::lamb_moments(d, coefficients_.data());
+      for (std::size_t t = 0; t < tensors_.size(); ++t) {
+        double weights = 0, updates = 0;
+        for (std::size_t c = work_.first_chunk(t); c < work_.first_chunk(t + 1); ++c) {
+          weights += double(chunk_sum_[c]);
+          updates += double(chunk_sum2_[c]);
+        }
+        const auto& o = groups_[tensors_[t].group]->options_;
+        trust_ratio_[t] = detail::lamb_trust_ratio(std::sqrt(weights), std::sqrt(updates), o.min_coeff, o.max_coeff);
+        alpha_[t] = float(UpdateRule::step_size(o, groups_[tensors_[t].group]->step_) * trust_ratio_[t]);
+      }
+      Backend::lamb_apply(d, coefficients_.data(), alpha_.data());
+    }
+  }
+
+  options options_;
+  LossScaler scaler_;
+  Communicator comm_;
+  std::vector<std::unique_ptr<param_group>> groups_;
+
+  // Fixed at finalize().
+  bool finalized_ = false;
+  std::vector<detail::tensor_slot<param_type, grad_type>> tensors_;
+  detail::work_list work_;
+  std::size_t state_elements_ = 0;
+  detail::aligned_buffer<float> master_, m_, v_, accum_;
+  std::vector<float> chunk_sum_, chunk_sum2_;
+  std::vector<std::uint8_t> chunk_nonfinite_;
+  std::vector<decltype(UpdateRule::coefficients(group_options{}, 1))> coefficients_;
+  std::vector<double> trust_ratio_;
+  std::vector<float> alpha_;
+
+  int micro_step_ = 0;
+  std::uint64_t applied_ = 0, skipped_ = 0, consecutive_skips_ = 0;
+};
+
+}  // namespace mpopt

@@ -1,0 +1,43 @@
+// mpopt — what step() reports. Never silent: every call says whether the weights moved and why.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+namespace mpopt {
+
+enum class step_result {
+  applied,              ///< the update ran
+  accumulating,         ///< a micro-step: gradients were folded into the accumulator
+  skipped_nonfinite,    ///< some gradient element was inf or NaN on some rank
+  skipped_norm_overflow ///< all elements finite, but the global norm overflowed
+};
+
+constexpr std::string_view to_string(step_result r) {
+  switch (r) {
+    case step_result::applied: return "applied";
+    case step_result::accumulating: return "accumulating";
+    case step_result::skipped_nonfinite: return "skipped: non-finite gradient";
+    case step_result::skipped_norm_overflow: return "skipped: gradient norm overflow";
+  }
+  return "?";
+}
+
+struct step_status {
+  step_result result = step_result::accumulating;
+  bool applied = false;
+  double scale_before = 1;         ///< the loss scale the gradients were made with
+  double scale_after = 1;          ///< the scale for the next backward
+  double grad_norm = 0;            ///< global L2 norm of the true (unscaled, averaged) gradient
+  double grad_norm_clipped = 0;    ///< the norm after clipping
+  double clip_coef = 1;            ///< min(1, clip / (grad_norm + 1e-6)), 1 without clipping
+  std::uint64_t step = 0;          ///< applied steps of group 0 after this call (see param_group::step)
+  std::uint64_t skipped_steps = 0; ///< skipped steps since construction (or load)
+  std::uint64_t consecutive_skips = 0;
+  int micro_step = 0;              ///< micro-steps accumulated so far (accumulating only)
+
+  bool skipped() const { return result == step_result::skipped_nonfinite || result == step_result::skipped_norm_overflow; }
+  std::string_view reason() const { return to_string(result); }
+};
+
+}  // namespace mpopt

@@ -1,0 +1,97 @@
+// mpopt — how the library sees a user's tensor: element type, data pointer, element count, memory space.
+#pragma once
+
+#include <concepts>
+#include <cstddef>
+#include <span>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace mpopt {
+
+/// Where a tensor's memory lives. The host backend accepts only host memory.
+enum class memory_space { host, device };
+
+/// Customization point. Specialize for your tensor type with:
+///   using element_type = ...;                         // float, mpopt::half or mpopt::bfloat16
+///   static element_type* data(T&);                   // contiguous storage
+///   static std::size_t size(const T&);               // number of elements
+///   static constexpr memory_space space = memory_space::host;   // or, when it varies per object:
+///   static memory_space space(const T&);
+template <class T>
+struct tensor_traits;
+
+template <class T>
+using tensor_element_t = typename tensor_traits<std::remove_cvref_t<T>>::element_type;
+
+namespace detail {
+template <class T>
+concept fixed_memory_space = requires {
+  { tensor_traits<std::remove_cvref_t<T>>::space } -> std::convertible_to<memory_space>;
+};
+template <class T>
+concept per_object_memory_space = requires(const std::remove_cvref_t<T>& t) {
+  { tensor_traits<std::remove_cvref_t<T>>::space(t) } -> std::convertible_to<memory_space>;
+};
+}  // namespace detail
+
+/// A type the optimizer can read and write through tensor_traits. (A const tensor is not one: the
+/// optimizer writes parameters.)
+template <class T>
+concept tensor = requires(std::remove_reference_t<T>& t) {
+  typename tensor_traits<std::remove_cvref_t<T>>::element_type;
+  { tensor_traits<std::remove_cvref_t<T>>::data(t) } -> std::same_as<tensor_element_t<T>*>;
+  { tensor_traits<std::remove_cvref_t<T>>::size(std::as_const(t)) } -> std::convertible_to<std::size_t>;
+} && (detail::fixed_memory_space<T> || detail::per_object_memory_space<T>);
+
+/// A tensor whose elements are exactly E.
+template <class T, class E>
+concept tensor_of = tensor<T> && std::same_as<tensor_element_t<T>, E>;
+
+/// A non-owning view of contiguous elements: the adapter for raw pointers.
+template <class E>
+struct view {
+  E* data = nullptr;
+  std::size_t size = 0;
+  memory_space space = memory_space::host;
+};
+
+template <class E>
+struct tensor_traits<view<E>> {
+  using element_type = E;
+  static E* data(const view<E>& v) { return v.data; }
+  static std::size_t size(const view<E>& v) { return v.size; }
+  static memory_space space(const view<E>& v) { return v.space; }
+};
+
+template <class E, std::size_t Extent>
+  requires(!std::is_const_v<E>)
+struct tensor_traits<std::span<E, Extent>> {
+  using element_type = E;
+  static E* data(const std::span<E, Extent>& s) { return s.data(); }
+  static std::size_t size(const std::span<E, Extent>& s) { return s.size(); }
+  static constexpr memory_space space = memory_space::host;
+};
+
+template <class E, class Alloc>
+struct tensor_traits<std::vector<E, Alloc>> {
+  using element_type = E;
+  static E* data(std::vector<E, Alloc>& v) { return v.data(); }
+  static std::size_t size(const std::vector<E, Alloc>& v) { return v.size(); }
+  static constexpr memory_space space = memory_space::host;
+};
+
+/// The (pointer, size, memory space) of any tensor.
+template <tensor T>
+view<tensor_element_t<T>> as_view(T&& t) {
+  using traits = tensor_traits<std::remove_cvref_t<T>>;
+  memory_space space;
+  if constexpr (detail::per_object_memory_space<T>)
+    space = traits::space(std::as_const(t));
+  else
+    space = traits::space;
+  return {traits::data(t), static_cast<std::size_t>(traits::size(std::as_const(t))), space};
+}
+
+}  // namespace mpopt

@@ -1,0 +1,829 @@
+// Tests that every invalid input throws mpopt::error naming the problem, and leaves the optimizer as it
+// was: same parameters, masters, moments, counters, scale and options (bitwise), and the same future (a
+// twin that never saw the bad input continues identically).
+#include <doctest/doctest.h>
+
+#include <mpopt/mpopt.hpp>
+#include <mpopt/detail/state_file.hpp>
+
+#include <bit>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <limits>
+#include <random>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+constexpr double d_inf = std::numeric_limits<double>::infinity();
+constexpr double d_nan = std::numeric_limits<double>::quiet_NaN();
+
+// The message of the mpopt::error `f` throws; a marker without the "mpopt: " prefix otherwise.
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const mpopt::error& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("<not an mpopt::error: ") + e.what() + ">";
+  } catch (...) {
+    return "<not an mpopt::error>";
+  }
+  return "<no exception>";
+}
+
+// Checks that `expr` throws mpopt::error whose message contains `needle`.
+#define CHECK_ERROR(expr, needle)                                       \
+  do {                                                                  \
+    const std::string msg_ = error_of([&] { (void)(expr); });           \
+    INFO("expression: " #expr);                                         \
+    INFO("message: ", msg_);                                            \
+    CHECK(msg_.rfind("mpopt: ", 0) == 0);                               \
+    CHECK(msg_.find(needle) != std::string::npos);                      \
+  } while (0)
+
+struct temp_dir {
+  fs::path path;
+  temp_dir() {
+    std::random_device rd;
+    path = fs::temp_directory_path() / ("mpopt_bad_input_" + std::to_string(rd()) + std::to_string(rd()));
+    fs::create_directories(path);
+  }
+  ~temp_dir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  temp_dir(const temp_dir&) = delete;
+  temp_dir& operator=(const temp_dir&) = delete;
+  fs::path operator/(const std::string& name) const { return path / name; }
+};
+
+std::vector<char> slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+void spit(const fs::path& p, const std::vector<char>& bytes) {
+  std::ofstream out(p, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), std::streamsize(bytes.size()));
+}
+
+template <class T>
+std::vector<unsigned char> bytes_of(std::span<const T> s) {
+  std::vector<unsigned char> b(s.size_bytes());
+  if (!b.empty()) std::memcpy(b.data(), s.data(), b.size());
+  return b;
+}
+
+struct tensor_def {
+  std::string name;
+  std::size_t size;
+};
+using layout_def = std::vector<std::vector<tensor_def>>;  // tensors per group
+
+const layout_def default_layout{{{"embed.weight", 33}, {"proj.weight", 17}}, {{"proj.bias", 5}}};
+
+// An optimizer over user-owned tensors, with deterministic gradients (already multiplied by the loss scale).
+template <class Opt>
+struct rig {
+  using P = typename Opt::param_type;
+  using G = typename Opt::grad_type;
+
+  std::deque<std::vector<P>> params;
+  std::deque<std::vector<G>> grads;
+  Opt opt;
+  std::uint64_t t = 0;
+
+  explicit rig(const layout_def& layout = default_layout, mpopt::optimizer_options o = {},
+               typename Opt::scaler_options s = {}, float seed = 0)
+      : opt(o, s) {
+    std::size_t k = 0;
+    for (std::size_t gi = 0; gi < layout.size(); ++gi) {
+      typename Opt::group_options go;
+      go.lr = 1e-2 / double(gi + 1);
+      go.weight_decay = 0.01 * double(gi);
+      auto& group = opt.add_group(go);
+      for (const auto& def : layout[gi]) {
+        auto& p = params.emplace_back();
+        for (std::size_t i = 0; i < def.size; ++i) p.push_back(P(0.5f * std::sin(0.37f * float(i) + float(k) + seed)));
+        auto& g = grads.emplace_back(def.size, G(0.0f));
+        group.add(p, g, def.name);
+        ++k;
+      }
+    }
+  }
+  rig(const rig&) = delete;
+  rig& operator=(const rig&) = delete;
+
+  void write_grads(bool overflow) {
+    ++t;
+    const float s = float(opt.loss_scale());
+    std::size_t k = 0;
+    for (auto& g : grads) {
+      for (std::size_t i = 0; i < g.size(); ++i) g[i] = G(0.1f * std::cos(float(t * 13 + i * 7 + k)) * s);
+      ++k;
+    }
+    if (overflow) grads[t % grads.size()][t % 3] = G(std::numeric_limits<float>::infinity());
+  }
+  mpopt::step_status step(bool overflow = false) {
+    write_grads(overflow);
+    return opt.step();
+  }
+
+  struct snapshot {
+    std::vector<std::vector<unsigned char>> params;
+    std::vector<std::vector<unsigned char>> state;
+    std::vector<std::uint64_t> steps;
+    std::vector<std::string> options;
+    std::uint64_t scale_bits = 0;
+    std::string scaler;
+    std::size_t groups = 0, tensors = 0;
+    std::vector<std::size_t> group_sizes;
+    bool operator==(const snapshot&) const = default;
+  };
+  snapshot snap() {
+    snapshot s;
+    for (auto& p : params) s.params.push_back(bytes_of(std::span<const P>(p)));
+    for (std::size_t i = 0; i < opt.tensor_count(); ++i) {
+      s.state.push_back(bytes_of(opt.master(i)));
+      s.state.push_back(bytes_of(opt.moment(0, i)));
+      s.state.push_back(bytes_of(opt.moment(1, i)));
+    }
+    if constexpr (std::is_same_v<typename Opt::rule, mpopt::lamb>) s.state.push_back(bytes_of(opt.lamb_coeffs()));
+    s.groups = opt.group_count();
+    for (std::size_t g = 0; g < opt.group_count(); ++g) {
+      s.steps.push_back(opt.group(g).step());
+      s.options.push_back(Opt::rule::to_json(opt.group(g).options()).dump());
+      s.group_sizes.push_back(opt.group(g).size());
+    }
+    s.scale_bits = std::bit_cast<std::uint64_t>(opt.loss_scale());
+    s.scaler = opt.scaler().save().dump();
+    s.tensors = opt.tensor_count();
+    return s;
+  }
+};
+
+bool same_bits(double a, double b) { return std::bit_cast<std::uint64_t>(a) == std::bit_cast<std::uint64_t>(b); }
+
+void check_same_status(const mpopt::step_status& a, const mpopt::step_status& b) {
+  CHECK(a.result == b.result);
+  CHECK(a.applied == b.applied);
+  CHECK(same_bits(a.scale_before, b.scale_before));
+  CHECK(same_bits(a.scale_after, b.scale_after));
+  CHECK(same_bits(a.grad_norm, b.grad_norm));
+  CHECK(same_bits(a.grad_norm_clipped, b.grad_norm_clipped));
+  CHECK(same_bits(a.clip_coef, b.clip_coef));
+  CHECK(a.step == b.step);
+  CHECK(a.skipped_steps == b.skipped_steps);
+  CHECK(a.consecutive_skips == b.consecutive_skips);
+  CHECK(a.micro_step == b.micro_step);
+}
+
+// `a` saw a bad input, `b` did not: they must be identical now and after `n` more steps.
+template <class Opt>
+void check_twins(rig<Opt>& a, rig<Opt>& b, int n = 4) {
+  REQUIRE(a.t == b.t);
+  CHECK(a.snap() == b.snap());
+  for (int i = 0; i < n; ++i) {
+    CAPTURE(i);
+    const bool ov = i == 1;
+    const auto sa = a.step(ov);
+    const auto sb = b.step(ov);
+    check_same_status(sa, sb);
+  }
+  CHECK(a.snap() == b.snap());
+}
+
+using fp32_adam = mpopt::optimizer<mpopt::fp32, mpopt::no_scaling, mpopt::replicated, mpopt::adam>;
+using fp32_lamb = mpopt::optimizer<mpopt::fp32, mpopt::no_scaling, mpopt::replicated, mpopt::lamb>;
+using fp16_dyn_adam = mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, mpopt::adam>;
+using fp16_dyn_lamb = mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, mpopt::lamb>;
+using fp16_static_adam = mpopt::optimizer<mpopt::fp16, mpopt::static_scale, mpopt::replicated, mpopt::adam>;
+using fp16_plain_adam = mpopt::optimizer<mpopt::fp16, mpopt::no_scaling, mpopt::replicated, mpopt::adam>;
+using bf16_adam = mpopt::optimizer<mpopt::bf16, mpopt::no_scaling, mpopt::replicated, mpopt::adam>;
+
+const mpopt::dynamic_scale_options scaler_opts{.init_scale = 1024, .window = 3, .hysteresis = 2};
+
+// ---------------------------------------------------------------------------------------------------
+// Compile-time rejections, checked with concepts and requires-expressions (nothing here fails to compile).
+struct not_a_tensor {};
+static_assert(!mpopt::tensor<int>);
+static_assert(!mpopt::tensor<float*>);
+static_assert(!mpopt::tensor<not_a_tensor>);
+static_assert(!mpopt::tensor<std::span<const float>>);  // read-only memory cannot be a parameter
+static_assert(mpopt::tensor<std::vector<float>>);
+static_assert(mpopt::tensor<std::span<mpopt::half>>);
+static_assert(!mpopt::tensor_of<std::vector<float>, mpopt::half>);
+static_assert(!mpopt::tensor_of<std::vector<mpopt::bfloat16>, mpopt::half>);
+static_assert(!mpopt::precision_policy<int>);
+static_assert(!mpopt::loss_scaler_policy<int>);
+static_assert(!mpopt::loss_scaler_policy<mpopt::fp16>);
+static_assert(mpopt::loss_scaler_policy<mpopt::dynamic_scale>);
+static_assert(mpopt::precision_policy<mpopt::bf16>);
+// lamb_coeffs() exists only for LAMB.
+template <class O>
+constexpr bool has_lamb_coeffs = requires(O& o) { o.lamb_coeffs(); };
+static_assert(!has_lamb_coeffs<fp32_adam>);
+static_assert(has_lamb_coeffs<fp32_lamb>);
+// Options are typed: an Adam optimizer takes Adam group options, not LAMB's.
+static_assert(!std::is_convertible_v<mpopt::lamb::options, fp32_adam::group_options>);
+template <class O, class GroupOptions>
+constexpr bool takes_group_options = requires(O& o, GroupOptions g) { o.add_group(g); };
+static_assert(!takes_group_options<fp32_adam, mpopt::lamb::options>);
+static_assert(takes_group_options<fp32_adam, mpopt::adam::options>);
+// A static scale takes static options, not dynamic ones.
+static_assert(!std::is_constructible_v<fp16_static_adam, mpopt::optimizer_options, mpopt::dynamic_scale_options>);
+
+// A foreign type whose traits say it lives on a device.
+struct device_buffer {
+  float* ptr;
+  std::size_t n;
+};
+
+// ---------------------------------------------------------------------------------------------------
+// load(): every bad file throws and leaves the optimizer exactly as it was.
+
+struct load_fixture {
+  temp_dir dir;
+  fs::path good;
+  std::vector<char> good_bytes;
+  rig<fp16_dyn_adam> target{default_layout, {}, scaler_opts, 0.25f};
+  rig<fp16_dyn_adam> twin{default_layout, {}, scaler_opts, 0.25f};
+
+  load_fixture() {
+    good = dir / "good.safetensors";
+    rig<fp16_dyn_adam> source(default_layout, {}, scaler_opts);
+    for (int i = 0; i < 5; ++i) source.step(i == 2);
+    source.opt.save(good);
+    good_bytes = slurp(good);
+    for (int i = 0; i < 6; ++i) {  // a different history from the source's
+      target.step(i == 4);
+      twin.step(i == 4);
+    }
+    REQUIRE(target.snap() == twin.snap());
+  }
+
+  // `needle` must be in the message of the load error; the target must be untouched.
+  void reject(const fs::path& path, const std::string& needle) {
+    CHECK_ERROR(target.opt.load(path), needle);
+    CHECK(target.snap() == twin.snap());
+  }
+};
+
+// Re-writes `good` with metadata and tensors passed through the given edits (valid container, checksum ok).
+void rewrite(const fs::path& from, const fs::path& to, const std::function<void(nlohmann::json&)>& edit_meta,
+             const std::function<bool(const std::string&, std::string&, std::vector<std::int64_t>&,
+                                      std::vector<std::byte>&)>& edit_tensor = {}) {
+  const mpopt::detail::state_reader r(from);
+  nlohmann::json meta = r.metadata();
+  edit_meta(meta);
+  mpopt::detail::state_writer w;
+  w.set_metadata(meta);
+  std::deque<std::vector<std::byte>> keep;
+  for (const auto& name : r.names()) {
+    std::string dtype(r.dtype(name));
+    std::vector<std::int64_t> shape = r.shape(name);
+    const auto b = r.bytes(name);
+    auto& data = keep.emplace_back(b.begin(), b.end());
+    if (edit_tensor && !edit_tensor(name, dtype, shape, data)) continue;  // dropped
+    w.add(name, dtype, shape, std::span<const std::byte>(data));
+  }
+  w.write(to);
+}
+
+template <class Opt>
+fs::path save_from(const temp_dir& dir, const std::string& file, const layout_def& layout,
+                   typename Opt::scaler_options s = {}) {
+  rig<Opt> r(layout, {}, s);
+  for (int i = 0; i < 3; ++i) r.step();
+  const auto path = dir / file;
+  r.opt.save(path);
+  return path;
+}
+
+}  // namespace
+
+template <>
+struct mpopt::tensor_traits<device_buffer> {
+  using element_type = float;
+  static float* data(const device_buffer& b) { return b.ptr; }
+  static std::size_t size(const device_buffer& b) { return b.n; }
+  static constexpr memory_space space = memory_space::device;
+};
+
+TEST_SUITE("bad_input") {
+
+TEST_CASE("mismatched parameter and gradient sizes throw, naming the tensor, and register nothing") {
+  std::vector<float> p(4, 1.0f), g(5, 0.0f);
+  fp32_adam opt;
+  auto& group = opt.add_group({});
+  CHECK_ERROR(group.add(p, g, "mismatched_weight"), "mismatched_weight");
+  CHECK(group.size() == 0);
+
+  std::vector<mpopt::half> hp(7, mpopt::half(1.0f)), hg(6, mpopt::half(0.0f));
+  fp16_dyn_adam opt16;
+  auto& g16 = opt16.add_group({});
+  CHECK_ERROR(g16.add(hp, hg, "half_mismatch"), "half_mismatch");
+  CHECK(g16.size() == 0);
+
+  // The group still works with a valid tensor.
+  std::vector<float> g4(4, 0.5f);
+  group.add(p, g4, "ok");
+  CHECK(opt.step().applied);
+}
+
+TEST_CASE("a group without tensors throws at the first step, naming the group") {
+  {
+    fp32_adam opt;
+    std::vector<float> p(3, 1.0f), g(3, 0.1f);
+    opt.add_group({}).add(p, g, "w");
+    opt.add_group({});  // group 1 stays empty
+    const auto before = p;
+    CHECK_ERROR(opt.step(), "group 1");
+    CHECK_ERROR(opt.finalize(), "group 1");
+    CHECK(p == before);
+    CHECK(opt.tensor_count() == 0);
+  }
+  {
+    fp32_adam opt;
+    CHECK_ERROR(opt.step(), "group");  // no groups at all
+  }
+  {
+    fp32_adam opt;
+    opt.add_flat_group({}, std::span<const mpopt::tensor_spec>{});
+    CHECK_ERROR(opt.step(), "group 0");
+  }
+}
+
+TEST_CASE("a zero-size tensor throws, naming it") {
+  std::vector<float> p, g;
+  fp32_adam opt;
+  auto& group = opt.add_group({});
+  CHECK_ERROR(group.add(p, g, "empty_tensor"), "empty_tensor");
+  CHECK(group.size() == 0);
+  CHECK_ERROR(opt.add_flat_group({}, {{"flat_ok", 3}, {"flat_empty", 0}}), "flat_empty");
+  CHECK(opt.group_count() == 1);  // the flat group was not created
+}
+
+TEST_CASE("duplicate tensor names throw, naming the tensor") {
+  std::vector<float> a(3), ga(3), b(4), gb(4), c(5), gc(5);
+  fp32_adam opt;
+  auto& g0 = opt.add_group({});
+  g0.add(a, ga, "shared_name");
+  CHECK_ERROR(g0.add(b, gb, "shared_name"), "shared_name");  // same group
+  CHECK(g0.size() == 1);
+  auto& g1 = opt.add_group({});
+  CHECK_ERROR(g1.add(c, gc, "shared_name"), "shared_name");  // another group
+  CHECK(g1.size() == 0);
+  CHECK_ERROR(opt.add_flat_group({}, {{"shared_name", 2}}), "shared_name");  // a flat group
+  CHECK(opt.group_count() == 2);
+}
+
+TEST_CASE("duplicate tensor names inside one flat group throw, naming the tensor") {
+  fp32_adam opt;
+  CHECK_ERROR(opt.add_flat_group({}, {{"twice", 2}, {"other", 3}, {"twice", 4}}), "twice");
+  CHECK(opt.group_count() == 0);
+}
+
+TEST_CASE("adding tensors or groups after the first step throws and leaves the run as it was") {
+  rig<fp16_dyn_adam> a(default_layout, {}, scaler_opts), b(default_layout, {}, scaler_opts);
+  a.step();
+  b.step();
+  std::vector<mpopt::half> p(4, mpopt::half(1.0f)), g(4, mpopt::half(0.0f));
+  CHECK_ERROR(a.opt.group(0).add(p, g, "late_tensor"), "late_tensor");
+  CHECK_ERROR(a.opt.group(0).add(p, g, "late_tensor"), "after the first step");
+  CHECK_ERROR(a.opt.add_group({}), "after the first step");
+  CHECK_ERROR(a.opt.add_flat_group({}, {{"late_flat", 4}}), "late_flat");
+  CHECK_ERROR(a.opt.add_flat_group({}, std::span<const mpopt::tensor_spec>{}), "group");
+  check_twins(a, b);
+
+  // finalize() fixes the tensor set too.
+  fp32_adam opt;
+  std::vector<float> x(3), gx(3), y(3), gy(3);
+  opt.add_group({}).add(x, gx, "x");
+  opt.finalize();
+  CHECK_ERROR(opt.group(0).add(y, gy, "after_finalize"), "after_finalize");
+  CHECK(opt.group(0).size() == 1);
+}
+
+TEST_CASE("negative or non-finite lr throws naming lr, at add_group and at set_lr on a running optimizer") {
+  fp32_adam opt;
+  CHECK_ERROR(opt.add_group({.lr = -1e-3}), "lr");
+  CHECK_ERROR(opt.add_group({.lr = d_nan}), "lr");
+  CHECK_ERROR(opt.add_group({.lr = d_inf}), "lr");
+  CHECK_ERROR(opt.add_group({.lr = -d_inf}), "lr");
+  CHECK(opt.group_count() == 0);
+
+  rig<fp16_dyn_lamb> a(default_layout, {}, scaler_opts), b(default_layout, {}, scaler_opts);
+  for (int i = 0; i < 3; ++i) {
+    a.step(i == 1);
+    b.step(i == 1);
+  }
+  const double lr = a.opt.group(1).lr();
+  CHECK_ERROR(a.opt.group(1).set_lr(-0.5), "lr");
+  CHECK_ERROR(a.opt.group(1).set_lr(d_nan), "lr");
+  CHECK_ERROR(a.opt.group(1).set_lr(d_inf), "lr");
+  CHECK(a.opt.group(1).lr() == lr);
+  check_twins(a, b);
+  a.opt.group(1).set_lr(0.0);  // zero is valid
+  CHECK(a.opt.group(1).lr() == 0.0);
+}
+
+TEST_CASE("beta1 and beta2 outside [0, 1) throw naming the field (Adam and LAMB, add_group and set_options)") {
+  fp32_adam adam_opt;
+  fp32_lamb lamb_opt;
+  for (double bad : {1.0, -0.1, d_nan, 1.5, d_inf}) {
+    CAPTURE(bad);
+    CHECK_ERROR(adam_opt.add_group({.beta1 = bad}), "beta1");
+    CHECK_ERROR(adam_opt.add_group({.beta2 = bad}), "beta2");
+    CHECK_ERROR(lamb_opt.add_group({.beta1 = bad}), "beta1");
+    CHECK_ERROR(lamb_opt.add_group({.beta2 = bad}), "beta2");
+  }
+  CHECK(adam_opt.group_count() == 0);
+  CHECK(lamb_opt.group_count() == 0);
+  adam_opt.add_group({.beta1 = 0.0, .beta2 = 0.0});  // 0 is inside [0, 1)
+
+  rig<fp32_adam> a, b;
+  a.step();
+  b.step();
+  auto o = a.opt.group(0).options();
+  o.beta2 = 1.0;
+  CHECK_ERROR(a.opt.group(0).set_options(o), "beta2");
+  o = a.opt.group(0).options();
+  o.beta1 = -0.1;
+  CHECK_ERROR(a.opt.group(0).set_options(o), "beta1");
+  check_twins(a, b);
+}
+
+TEST_CASE("eps <= 0 and negative weight decay throw naming the field") {
+  fp32_adam adam_opt;
+  fp32_lamb lamb_opt;
+  for (double bad : {0.0, -1e-8, d_nan}) {
+    CAPTURE(bad);
+    CHECK_ERROR(adam_opt.add_group({.eps = bad}), "eps");
+    CHECK_ERROR(lamb_opt.add_group({.eps = bad}), "eps");
+  }
+  for (double bad : {-0.01, d_nan, d_inf}) {
+    CAPTURE(bad);
+    CHECK_ERROR(adam_opt.add_group({.weight_decay = bad}), "weight_decay");
+    CHECK_ERROR(lamb_opt.add_group({.weight_decay = bad}), "weight_decay");
+  }
+  CHECK(adam_opt.group_count() == 0);
+  CHECK(lamb_opt.group_count() == 0);
+}
+
+TEST_CASE("LAMB min_coeff > max_coeff, negative min_coeff, max_coeff <= 0 throw naming the field") {
+  fp32_lamb opt;
+  CHECK_ERROR(opt.add_group({.min_coeff = 2.0, .max_coeff = 1.0}), "min_coeff");
+  CHECK_ERROR(opt.add_group({.min_coeff = -0.01}), "min_coeff");
+  CHECK_ERROR(opt.add_group({.max_coeff = 0.0}), "max_coeff");
+  CHECK_ERROR(opt.add_group({.max_coeff = d_nan}), "max_coeff");
+  CHECK(opt.group_count() == 0);
+  opt.add_group({.min_coeff = 1.0, .max_coeff = 1.0});  // equal is fine
+}
+
+TEST_CASE("invalid optimizer options throw naming the field: clip_grad, accumulation_steps") {
+  for (double bad : {-1.0, d_nan, d_inf}) {
+    CAPTURE(bad);
+    CHECK_ERROR(fp32_adam({.clip_grad = bad}), "clip_grad");
+  }
+  for (int bad : {0, -1}) {
+    CAPTURE(bad);
+    CHECK_ERROR(fp32_adam({.accumulation_steps = bad}), "accumulation_steps");
+  }
+  CHECK_NOTHROW(fp32_adam({.clip_grad = 0.0}));  // 0 disables clipping
+}
+
+TEST_CASE("invalid dynamic scaler options throw naming the field") {
+  const mpopt::optimizer_options o;
+  for (double bad : {d_nan, d_inf, 0.0, -4.0}) {
+    CAPTURE(bad);
+    CHECK_ERROR(fp16_dyn_adam(o, {.init_scale = bad}), "init_scale");
+    CHECK_ERROR(mpopt::dynamic_scale({.init_scale = bad}), "init_scale");
+    CHECK_ERROR(fp16_dyn_adam(o, {.min_scale = bad}), "min_scale");
+  }
+  CHECK_ERROR(fp16_dyn_adam(o, {.init_scale = 4, .min_scale = 8}), "min_scale");
+  CHECK_ERROR(mpopt::dynamic_scale({.init_scale = 4, .min_scale = 8}), "min_scale");
+  for (std::int64_t bad : {0, -1}) {
+    CAPTURE(bad);
+    CHECK_ERROR(fp16_dyn_adam(o, {.window = bad}), "window");
+    CHECK_ERROR(fp16_dyn_adam(o, {.hysteresis = bad}), "hysteresis");
+  }
+  CHECK_NOTHROW(fp16_dyn_adam(o, {.init_scale = 8, .window = 1, .min_scale = 8, .hysteresis = 1}));
+}
+
+TEST_CASE("a static scale <= 0 or non-finite throws naming scale") {
+  for (double bad : {0.0, -1.0, d_nan, d_inf}) {
+    CAPTURE(bad);
+    CHECK_ERROR(fp16_static_adam({}, {.scale = bad}), "scale");
+    CHECK_ERROR(mpopt::static_scale({.scale = bad}), "scale");
+  }
+}
+
+TEST_CASE("skip_nonfinite = false with a loss scaler throws naming skip_nonfinite") {
+  CHECK_ERROR(fp16_dyn_adam({.skip_nonfinite = false}), "skip_nonfinite");
+  CHECK_ERROR(fp16_static_adam({.skip_nonfinite = false}, {.scale = 128}), "skip_nonfinite");
+  CHECK_NOTHROW(fp16_plain_adam({.skip_nonfinite = false}));
+  CHECK_NOTHROW(bf16_adam({.skip_nonfinite = false}));
+}
+
+TEST_CASE("a tensor in device memory is rejected by the host backend (mpopt::view with space = device)") {
+  std::vector<float> p(4, 1.0f), g(4, 0.0f);
+  fp32_adam opt;
+  auto& group = opt.add_group({});
+  CHECK_ERROR(group.add(mpopt::view<float>{p.data(), p.size(), mpopt::memory_space::device},
+                        mpopt::view<float>{g.data(), g.size(), mpopt::memory_space::device}, "device_param"),
+              "device_param");
+  CHECK_ERROR(group.add(mpopt::view<float>{p.data(), p.size(), mpopt::memory_space::host},
+                        mpopt::view<float>{g.data(), g.size(), mpopt::memory_space::device}, "device_grad"),
+              "device");
+  CHECK(group.size() == 0);
+}
+
+TEST_CASE("a custom tensor type whose traits say device memory is rejected by the host backend") {
+  static_assert(mpopt::tensor<device_buffer>);
+  std::vector<float> p(4, 1.0f), g(4, 0.0f);
+  fp32_adam opt;
+  auto& group = opt.add_group({});
+  CHECK_ERROR(group.add(device_buffer{p.data(), 4}, device_buffer{g.data(), 4}, "gpu_weight"), "gpu_weight");
+  CHECK_ERROR(group.add(device_buffer{p.data(), 4}, g, "gpu_weight"), "device");
+  CHECK(group.size() == 0);
+}
+
+TEST_CASE("parameter and gradient overlapping in memory are rejected, naming the tensor") {
+  std::vector<float> buf(10, 0.0f);
+  fp32_adam opt;
+  auto& group = opt.add_group({});
+  CHECK_ERROR(group.add(std::span<float>(buf.data(), 6), std::span<float>(buf.data() + 4, 6), "overlapping"),
+              "overlapping");
+  CHECK_ERROR(group.add(std::span<float>(buf.data() + 4, 6), std::span<float>(buf.data(), 6), "overlapping_back"),
+              "overlap");
+  CHECK_ERROR(group.add(buf, buf, "same_buffer"), "same_buffer");
+  CHECK(group.size() == 0);
+  // Adjacent but disjoint is fine.
+  group.add(std::span<float>(buf.data(), 5), std::span<float>(buf.data() + 5, 5), "adjacent");
+  CHECK(group.size() == 1);
+
+  std::vector<mpopt::half> hbuf(8, mpopt::half(0.0f));
+  fp16_dyn_adam opt16;
+  auto& g16 = opt16.add_group({});
+  CHECK_ERROR(g16.add(std::span<mpopt::half>(hbuf.data(), 4), std::span<mpopt::half>(hbuf.data() + 3, 4), "half_overlap"),
+              "half_overlap");
+  CHECK(g16.size() == 0);
+}
+
+TEST_CASE("save() before the first step or in the middle of gradient accumulation throws and writes nothing") {
+  temp_dir dir;
+  {
+    fp32_adam opt;
+    std::vector<float> p(3), g(3);
+    opt.add_group({}).add(p, g, "w");
+    CHECK_ERROR(opt.save(dir / "early.safetensors"), "save");
+    CHECK_FALSE(fs::exists(dir / "early.safetensors"));
+  }
+  rig<fp16_dyn_adam> a(default_layout, {.accumulation_steps = 3}, scaler_opts);
+  rig<fp16_dyn_adam> b(default_layout, {.accumulation_steps = 3}, scaler_opts);
+  for (int i = 0; i < 4; ++i) {  // one boundary, then micro-step 1 of the next window
+    a.step();
+    b.step();
+  }
+  CHECK_ERROR(a.opt.save(dir / "mid.safetensors"), "micro-step");
+  CHECK_FALSE(fs::exists(dir / "mid.safetensors"));
+  CHECK(a.step().micro_step == 2);
+  CHECK(b.step().micro_step == 2);
+  CHECK_ERROR(a.opt.save(dir / "mid.safetensors"), "accumulation");
+  CHECK_FALSE(fs::exists(dir / "mid.safetensors"));
+  check_twins(a, b, 6);
+  // At a boundary it works.
+  mpopt::step_status st;
+  do st = a.step();
+  while (st.result == mpopt::step_result::accumulating);
+  CHECK_NOTHROW(a.opt.save(dir / "boundary.safetensors"));
+}
+
+TEST_CASE("the load fixture's good file loads (so the rejections below are about the defects)") {
+  load_fixture f;
+  CHECK_NOTHROW(f.target.opt.load(f.good));
+  CHECK_FALSE(f.target.snap() == f.twin.snap());
+  const fs::path copy = f.dir / "rewritten.safetensors";
+  rewrite(f.good, copy, [](nlohmann::json&) {});
+  CHECK_NOTHROW(f.twin.opt.load(copy));
+  CHECK(f.target.snap() == f.twin.snap());
+}
+
+TEST_CASE("load() of a nonexistent file throws naming the path and changes nothing") {
+  load_fixture f;
+  f.reject(f.dir / "no_such_checkpoint.safetensors", "no_such_checkpoint");
+  f.reject(f.dir.path, "mpopt_bad_input_");  // a directory
+  check_twins(f.target, f.twin);
+}
+
+TEST_CASE("load() of files that are not state files throws and changes nothing") {
+  load_fixture f;
+  const auto text = f.dir / "notes.txt";
+  spit(text, {'h', 'e', 'l', 'l', 'o', ' ', 'w', 'o', 'r', 'l', 'd', ',', ' ', 'n', 'o', 't', ' ', 'a', ' ', 's',
+              't', 'a', 't', 'e', ' ', 'f', 'i', 'l', 'e', '\n'});
+  f.reject(text, "notes.txt");
+  const auto empty = f.dir / "empty.safetensors";
+  spit(empty, {});
+  f.reject(empty, "empty.safetensors");
+  // A valid safetensors file that is not an mpopt state file.
+  const auto foreign = f.dir / "foreign.safetensors";
+  {
+    std::string header = R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})";
+    while ((8 + header.size()) % 8) header += ' ';
+    std::vector<char> bytes(8);
+    std::uint64_t n = header.size();
+    for (int i = 0; i < 8; ++i) bytes[i] = char((n >> (8 * i)) & 0xff);
+    bytes.insert(bytes.end(), header.begin(), header.end());
+    bytes.insert(bytes.end(), {0, 0, char(0x80), 0x3f});
+    spit(foreign, bytes);
+  }
+  f.reject(foreign, "foreign.safetensors");
+  check_twins(f.target, f.twin);
+}
+
+TEST_CASE("load() of a truncated file throws at every truncation length and changes nothing") {
+  load_fixture f;
+  const auto cut = f.dir / "cut.safetensors";
+  const std::size_t n = f.good_bytes.size();
+  std::size_t tried = 0;
+  for (std::size_t len = 0; len < n; len += (len < 64 || len + 64 > n) ? 1 : 7) {
+    CAPTURE(len);
+    spit(cut, std::vector<char>(f.good_bytes.begin(), f.good_bytes.begin() + std::ptrdiff_t(len)));
+    const std::string msg = error_of([&] { f.target.opt.load(cut); });
+    INFO("message: ", msg);
+    REQUIRE(msg.rfind("mpopt: ", 0) == 0);
+    REQUIRE(msg.find("cut.safetensors") != std::string::npos);
+    ++tried;
+  }
+  CHECK(tried > 200);
+  CHECK(f.target.snap() == f.twin.snap());
+  check_twins(f.target, f.twin);
+}
+
+TEST_CASE("load() of a file with one flipped byte throws, wherever the byte is, and changes nothing") {
+  load_fixture f;
+  const auto bad = f.dir / "flipped.safetensors";
+  std::mt19937 rng(5);
+  std::size_t tried = 0;
+  // Every position with its lowest bit flipped, and 600 random (position, byte) pairs.
+  std::vector<std::pair<std::size_t, unsigned>> flips;
+  for (std::size_t pos = 0; pos < f.good_bytes.size(); ++pos) flips.emplace_back(pos, 0x01u);
+  for (int i = 0; i < 600; ++i) flips.emplace_back(rng() % f.good_bytes.size(), 1u + unsigned(rng() % 255u));
+  for (const auto& [pos, mask] : flips) {
+    {
+      CAPTURE(pos);
+      CAPTURE(int(mask));
+      auto bytes = f.good_bytes;
+      bytes[pos] = char(static_cast<unsigned char>(bytes[pos]) ^ static_cast<unsigned char>(mask));
+      spit(bad, bytes);
+      const std::string msg = error_of([&] { f.target.opt.load(bad); });
+      INFO("message: ", msg);
+      REQUIRE(msg.rfind("mpopt: ", 0) == 0);
+      ++tried;
+    }
+  }
+  CHECK(tried == flips.size());
+  CHECK(f.target.snap() == f.twin.snap());
+  check_twins(f.target, f.twin);
+}
+
+TEST_CASE("load() of a state saved with other policies throws naming the difference and changes nothing") {
+  load_fixture f;
+  f.reject(save_from<fp16_dyn_lamb>(f.dir, "lamb.safetensors", default_layout, scaler_opts), "rule");
+  f.reject(save_from<bf16_adam>(f.dir, "bf16.safetensors", default_layout), "precision");
+  f.reject(save_from<fp32_adam>(f.dir, "fp32.safetensors", default_layout), "precision");
+  f.reject(save_from<fp16_static_adam>(f.dir, "static.safetensors", default_layout, {.scale = 1024}), "loss_scaler");
+  f.reject(save_from<fp16_plain_adam>(f.dir, "plain.safetensors", default_layout), "loss_scaler");
+  check_twins(f.target, f.twin);
+
+  // And the other way round: an fp16 dynamic Adam state into a bf16 Adam and an fp16 dynamic LAMB.
+  rig<bf16_adam> b1, b2;
+  b1.step();
+  b2.step();
+  CHECK_ERROR(b1.opt.load(f.good), "precision");
+  check_twins(b1, b2);
+  rig<fp16_dyn_lamb> l1(default_layout, {}, scaler_opts), l2(default_layout, {}, scaler_opts);
+  l1.step();
+  l2.step();
+  CHECK_ERROR(l1.opt.load(f.good), "rule");
+  check_twins(l1, l2);
+}
+
+TEST_CASE("load() of a state with other tensor names, sizes or group count throws naming it and changes nothing") {
+  load_fixture f;
+  f.reject(save_from<fp16_dyn_adam>(f.dir, "renamed.safetensors",
+                                    {{{"embed.weight", 33}, {"renamed.weight", 17}}, {{"proj.bias", 5}}}, scaler_opts),
+           "renamed.weight");
+  f.reject(save_from<fp16_dyn_adam>(f.dir, "resized.safetensors",
+                                    {{{"embed.weight", 33}, {"proj.weight", 18}}, {{"proj.bias", 5}}}, scaler_opts),
+           "18");
+  f.reject(save_from<fp16_dyn_adam>(f.dir, "one_group.safetensors",
+                                    {{{"embed.weight", 33}, {"proj.weight", 17}, {"proj.bias", 5}}}, scaler_opts),
+           "groups");
+  f.reject(save_from<fp16_dyn_adam>(f.dir, "extra.safetensors",
+                                    {{{"embed.weight", 33}, {"proj.weight", 17}}, {{"proj.bias", 5}, {"extra", 2}}},
+                                    scaler_opts),
+           "extra");
+  f.reject(save_from<fp16_dyn_adam>(f.dir, "fewer.safetensors", {{{"embed.weight", 33}}, {{"proj.bias", 5}}},
+                                    scaler_opts),
+           "group 0");
+  check_twins(f.target, f.twin);
+}
+
+TEST_CASE("load() of a well-formed file with bad contents (checksum valid) throws naming it and changes nothing") {
+  load_fixture f;
+  const auto p = f.dir / "edited.safetensors";
+  auto keep = [](nlohmann::json&) {};
+
+  rewrite(f.good, p, [](nlohmann::json& m) { m["groups"][1]["options"]["lr"] = -1.0; });
+  f.reject(p, "lr");
+  rewrite(f.good, p, [](nlohmann::json& m) { m["groups"][0]["options"]["beta2"] = 1.0; });
+  f.reject(p, "beta2");
+  rewrite(f.good, p, [](nlohmann::json& m) { m.erase("scaler"); });
+  f.reject(p, "scaler");
+  rewrite(f.good, p, [](nlohmann::json& m) { m["scaler"].erase("hysteresis_left"); });
+  f.reject(p, "hysteresis_left");
+  rewrite(f.good, p, [](nlohmann::json& m) { m["groups"][0]["step"] = "seven"; });
+  f.reject(p, "edited.safetensors");
+  rewrite(f.good, p, [](nlohmann::json& m) { m["rule"] = "lamb"; });
+  f.reject(p, "rule");
+  // A tensor missing, with the wrong dtype, or the wrong shape.
+  rewrite(f.good, p, keep, [](const std::string& n, std::string&, std::vector<std::int64_t>&, std::vector<std::byte>&) {
+    return n != "exp_avg_sq/proj.bias";
+  });
+  f.reject(p, "exp_avg_sq/proj.bias");
+  rewrite(f.good, p, keep, [](const std::string& n, std::string& dtype, std::vector<std::int64_t>& shape,
+                              std::vector<std::byte>& data) {
+    if (n == "param/proj.weight") {  // F16 [17] -> F32 [17]
+      dtype = "F32";
+      data.resize(data.size() * 2);
+      (void)shape;
+    }
+    return true;
+  });
+  f.reject(p, "param/proj.weight");
+  rewrite(f.good, p, keep, [](const std::string& n, std::string&, std::vector<std::int64_t>& shape,
+                              std::vector<std::byte>&) {
+    if (n == "master/embed.weight") shape = {3, 11};
+    return true;
+  });
+  f.reject(p, "master/embed.weight");
+  check_twins(f.target, f.twin);
+}
+
+TEST_CASE("load() of a well-formed file with an impossible scaler state throws and changes nothing") {
+  // A loss scale that is not a positive finite number, or a hysteresis counter outside [1, hysteresis], cannot
+  // come from save(); accepting it would make every later step meaningless.
+  load_fixture f;
+  const auto p = f.dir / "scaler.safetensors";
+  for (double bad : {0.0, -1024.0}) {
+    CAPTURE(bad);
+    rewrite(f.good, p, [&](nlohmann::json& m) { m["scaler"]["scale"] = bad; });
+    f.reject(p, "scale");
+  }
+  rewrite(f.good, p, [](nlohmann::json& m) { m["scaler"]["hysteresis_left"] = 0; });
+  f.reject(p, "hysteresis");
+  check_twins(f.target, f.twin);
+}
+
+TEST_CASE("a failed load() into an optimizer that has not stepped yet leaves it as it was") {
+  // The common pattern "try to resume; if that fails, initialize the model and train from scratch": after
+  // the failed load the user writes fresh initial weights, and the first step must start from those.
+  temp_dir dir;
+  const auto path = save_from<fp16_dyn_lamb>(dir, "lamb.safetensors", default_layout, scaler_opts);
+  rig<fp16_dyn_adam> a(default_layout, {}, scaler_opts, 0.5f), b(default_layout, {}, scaler_opts, 0.5f);
+  const auto params = a.snap().params;
+  CHECK_ERROR(a.opt.load(path), "rule");
+  CHECK(a.snap().params == params);
+  CHECK_ERROR(a.opt.load(dir / "missing.safetensors"), "missing.safetensors");
+  CHECK(a.snap().params == params);
+  for (auto* r : {&a, &b})  // re-initialize the weights after the failed resume
+    for (auto& p : r->params)
+      for (std::size_t i = 0; i < p.size(); ++i) p[i] = mpopt::half(0.25f * std::cos(float(i)));
+  check_twins(a, b);  // neither is finalized: each first step copies the new weights into its masters
+}
+
+TEST_CASE("a failed load() into an optimizer that has not stepped yet still lets it add groups and tensors") {
+  temp_dir dir;
+  fp32_adam opt;
+  std::vector<float> p(3, 1.0f), g(3, 0.0f), q(4, 1.0f), gq(4, 0.0f);
+  opt.add_group({}).add(p, g, "w");
+  CHECK_ERROR(opt.load(dir / "missing.safetensors"), "missing.safetensors");
+  CHECK_NOTHROW(opt.group(0).add(q, gq, "added_after_failed_load"));
+  CHECK_NOTHROW(opt.add_group({}));
+}
+
+}  // TEST_SUITE

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The public headers compile on their own with -Wall -Wextra -Wpedantic -Werror and no CUDA or MPI
+# directory on the include path: mpopt.hpp with every given compiler, with and without
+# -march=native; every other public header with the first compiler.
+set -u
+include_dir="$1"
+shift
+jobs=()
+for cxx in "$@"; do
+  for arch in portable native; do jobs+=("$cxx $arch mpopt.hpp"); done
+done
+for h in "$include_dir"/mpopt/*.hpp; do
+  [ "$(basename "$h")" = mpopt.hpp ] || jobs+=("$1 portable $(basename "$h")")
+done
+check() {
+  read -r cxx arch header <<<"$1"
+  flags=(-std=c++20 -Wall -Wextra -Wpedantic -Werror -fsyntax-only -I"$include_dir")
+  [ "$arch" = native ] && flags+=(-march=native)
+  if ! echo "#include <mpopt/$header>" | "$cxx" "${flags[@]}" -x c++ - 2>&1; then
+    echo "FAIL: $1"
+    return 1
+  fi
+}
+export -f check
+export include_dir
+printf '%s\n' "${jobs[@]}" | xargs -P "$(nproc)" -I{} bash -c 'check "{}"'
+status=$?
+echo "${#jobs[@]} header compilations checked with: $*"
+exit $status

@@ -1,0 +1,484 @@
+// Tests for save()/load(): exact resume for every valid precision x scaler x rule x layout combination,
+// including a dynamic scaler with overflows before the save, and the file's safetensors layout.
+#include <doctest/doctest.h>
+
+#include <mpopt/mpopt.hpp>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <random>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct temp_dir {
+  fs::path path;
+  temp_dir() {
+    std::random_device rd;
+    path = fs::temp_directory_path() / ("mpopt_state_" + std::to_string(rd()) + std::to_string(rd()));
+    fs::create_directories(path);
+  }
+  ~temp_dir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  temp_dir(const temp_dir&) = delete;
+  temp_dir& operator=(const temp_dir&) = delete;
+  fs::path operator/(const std::string& name) const { return path / name; }
+};
+
+std::vector<unsigned char> slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+template <class T>
+std::vector<unsigned char> bytes_of(std::span<const T> s) {
+  std::vector<unsigned char> b(s.size_bytes());
+  if (!b.empty()) std::memcpy(b.data(), s.data(), b.size());
+  return b;
+}
+
+bool same_bits(double a, double b) { return std::bit_cast<std::uint64_t>(a) == std::bit_cast<std::uint64_t>(b); }
+
+enum class layout { unfused, flat };
+
+struct tensor_def {
+  const char* name;
+  std::size_t size;
+};
+// Two groups with their own options; sizes straddle SIMD widths.
+const std::vector<std::vector<tensor_def>> groups_def{{{"encoder.weight", 45}, {"encoder.bias", 7}}, {{"head.weight", 19}}};
+
+// Steps (0-based) whose gradients hold a non-finite element; the save happens after step 6.
+bool overflows_at(std::uint64_t i) { return i == 6 || i == 7 || i == 13; }
+constexpr std::uint64_t steps_before_save = 7;  // N
+constexpr std::uint64_t steps_after_save = 8;   // M
+constexpr std::uint64_t set_lr_before_step = 3;
+constexpr double changed_lr = 5e-3;
+
+template <class Opt>
+typename Opt::group_options group_options(std::size_t g) {
+  typename Opt::group_options o;
+  o.lr = g == 0 ? 2e-2 : 1e-2;
+  o.weight_decay = g == 0 ? 0.05 : 0.0;
+  o.beta2 = g == 0 ? 0.999 : 0.99;
+  if constexpr (std::is_same_v<typename Opt::rule, mpopt::adam>) o.decoupled_weight_decay = g == 0;
+  return o;
+}
+
+template <class Options>
+Options scaler_options() {
+  if constexpr (std::is_same_v<Options, mpopt::dynamic_scale_options>)
+    return {.init_scale = 1024, .window = 4, .min_scale = 1, .hysteresis = 2};
+  else if constexpr (std::is_same_v<Options, mpopt::static_scale_options>)
+    return {.scale = 512};
+  else
+    return {};
+}
+
+template <class Opt>
+constexpr bool is_dynamic = std::is_same_v<typename Opt::scaler_options, mpopt::dynamic_scale_options>;
+
+// A training run: the optimizer and the model's parameters/gradients in either layout.
+template <class Opt>
+struct run {
+  using P = typename Opt::param_type;
+  using G = typename Opt::grad_type;
+
+  std::deque<std::vector<P>> own_params;
+  std::deque<std::vector<G>> own_grads;
+  Opt opt;
+  std::vector<std::span<P>> params;
+  std::vector<std::span<G>> grads;
+  std::uint64_t next_step = 0;  // index of the next step: drives the synthetic gradients
+
+  run(layout lay, float init_seed, mpopt::optimizer_options o = {})
+      : opt(o, scaler_options<typename Opt::scaler_options>()) {
+    for (std::size_t gi = 0; gi < groups_def.size(); ++gi) {
+      if (lay == layout::flat) {
+        std::vector<mpopt::tensor_spec> specs;
+        for (const auto& d : groups_def[gi]) specs.push_back({d.name, d.size});
+        auto& group = opt.add_flat_group(group_options<Opt>(gi), specs);
+        for (std::size_t i = 0; i < group.size(); ++i) {
+          params.push_back(group.param(i));
+          grads.push_back(group.grad(i));
+        }
+      } else {
+        auto& group = opt.add_group(group_options<Opt>(gi));
+        for (const auto& d : groups_def[gi]) {
+          auto& p = own_params.emplace_back(d.size, P(0.0f));
+          auto& g = own_grads.emplace_back(d.size, G(0.0f));
+          group.add(p, g, d.name);
+          params.emplace_back(p);
+          grads.emplace_back(g);
+        }
+      }
+    }
+    for (std::size_t k = 0; k < params.size(); ++k)
+      for (std::size_t i = 0; i < params[k].size(); ++i)
+        params[k][i] = P(0.3f * std::sin(1.7f * float(i) + 0.9f * float(k) + init_seed) + 0.01f * init_seed);
+  }
+  run(const run&) = delete;
+  run& operator=(const run&) = delete;
+
+  mpopt::step_status step() {
+    const std::uint64_t i = next_step++;
+    if (i == set_lr_before_step) opt.group(1).set_lr(changed_lr);
+    const float scale = float(opt.loss_scale());
+    for (std::size_t k = 0; k < grads.size(); ++k)
+      for (std::size_t e = 0; e < grads[k].size(); ++e)
+        grads[k][e] = G(0.05f * std::sin(0.61f * float(e) + 1.3f * float(k) + 0.77f * float(i)) * scale);
+    if (overflows_at(i)) {
+      const float bad = i % 2 ? std::numeric_limits<float>::infinity() : std::numeric_limits<float>::quiet_NaN();
+      grads[i % grads.size()][i % 5] = G(bad);
+    }
+    return opt.step();
+  }
+
+  struct snapshot {
+    std::vector<std::vector<unsigned char>> params, masters, exp_avg, exp_avg_sq;
+    std::vector<unsigned char> lamb_coeffs;
+    std::vector<std::uint64_t> group_steps;
+    std::vector<std::string> group_options;
+    std::uint64_t scale_bits = 0;
+    std::string scaler;
+    bool operator==(const snapshot&) const = default;
+  };
+  snapshot snap() const {
+    snapshot s;
+    for (const auto& p : params) s.params.push_back(bytes_of(std::span<const P>(p)));
+    for (std::size_t i = 0; i < opt.tensor_count(); ++i) {
+      s.masters.push_back(bytes_of(opt.master(i)));
+      s.exp_avg.push_back(bytes_of(opt.moment(0, i)));
+      s.exp_avg_sq.push_back(bytes_of(opt.moment(1, i)));
+    }
+    if constexpr (std::is_same_v<typename Opt::rule, mpopt::lamb>) s.lamb_coeffs = bytes_of(opt.lamb_coeffs());
+    for (std::size_t g = 0; g < opt.group_count(); ++g) {
+      auto& group = const_cast<Opt&>(opt).group(g);
+      s.group_steps.push_back(group.step());
+      s.group_options.push_back(Opt::rule::to_json(group.options()).dump());
+    }
+    s.scale_bits = std::bit_cast<std::uint64_t>(opt.loss_scale());
+    s.scaler = opt.scaler().save().dump();
+    return s;
+  }
+};
+
+void check_same_status(const mpopt::step_status& a, const mpopt::step_status& b) {
+  CHECK(a.result == b.result);
+  CHECK(a.applied == b.applied);
+  CHECK(same_bits(a.scale_before, b.scale_before));
+  CHECK(same_bits(a.scale_after, b.scale_after));
+  CHECK(same_bits(a.grad_norm, b.grad_norm));
+  CHECK(same_bits(a.grad_norm_clipped, b.grad_norm_clipped));
+  CHECK(same_bits(a.clip_coef, b.clip_coef));
+  CHECK(a.step == b.step);
+  CHECK(a.skipped_steps == b.skipped_steps);
+  CHECK(a.consecutive_skips == b.consecutive_skips);
+  CHECK(a.micro_step == b.micro_step);
+}
+
+// The safetensors header: 8-byte little-endian length, then that many bytes of JSON.
+nlohmann::json read_header(const std::vector<unsigned char>& file, std::size_t& data_start) {
+  REQUIRE(file.size() >= 8);
+  std::uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | file[std::size_t(i)];
+  REQUIRE(8 + n <= file.size());
+  data_start = 8 + std::size_t(n);
+  REQUIRE(file[8] == '{');
+  return nlohmann::json::parse(file.begin() + 8, file.begin() + std::ptrdiff_t(data_start));
+}
+
+std::size_t dtype_size(const std::string& d) {
+  if (d == "F64") return 8;
+  if (d == "F32") return 4;
+  if (d == "F16" || d == "BF16") return 2;
+  return 0;
+}
+
+// Checks the file is a valid safetensors file listing param/, master/, exp_avg/, exp_avg_sq/ tensors with the
+// optimizer's current values.
+template <class Opt>
+void check_file_layout(const fs::path& path, const run<Opt>& r) {
+  const auto file = slurp(path);
+  std::size_t data_start = 0;
+  const nlohmann::json h = read_header(file, data_start);
+  REQUIRE(h.is_object());
+  CHECK(data_start % 8 == 0);
+  REQUIRE(h.contains("__metadata__"));
+  const auto& meta = h["__metadata__"];
+  REQUIRE(meta.is_object());
+  for (const auto& [k, v] : meta.items()) CHECK_MESSAGE(v.is_string(), k);  // safetensors: str -> str
+
+  const std::string param_dtype = std::is_same_v<typename Opt::param_type, float>            ? "F32"
+                                  : std::is_same_v<typename Opt::param_type, mpopt::half>     ? "F16"
+                                                                                             : "BF16";
+  const bool has_master = Opt::precision::has_master;
+  // Every tensor's extent; they must tile the data section exactly (safetensors forbids holes).
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> extents;
+  std::size_t expected_tensors = 0;
+  auto check_tensor = [&](const std::string& key, const std::string& dtype, std::size_t n,
+                          const std::vector<unsigned char>& expected_bytes) {
+    CAPTURE(key);
+    ++expected_tensors;
+    REQUIRE(h.contains(key));
+    const auto& e = h[key];
+    CHECK(e.at("dtype") == dtype);
+    CHECK(e.at("shape") == nlohmann::json::array({n}));
+    const auto begin = e.at("data_offsets")[0].get<std::uint64_t>();
+    const auto end = e.at("data_offsets")[1].get<std::uint64_t>();
+    REQUIRE(end - begin == n * dtype_size(dtype));
+    REQUIRE(data_start + end <= file.size());
+    extents.emplace_back(begin, end);
+    CHECK(std::equal(expected_bytes.begin(), expected_bytes.end(), file.begin() + std::ptrdiff_t(data_start + begin)));
+  };
+  std::size_t t = 0;
+  for (const auto& group : groups_def)
+    for (const auto& d : group) {
+      const std::string name = d.name;
+      check_tensor("param/" + name, param_dtype, d.size,
+                   bytes_of(std::span<const typename Opt::param_type>(r.params[t])));
+      if (has_master) check_tensor("master/" + name, "F32", d.size, bytes_of(r.opt.master(t)));
+      else CHECK_FALSE(h.contains("master/" + name));
+      check_tensor("exp_avg/" + name, "F32", d.size, bytes_of(r.opt.moment(0, t)));
+      check_tensor("exp_avg_sq/" + name, "F32", d.size, bytes_of(r.opt.moment(1, t)));
+      ++t;
+    }
+  if constexpr (std::is_same_v<typename Opt::rule, mpopt::lamb>)
+    check_tensor("lamb_coeffs", "F64", r.opt.tensor_count(), bytes_of(r.opt.lamb_coeffs()));
+  CHECK(h.size() == expected_tensors + 1);  // nothing else but __metadata__
+  std::sort(extents.begin(), extents.end());
+  std::uint64_t cursor = 0;
+  for (const auto& [b, e] : extents) {
+    CHECK(b == cursor);
+    cursor = e;
+  }
+  CHECK(data_start + cursor == file.size());
+}
+
+template <class Opt>
+void check_exact_resume(layout lay) {
+  CAPTURE(lay == layout::flat ? "flat" : "unfused");
+  temp_dir dir;
+  const auto path = dir / "resume.safetensors";
+
+  // The uninterrupted run: N + M steps.
+  run<Opt> whole(lay, 0.0f);
+  std::vector<mpopt::step_status> statuses;
+  for (std::uint64_t i = 0; i < steps_before_save + steps_after_save; ++i) statuses.push_back(whole.step());
+
+  // The interrupted run: N steps, save.
+  run<Opt> first(lay, 0.0f);
+  for (std::uint64_t i = 0; i < steps_before_save; ++i) check_same_status(first.step(), statuses[i]);
+  first.opt.save(path);
+  check_file_layout(path, first);
+  const auto at_save = first.snap();
+
+  // A fresh optimizer: same configuration and registration, different initial parameters, original lr.
+  run<Opt> resumed(lay, 2.5f);
+  REQUIRE(resumed.opt.group(1).lr() != changed_lr);
+  REQUIRE_FALSE(resumed.snap().params == at_save.params);
+  resumed.opt.load(path);
+  resumed.next_step = steps_before_save;
+  CHECK(resumed.snap() == at_save);
+  CHECK(resumed.opt.group(1).lr() == changed_lr);  // set_lr before the save is restored
+  CHECK(resumed.opt.group(0).lr() == group_options<Opt>(0).lr);
+  CHECK(resumed.opt.group(0).step() == first.opt.group(0).step());
+  if constexpr (std::is_same_v<typename Opt::rule, mpopt::lamb>) {
+    const auto a = resumed.opt.lamb_coeffs(), b = first.opt.lamb_coeffs();
+    REQUIRE(a.size() == b.size());
+    for (std::size_t i = 0; i < a.size(); ++i) CHECK(same_bits(a[i], b[i]));
+    CHECK(a.size() == 3);
+  }
+  if constexpr (is_dynamic<Opt>) {
+    // The overflow at step 6 used up one unit of hysteresis and was the last overflow.
+    CHECK(resumed.opt.scaler().iteration() == 7);
+    CHECK(resumed.opt.scaler().hysteresis_left() == 1);
+    CHECK(resumed.opt.loss_scale() == 2048);
+  }
+
+  // Saving again right after the load writes the same bytes.
+  const auto again = dir / "again.safetensors";
+  resumed.opt.save(again);
+  CHECK(slurp(again) == slurp(path));
+
+  // M more steps == steps N..N+M-1 of the uninterrupted run, bitwise.
+  for (std::uint64_t i = steps_before_save; i < steps_before_save + steps_after_save; ++i) {
+    CAPTURE(i);
+    check_same_status(resumed.step(), statuses[i]);
+  }
+  CHECK(resumed.snap() == whole.snap());
+
+  if constexpr (is_dynamic<Opt>) {
+    // The schedule really exercised the restored scaler state after the load (hand-derived, init 1024,
+    // window 4, hysteresis 2): step 7 overflows with one unit of hysteresis left -> halves; step 12 is the
+    // 4th clean step after it -> doubles and refills the hysteresis; step 13 overflows -> held, no halving.
+    const std::vector<double> expected{1024, 1024, 1024, 1024, 2048, 2048, 2048,       // before the save
+                                       1024, 1024, 1024, 1024, 1024, 2048, 2048, 2048};  // after
+    for (std::size_t i = 0; i < expected.size(); ++i) {
+      CAPTURE(i);
+      CHECK(statuses[i].scale_after == expected[i]);
+    }
+  }
+  // The counters after the load continue the saved ones.
+  CHECK(statuses.back().skipped_steps == 3);
+  CHECK(statuses.back().step == steps_before_save + steps_after_save - 3);
+  CHECK(statuses[7].consecutive_skips == 2);
+}
+
+template <class P, class S, class R>
+struct combo {
+  using opt_t = mpopt::optimizer<P, S, mpopt::replicated, R>;
+};
+
+}  // namespace
+
+TEST_SUITE("state") {
+
+TEST_CASE_TEMPLATE("N steps, save, load into a fresh optimizer, M steps == N+M uninterrupted steps, bitwise", C,
+                   combo<mpopt::fp32, mpopt::no_scaling, mpopt::adam>,
+                   combo<mpopt::fp32, mpopt::no_scaling, mpopt::lamb>,
+                   combo<mpopt::bf16, mpopt::no_scaling, mpopt::adam>,
+                   combo<mpopt::bf16, mpopt::no_scaling, mpopt::lamb>,
+                   combo<mpopt::fp16, mpopt::no_scaling, mpopt::adam>,
+                   combo<mpopt::fp16, mpopt::no_scaling, mpopt::lamb>,
+                   combo<mpopt::fp16, mpopt::static_scale, mpopt::adam>,
+                   combo<mpopt::fp16, mpopt::static_scale, mpopt::lamb>,
+                   combo<mpopt::fp16, mpopt::dynamic_scale, mpopt::adam>,
+                   combo<mpopt::fp16, mpopt::dynamic_scale, mpopt::lamb>) {
+  check_exact_resume<typename C::opt_t>(layout::unfused);
+  check_exact_resume<typename C::opt_t>(layout::flat);
+}
+
+TEST_CASE("exact resume with gradient accumulation: save at a boundary, the next window continues identically") {
+  using opt_t = mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, mpopt::lamb>;
+  temp_dir dir;
+  const auto path = dir / "accum.safetensors";
+  const mpopt::optimizer_options o{.accumulation_steps = 3};
+  run<opt_t> whole(layout::flat, 0.0f, o);
+  std::vector<mpopt::step_status> statuses;
+  for (int i = 0; i < 21; ++i) statuses.push_back(whole.step());  // 7 windows
+  run<opt_t> first(layout::flat, 0.0f, o);
+  for (int i = 0; i < 9; ++i) first.step();  // 3 windows
+  first.opt.save(path);
+  run<opt_t> resumed(layout::flat, -1.0f, o);
+  resumed.opt.load(path);
+  resumed.next_step = 9;
+  CHECK(resumed.snap() == first.snap());
+  for (std::size_t i = 9; i < 21; ++i) {
+    CAPTURE(i);
+    check_same_status(resumed.step(), statuses[i]);
+  }
+  CHECK(resumed.snap() == whole.snap());
+}
+
+TEST_CASE("load() in the middle of an accumulation window either throws or restarts the window from the file") {
+  // The file holds a state at an accumulation boundary (save() refuses anything else). Loading it into an
+  // optimizer that has folded some micro-steps must not mix those stale gradients into the resumed run:
+  // either load() refuses (and changes nothing) or the result behaves exactly like a fresh optimizer that
+  // loaded the same file.
+  using opt_t = mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, mpopt::adam>;
+  temp_dir dir;
+  const auto path = dir / "boundary.safetensors";
+  const mpopt::optimizer_options o{.accumulation_steps = 2};
+  run<opt_t> saver(layout::unfused, 0.0f, o);
+  for (int i = 0; i < 4; ++i) saver.step();
+  saver.opt.save(path);
+
+  run<opt_t> busy(layout::unfused, 1.0f, o);
+  busy.next_step = 100;  // different gradients from the saver's
+  for (int i = 0; i < 3; ++i) busy.step();  // one boundary, then micro-step 1 of the next window
+  run<opt_t> fresh(layout::unfused, 1.0f, o);
+  fresh.opt.load(path);
+  fresh.next_step = 4;
+
+  const auto before = busy.snap();
+  bool refused = false;
+  try {
+    busy.opt.load(path);
+  } catch (const mpopt::error&) {
+    refused = true;
+  }
+  if (refused) {
+    CHECK(busy.snap() == before);
+  } else {
+    busy.next_step = 4;
+    CHECK(busy.snap() == fresh.snap());
+    for (int i = 0; i < 4; ++i) {
+      CAPTURE(i);
+      check_same_status(busy.step(), fresh.step());
+    }
+    CHECK(busy.snap() == fresh.snap());
+  }
+}
+
+TEST_CASE("load() rewinds a running optimizer to the saved state") {
+  using opt_t = mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, mpopt::adam>;
+  temp_dir dir;
+  const auto path = dir / "rewind.safetensors";
+  run<opt_t> r(layout::unfused, 0.0f);
+  std::vector<mpopt::step_status> statuses;
+  for (std::uint64_t i = 0; i < steps_before_save; ++i) statuses.push_back(r.step());
+  r.opt.save(path);
+  const auto at_save = r.snap();
+  for (std::uint64_t i = steps_before_save; i < steps_before_save + steps_after_save; ++i) statuses.push_back(r.step());
+  const auto at_end = r.snap();
+  r.opt.load(path);
+  CHECK(r.snap() == at_save);
+  r.next_step = steps_before_save;
+  for (std::uint64_t i = steps_before_save; i < steps_before_save + steps_after_save; ++i) {
+    CAPTURE(i);
+    check_same_status(r.step(), statuses[i]);
+  }
+  CHECK(r.snap() == at_end);
+}
+
+TEST_CASE("the resume check can fail: a fresh optimizer that does not load diverges") {
+  // Guards the harness: without the load, the continuation differs from the uninterrupted run.
+  using opt_t = mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, mpopt::adam>;
+  run<opt_t> whole(layout::unfused, 0.0f);
+  for (std::uint64_t i = 0; i < steps_before_save + steps_after_save; ++i) whole.step();
+  run<opt_t> fresh(layout::unfused, 0.0f);
+  fresh.next_step = steps_before_save;
+  for (std::uint64_t i = 0; i < steps_after_save; ++i) fresh.step();
+  const auto a = fresh.snap(), b = whole.snap();
+  CHECK_FALSE(a.params == b.params);
+  CHECK_FALSE(a.group_steps == b.group_steps);
+  CHECK_FALSE(a.scaler == b.scaler);
+}
+
+TEST_CASE("the state file's metadata holds the optimizer description as a JSON string") {
+  using opt_t = mpopt::optimizer<mpopt::bf16, mpopt::no_scaling, mpopt::replicated, mpopt::adam>;
+  temp_dir dir;
+  const auto path = dir / "meta.safetensors";
+  run<opt_t> r(layout::flat, 0.0f);
+  for (int i = 0; i < 5; ++i) r.step();
+  r.opt.save(path);
+  std::size_t data_start = 0;
+  const auto h = read_header(slurp(path), data_start);
+  const auto& meta = h.at("__metadata__");
+  CHECK(meta.at("format") == "mpopt-state");
+  REQUIRE(meta.at("mpopt").is_string());
+  const auto desc = nlohmann::json::parse(meta.at("mpopt").get<std::string>());
+  CHECK(desc.is_object());
+  CHECK(desc.dump().find("encoder.weight") != std::string::npos);
+}
+
+}  // TEST_SUITE

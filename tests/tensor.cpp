@@ -1,0 +1,319 @@
+// Tests for how the library sees a user's tensor (include/mpopt/tensor.hpp): the mpopt::tensor concept,
+// the std::span / std::vector / mpopt::view adapters, and a foreign tensor type adapted through a
+// tensor_traits specialization and used with the optimizer end to end.
+#include <doctest/doctest.h>
+
+#include <mpopt/mpopt.hpp>
+
+#include <array>
+#include <bit>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+// ---------------------------------------------------------------------------------------------------
+// Foreign tensor types, as a user's framework would have them.
+namespace user {
+
+// A row-major matrix owning its storage; its API knows nothing about mpopt.
+template <class E>
+class matrix {
+ public:
+  matrix(std::size_t rows, std::size_t cols) : rows_(rows), cols_(cols), data_(new E[rows * cols]) {}
+  E* raw() { return data_.get(); }
+  const E* raw() const { return data_.get(); }
+  std::size_t rows() const { return rows_; }
+  std::size_t cols() const { return cols_; }
+  E& operator()(std::size_t r, std::size_t c) { return data_[r * cols_ + c]; }
+
+ private:
+  std::size_t rows_, cols_;
+  std::unique_ptr<E[]> data_;
+};
+
+// A handle whose element count is an int (convertible to std::size_t, as the concept allows).
+struct int_sized {
+  float* p;
+  int n;
+};
+
+// Types that are NOT tensors, each missing one requirement.
+struct no_space {
+  float* p;
+};
+struct const_data {
+  const float* p;
+};
+struct no_size {
+  float* p;
+};
+
+}  // namespace user
+
+template <class E>
+struct mpopt::tensor_traits<user::matrix<E>> {
+  using element_type = E;
+  static E* data(user::matrix<E>& m) { return m.raw(); }
+  static std::size_t size(const user::matrix<E>& m) { return m.rows() * m.cols(); }
+  static constexpr memory_space space = memory_space::host;
+};
+
+template <>
+struct mpopt::tensor_traits<user::int_sized> {
+  using element_type = float;
+  static float* data(user::int_sized& t) { return t.p; }
+  static int size(const user::int_sized& t) { return t.n; }
+  static constexpr memory_space space = memory_space::host;
+};
+
+template <>
+struct mpopt::tensor_traits<user::no_space> {
+  using element_type = float;
+  static float* data(user::no_space& t) { return t.p; }
+  static std::size_t size(const user::no_space&) { return 1; }
+};
+
+template <>
+struct mpopt::tensor_traits<user::const_data> {
+  using element_type = float;
+  static const float* data(user::const_data& t) { return t.p; }
+  static std::size_t size(const user::const_data&) { return 1; }
+  static constexpr memory_space space = memory_space::host;
+};
+
+template <>
+struct mpopt::tensor_traits<user::no_size> {
+  using element_type = float;
+  static float* data(user::no_size& t) { return t.p; }
+  static constexpr memory_space space = memory_space::host;
+};
+
+namespace {
+
+using mpopt::bfloat16;
+using mpopt::half;
+
+// ---------------------------------------------------------------------------------------------------
+// The concept and the shipped adapters, at compile time.
+static_assert(mpopt::tensor<std::vector<float>>);
+static_assert(mpopt::tensor<std::vector<half>>);
+static_assert(mpopt::tensor<std::vector<bfloat16>>);
+static_assert(mpopt::tensor<std::vector<float>&>);  // cv-ref qualified spellings of a tensor are tensors
+static_assert(mpopt::tensor<std::span<float>>);
+static_assert(mpopt::tensor<std::span<half, 8>>);  // static extent
+static_assert(mpopt::tensor<mpopt::view<float>>);
+static_assert(mpopt::tensor<mpopt::view<bfloat16>>);
+static_assert(mpopt::tensor<user::matrix<float>>);
+static_assert(mpopt::tensor<user::matrix<half>>);
+static_assert(mpopt::tensor<user::int_sized>);
+
+static_assert(!mpopt::tensor<int>);
+static_assert(!mpopt::tensor<float*>);
+static_assert(!mpopt::tensor<std::array<float, 4>>);  // no adapter shipped
+static_assert(!mpopt::tensor<std::span<const float>>);
+static_assert(!mpopt::tensor<user::no_space>);
+static_assert(!mpopt::tensor<user::const_data>);
+static_assert(!mpopt::tensor<user::no_size>);
+
+static_assert(std::is_same_v<mpopt::tensor_element_t<std::vector<half>>, half>);
+static_assert(std::is_same_v<mpopt::tensor_element_t<std::span<bfloat16>>, bfloat16>);
+static_assert(std::is_same_v<mpopt::tensor_element_t<const std::vector<float>&>, float>);
+static_assert(std::is_same_v<mpopt::tensor_element_t<user::matrix<half>>, half>);
+static_assert(std::is_same_v<mpopt::tensor_element_t<mpopt::view<float>>, float>);
+
+// Element type mismatches are visible at compile time through tensor_of: an fp16 optimizer's
+// param_type/grad_type is mpopt::half, so float or bfloat16 tensors do not qualify.
+using fp32_adam = mpopt::optimizer<mpopt::fp32, mpopt::no_scaling, mpopt::replicated, mpopt::adam>;
+using fp16_lamb = mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, mpopt::lamb>;
+using bf16_adam = mpopt::optimizer<mpopt::bf16, mpopt::no_scaling, mpopt::replicated, mpopt::adam>;
+static_assert(mpopt::tensor_of<std::vector<half>, fp16_lamb::param_type>);
+static_assert(mpopt::tensor_of<std::vector<half>, fp16_lamb::grad_type>);
+static_assert(!mpopt::tensor_of<std::vector<float>, fp16_lamb::param_type>);
+static_assert(!mpopt::tensor_of<std::vector<bfloat16>, fp16_lamb::grad_type>);
+static_assert(!mpopt::tensor_of<std::vector<half>, bf16_adam::param_type>);
+static_assert(!mpopt::tensor_of<user::matrix<float>, bf16_adam::param_type>);
+static_assert(!mpopt::tensor_of<std::span<half>, fp32_adam::grad_type>);
+static_assert(mpopt::tensor_of<user::matrix<float>, fp32_adam::param_type>);
+static_assert(!mpopt::tensor_of<int, float>);
+// And param_group::add takes only tensors: a requires-expression rejects non-tensors.
+template <class Group, class P, class G>
+constexpr bool can_add = requires(Group& g, P& p, G& gr) { g.add(p, gr, "x"); };
+static_assert(can_add<fp32_adam::param_group, std::vector<float>, std::vector<float>>);
+static_assert(!can_add<fp32_adam::param_group, int, std::vector<float>>);
+static_assert(!can_add<fp32_adam::param_group, std::vector<float>, float*>);
+static_assert(!can_add<fp32_adam::param_group, std::span<const float>, std::vector<float>>);
+
+std::uint32_t bits(float f) { return std::bit_cast<std::uint32_t>(f); }
+
+bool same_status(const mpopt::step_status& a, const mpopt::step_status& b) {
+  auto eq = [](double x, double y) { return std::bit_cast<std::uint64_t>(x) == std::bit_cast<std::uint64_t>(y); };
+  return a.result == b.result && a.applied == b.applied && eq(a.scale_before, b.scale_before) &&
+         eq(a.scale_after, b.scale_after) && eq(a.grad_norm, b.grad_norm) &&
+         eq(a.grad_norm_clipped, b.grad_norm_clipped) && eq(a.clip_coef, b.clip_coef) && a.step == b.step &&
+         a.skipped_steps == b.skipped_steps && a.consecutive_skips == b.consecutive_skips && a.micro_step == b.micro_step;
+}
+
+template <class E>
+E value(std::size_t i, std::size_t step) {
+  return E(0.2f * std::sin(0.3f * float(i) + 1.1f * float(step)) + (step == 0 ? 0.1f : 0.0f));
+}
+
+template <class E>
+std::vector<std::uint16_t> bits16(std::span<const E> s) {
+  std::vector<std::uint16_t> out;
+  for (auto x : s) out.push_back(x.bits);
+  return out;
+}
+
+}  // namespace
+
+TEST_SUITE("tensor") {
+
+TEST_CASE("as_view gives the data pointer, element count and memory space of each adapter") {
+  std::vector<float> v(5, 1.0f);
+  const auto vv = mpopt::as_view(v);
+  CHECK(vv.data == v.data());
+  CHECK(vv.size == 5);
+  CHECK(vv.space == mpopt::memory_space::host);
+
+  std::vector<half> h(7);
+  std::span<half> s(h.data() + 2, 3);
+  const auto sv = mpopt::as_view(s);
+  CHECK(sv.data == h.data() + 2);
+  CHECK(sv.size == 3);
+
+  std::span<half, 4> fixed(h.data(), 4);
+  CHECK(mpopt::as_view(fixed).size == 4);
+
+  mpopt::view<bfloat16> raw{reinterpret_cast<bfloat16*>(h.data()), 6};
+  const auto rv = mpopt::as_view(raw);
+  CHECK(rv.data == raw.data);
+  CHECK(rv.size == 6);
+  CHECK(rv.space == mpopt::memory_space::host);
+
+  user::matrix<float> m(3, 4);
+  const auto mv = mpopt::as_view(m);
+  CHECK(mv.data == m.raw());
+  CHECK(mv.size == 12);
+
+  std::vector<float> backing(9);
+  user::int_sized is{backing.data(), 9};
+  CHECK(mpopt::as_view(is).size == 9);
+}
+
+TEST_CASE("as_view keeps the memory space an mpopt::view says its memory is in") {
+  std::vector<float> v(4);
+  mpopt::view<float> dev{v.data(), v.size(), mpopt::memory_space::device};
+  CHECK(mpopt::as_view(dev).space == mpopt::memory_space::device);
+}
+
+TEST_CASE("a foreign matrix type adapted via tensor_traits trains exactly like std::vector (fp32 Adam)") {
+  constexpr std::size_t rows = 5, cols = 7, n = rows * cols;
+  std::vector<float> vp(n), vg(n);
+  user::matrix<float> mp(rows, cols), mg(rows, cols);
+  for (std::size_t i = 0; i < n; ++i) vp[i] = mp.raw()[i] = value<float>(i, 0);
+  std::vector<float> bp(3, 0.5f), bg(3), cp(3, 0.5f), cg(3);
+
+  fp32_adam a, b;
+  a.add_group({.lr = 1e-2, .weight_decay = 0.1}).add(vp, vg, "w");
+  a.group(0).add(bp, bg, "bias");
+  b.add_group({.lr = 1e-2, .weight_decay = 0.1}).add(mp, mg, "w");
+  b.group(0).add(std::span<float>(cp), mpopt::view<float>{cg.data(), cg.size()}, "bias");  // rvalue adapters
+  for (std::size_t step = 1; step <= 6; ++step) {
+    CAPTURE(step);
+    for (std::size_t r = 0; r < rows; ++r)
+      for (std::size_t c = 0; c < cols; ++c) vg[r * cols + c] = mg(r, c) = value<float>(r * cols + c, step);
+    for (std::size_t i = 0; i < 3; ++i) bg[i] = cg[i] = value<float>(i + 100, step);
+    const auto sa = a.step(), sb = b.step();
+    CHECK(sa.applied);
+    CHECK(same_status(sa, sb));
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    CAPTURE(i);
+    CHECK(bits(mp.raw()[i]) == bits(vp[i]));
+  }
+  CHECK(std::memcmp(cp.data(), bp.data(), sizeof(float) * 3) == 0);
+  CHECK(vp[0] != value<float>(0, 0));  // it trained
+}
+
+TEST_CASE("a foreign matrix of mpopt::half trains exactly like std::vector<half> (fp16, dynamic scale, LAMB)") {
+  constexpr std::size_t rows = 4, cols = 9, n = rows * cols;
+  std::vector<half> vp(n), vg(n);
+  user::matrix<half> mp(rows, cols), mg(rows, cols);
+  for (std::size_t i = 0; i < n; ++i) vp[i] = mp.raw()[i] = value<half>(i, 0);
+  fp16_lamb a({}, {.init_scale = 256, .window = 2}), b({}, {.init_scale = 256, .window = 2});
+  a.add_group({.lr = 1e-2}).add(vp, vg, "w");
+  b.add_group({.lr = 1e-2}).add(mp, mg, "w");
+  for (std::size_t step = 1; step <= 8; ++step) {
+    CAPTURE(step);
+    const float s = float(a.loss_scale());
+    for (std::size_t i = 0; i < n; ++i) vg[i] = mg.raw()[i] = half(float(value<float>(i, step)) * s);
+    if (step == 3) vg[5] = mg.raw()[5] = half(std::numeric_limits<float>::infinity());
+    const auto sa = a.step(), sb = b.step();
+    CHECK(same_status(sa, sb));
+    CHECK(sa.applied == (step != 3));
+  }
+  CHECK(bits16<half>(std::span<const half>(mp.raw(), n)) == bits16<half>(std::span<const half>(vp)));
+  for (std::size_t i = 0; i < n; ++i) CHECK(bits(a.master(0)[i]) == bits(b.master(0)[i]));
+  CHECK(a.lamb_coeffs()[0] == b.lamb_coeffs()[0]);
+}
+
+TEST_CASE("the optimizer writes through the adapter into the user's own memory") {
+  // bf16 with mpopt::view over a buffer the user owns: the update lands in that buffer, nowhere else.
+  std::vector<bfloat16> storage(12, bfloat16(1.0f));
+  std::vector<bfloat16> grads(12, bfloat16(0.0f));
+  bf16_adam opt({.clip_grad = 0});
+  opt.add_group({.lr = 0.5}).add(mpopt::view<bfloat16>{storage.data() + 2, 8}, std::span<bfloat16>(grads.data() + 2, 8), "middle");
+  for (std::size_t i = 0; i < 12; ++i) grads[i] = bfloat16(1.0f);
+  CHECK(opt.step().applied);
+  CHECK(float(storage[0]) == 1.0f);
+  CHECK(float(storage[1]) == 1.0f);
+  for (std::size_t i = 2; i < 10; ++i) CHECK(float(storage[i]) == 0.5f);  // Adam's first step moves by lr
+  CHECK(float(storage[10]) == 1.0f);
+  CHECK(float(storage[11]) == 1.0f);
+}
+
+TEST_CASE("flat group views are tensors and can be handed to code that takes tensors") {
+  fp32_adam opt;
+  auto& g = opt.add_flat_group({}, {{"a", 3}, {"b", 20}});
+  static_assert(mpopt::tensor<decltype(g.param(0))>);
+  static_assert(mpopt::tensor_of<decltype(g.grad(1)), float>);
+  auto b = g.param(1);
+  CHECK(mpopt::as_view(b).size == 20);
+  CHECK(g.param(0).data() != g.param(1).data());
+  CHECK(g.name(1) == "b");
+}
+
+TEST_CASE("a tensor with a null data pointer is rejected, naming it") {
+  std::vector<float> g(4);
+  fp32_adam opt;
+  auto& group = opt.add_group({});
+  bool threw = false;
+  try {
+    group.add(mpopt::view<float>{nullptr, 4}, g, "null_param");
+  } catch (const mpopt::error& e) {
+    threw = true;
+    CHECK(std::string(e.what()).find("null_param") != std::string::npos);
+  }
+  CHECK(threw);
+  CHECK(group.size() == 0);
+}
+
+TEST_CASE("a tensor registered without a name gets a generated, distinct one") {
+  std::vector<float> p1(3), g1(3), p2(3), g2(3);
+  fp32_adam opt;
+  auto& group = opt.add_group({});
+  group.add(p1, g1);
+  group.add(p2, g2);
+  CHECK_FALSE(group.name(0).empty());
+  CHECK(group.name(0) != group.name(1));
+}
+
+}  // TEST_SUITE
