@@ -1,0 +1,231 @@
+// The layout and the thread count are invisible: user-owned tensors (add) and a flat group
+// (add_flat_group) give bit-identical params, masters, moments, trust ratios and statuses, with any
+// number of OpenMP threads.
+#include <doctest/doctest.h>
+
+#include <cstring>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "harness.hpp"
+
+using namespace harness;
+
+namespace {
+
+int max_threads() {
+#ifdef _OPENMP
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+void set_threads(int n) {
+#ifdef _OPENMP
+  omp_set_num_threads(n);
+#else
+  (void)n;
+#endif
+}
+
+// A cheap deterministic value in [-1, 1) from (seed, step, element): the same for every instance.
+double hashed(std::uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  x ^= x >> 31;
+  return double(x >> 11) * 0x1p-52 - 1.0;
+}
+
+/// One optimizer over the given tensors (two groups) in one layout, stepped with `threads` threads.
+template <class Opt>
+struct instance {
+  using P = typename Opt::param_type;
+  using G = typename Opt::grad_type;
+  Opt opt;
+  int threads;
+  std::vector<std::span<P>> params;
+  std::vector<std::span<G>> grads;
+  std::vector<std::vector<P>> own_p;
+  std::vector<std::vector<G>> own_g;
+
+  instance(layout lay, int threads_, const std::vector<std::vector<std::size_t>>& groups,
+           const std::vector<typename Opt::group_options>& options, typename Opt::scaler_options so)
+      : opt({}, so), threads(threads_) {
+    std::size_t n = 0;
+    for (const auto& g : groups) n += g.size();
+    own_p.reserve(n);
+    own_g.reserve(n);
+    for (std::size_t gi = 0; gi < groups.size(); ++gi) {
+      if (lay == layout::flat) {
+        std::vector<mpopt::tensor_spec> specs;
+        for (std::size_t i = 0; i < groups[gi].size(); ++i) specs.push_back({"t" + std::to_string(params.size() + i), groups[gi][i]});
+        auto& g = opt.add_flat_group(options[gi], std::span<const mpopt::tensor_spec>(specs));
+        for (std::size_t i = 0; i < groups[gi].size(); ++i) {
+          params.push_back(g.param(i));
+          grads.push_back(g.grad(i));
+        }
+      } else {
+        auto& g = opt.add_group(options[gi]);
+        for (std::size_t size : groups[gi]) {
+          own_p.emplace_back(size, P(0.0f));
+          own_g.emplace_back(size, G(0.0f));
+          g.add(own_p.back(), own_g.back(), "t" + std::to_string(params.size()));
+          params.push_back(own_p.back());
+          grads.push_back(own_g.back());
+        }
+      }
+    }
+    std::size_t e = 0;
+    for (auto& p : params)
+      for (auto& x : p) x = from_double<P>(0.5 * hashed(e++ ^ 0x5EED));
+  }
+
+  /// Copies this step's gradients in and steps with this instance's thread count.
+  mpopt::step_status step(const std::vector<std::vector<G>>& g) {
+    for (std::size_t i = 0; i < grads.size(); ++i) std::copy(g[i].begin(), g[i].end(), grads[i].begin());
+    set_threads(threads);
+    return opt.step();
+  }
+};
+
+/// Gradients of step s: hashed values with a per-tensor magnitude, times the loss scale, rounded to G;
+/// one NaN on step 9 and one inf on step 17 (a skipped step must be identical too).
+template <class G>
+std::vector<std::vector<G>> make_grads(const std::vector<std::size_t>& sizes, int s, double scale) {
+  std::vector<std::vector<G>> g(sizes.size());
+  std::size_t e = 0;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    const double mag = 1e-3 * (1 + double(i % 7));
+    g[i].resize(sizes[i]);
+    for (auto& x : g[i]) x = from_double<G>(mag * hashed((std::uint64_t(s) << 40) ^ e++) * scale);
+  }
+  if (s == 9) g[g.size() / 2][0] = from_double<G>(NAN);
+  if (s == 17) g.back().back() = from_double<G>(INFINITY);
+  return g;
+}
+
+template <class T>
+bool same_bits(std::span<const T> a, std::span<const T> b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size_bytes()) == 0;
+}
+
+bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof(double)) == 0; }
+
+bool same(const mpopt::step_status& a, const mpopt::step_status& b) {
+  return a.result == b.result && a.applied == b.applied && same_bits(a.scale_before, b.scale_before) &&
+         same_bits(a.scale_after, b.scale_after) && same_bits(a.grad_norm, b.grad_norm) &&
+         same_bits(a.grad_norm_clipped, b.grad_norm_clipped) && same_bits(a.clip_coef, b.clip_coef) && a.step == b.step &&
+         a.skipped_steps == b.skipped_steps && a.consecutive_skips == b.consecutive_skips && a.micro_step == b.micro_step;
+}
+
+/// Steps every instance `steps` times and compares all of them with the first after every step.
+template <class Opt>
+void all_identical(std::vector<std::unique_ptr<instance<Opt>>>& runs, int steps) {
+  using P = typename Opt::param_type;
+  int applied = 0, skipped = 0;
+  for (int s = 0; s < steps; ++s) {
+    CAPTURE(s);
+    std::vector<std::size_t> sizes;
+    for (const auto& p : runs[0]->params) sizes.push_back(p.size());
+    const auto grads = make_grads<typename Opt::grad_type>(sizes, s, runs[0]->opt.loss_scale());
+    for (auto& r : runs) REQUIRE(r->opt.loss_scale() == runs[0]->opt.loss_scale());
+    std::vector<mpopt::step_status> st;
+    for (auto& r : runs) st.push_back(r->step(grads));
+    (st[0].applied ? applied : skipped) += 1;
+    const auto& a = runs[0]->opt;
+    for (std::size_t j = 1; j < runs.size(); ++j) {
+      CAPTURE(j);
+      const auto& b = runs[j]->opt;
+      CHECK(same(st[0], st[j]));
+      std::size_t bad = 0;
+      for (std::size_t i = 0; i < runs[0]->params.size(); ++i) {
+        bad += !same_bits<P>(runs[0]->params[i], runs[j]->params[i]);
+        bad += !same_bits<float>(a.master(i), b.master(i));
+        bad += !same_bits<float>(a.moment(0, i), b.moment(0, i));
+        bad += !same_bits<float>(a.moment(1, i), b.moment(1, i));
+      }
+      CHECK_MESSAGE(bad == 0, bad << " tensors' params/masters/moments differ from run 0");
+      if constexpr (std::is_same_v<typename Opt::rule, mpopt::lamb>)
+        CHECK(same_bits<double>(a.lamb_coeffs(), b.lamb_coeffs()));
+      for (std::size_t g = 0; g < a.group_count(); ++g)
+        CHECK(const_cast<Opt&>(a).group(g).step() == const_cast<Opt&>(b).group(g).step());
+    }
+  }
+  CHECK(skipped == 2);
+  CHECK(applied == steps - 2);
+}
+
+template <class Opt>
+void run_layouts(const std::vector<std::vector<std::size_t>>& groups, const std::vector<typename Opt::group_options>& options,
+                 int steps) {
+  typename Opt::scaler_options so{};
+  if constexpr (std::is_same_v<typename Opt::scaler_options, mpopt::dynamic_scale_options>) {
+    so.init_scale = 1024;
+    so.window = 5;
+  }
+  // Run 0 is user-owned with 2 threads; against it: flat with 2 threads (layout), user-owned with 1
+  // thread and flat with 3 threads (thread count, transitively for both layouts).
+  std::vector<std::unique_ptr<instance<Opt>>> runs;
+  for (auto [lay, threads] : {std::pair{layout::unfused, 2}, {layout::flat, 2}, {layout::unfused, 1}, {layout::flat, 3}})
+    runs.push_back(std::make_unique<instance<Opt>>(lay, threads, groups, options, so));
+  const int restore = max_threads();
+  all_identical(runs, steps);
+  set_threads(restore);
+}
+
+template <class Rule>
+std::vector<typename Rule::options> two_groups() {
+  typename Rule::options a, b;
+  a.lr = 1e-3;
+  a.weight_decay = 0.05;
+  b.lr = 2e-3;
+  b.weight_decay = 0.0;
+  if constexpr (std::is_same_v<Rule, mpopt::adam>) b.decoupled_weight_decay = false;
+  else b.eps_inside_sqrt = true;
+  return {a, b};
+}
+
+template <class Precision, class Rule>
+struct combo {
+  using precision = Precision;
+  using rule = Rule;
+  using scaler = std::conditional_t<std::is_same_v<Precision, mpopt::fp16>, mpopt::dynamic_scale, mpopt::no_scaling>;
+  using opt = mpopt::optimizer<Precision, scaler, mpopt::replicated, Rule>;
+};
+
+}  // namespace
+
+#define LAYOUT_COMBOS                                                                                 \
+  combo<mpopt::fp32, mpopt::adam>, combo<mpopt::bf16, mpopt::adam>, combo<mpopt::fp16, mpopt::adam>, \
+      combo<mpopt::fp32, mpopt::lamb>, combo<mpopt::bf16, mpopt::lamb>, combo<mpopt::fp16, mpopt::lamb>
+
+TEST_SUITE("layout") {
+  TEST_CASE_TEMPLATE("300 tensors of 1..5000 elements plus one of 200000: flat == user-owned, bit for bit, with 1, 2 and 3 threads",
+                     C, LAYOUT_COMBOS) {
+    using opt_t = typename C::opt;
+    CAPTURE(std::string(C::precision::name));
+    CAPTURE(std::string(C::rule::name));
+    std::mt19937_64 rng(0x1A40);
+    std::uniform_int_distribution<std::size_t> size(1, 5000);
+    std::vector<std::vector<std::size_t>> groups(2);
+    for (int i = 0; i < 300; ++i) groups[i % 2].push_back(size(rng));
+    groups[0].insert(groups[0].begin() + 40, 200000);
+    run_layouts<opt_t>(groups, two_groups<typename C::rule>(), 30);
+  }
+
+  TEST_CASE_TEMPLATE("3000 tiny tensors and tensors at chunk boundaries: flat == user-owned, bit for bit, with 1, 2 and 3 threads",
+                     C, LAYOUT_COMBOS) {
+    using opt_t = typename C::opt;
+    CAPTURE(std::string(C::precision::name));
+    CAPTURE(std::string(C::rule::name));
+    std::mt19937_64 rng(0x1A41);
+    std::uniform_int_distribution<std::size_t> size(1, 16);
+    std::vector<std::vector<std::size_t>> groups(2);
+    for (int i = 0; i < 3000; ++i) groups[i % 2].push_back(size(rng));
+    for (std::size_t n : {65535, 65536, 65537, 131071}) groups[1].insert(groups[1].begin() + 100, n);
+    run_layouts<opt_t>(groups, two_groups<typename C::rule>(), 30);
+  }
+}
