@@ -372,4 +372,32 @@ TEST_SUITE("pipeline") {
     CHECK(take(r.opt, r.params) == before);
     r.check(r.step(random_grads(r.sizes, rng, 0.5)));
   }
+
+  TEST_CASE("zero_grad sets every gradient to +0 in both layouts and leaves parameters and state alone") {
+    using opt_t = mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, mpopt::adam>;
+    for (const layout lay : {layout::unfused, layout::flat}) {
+      auto rp = make_rig<opt_t>(lay, {}, {}, 0x2E40, false);
+      auto& r = *rp;
+      std::mt19937_64 rng(0x2E41);
+      r.check(r.step(random_grads(r.sizes, rng, 0.5)));
+      // Fill every gradient with nonzero values (also -0 and inf, whose bits must go too).
+      for (std::size_t g = 0; g < r.opt.group_count(); ++g)
+        for (std::size_t t = 0; t < r.opt.group(g).size(); ++t) {
+          auto grad = r.opt.group(g).grad(t);
+          for (std::size_t i = 0; i < grad.size(); ++i)
+            grad[i] = mpopt::half(i % 3 == 0 ? -0.0f : (i % 3 == 1 ? 1.5f : INFINITY));
+        }
+      const snapshot before = take(r.opt, r.params);
+      r.opt.zero_grad();
+      std::size_t checked = 0;
+      for (std::size_t g = 0; g < r.opt.group_count(); ++g)
+        for (std::size_t t = 0; t < r.opt.group(g).size(); ++t)
+          for (const mpopt::half x : r.opt.group(g).grad(t)) {
+            CHECK(x.bits == 0);
+            ++checked;
+          }
+      CHECK(checked > 0);
+      CHECK(take(r.opt, r.params) == before);
+    }
+  }
 }
