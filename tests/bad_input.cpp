@@ -3,6 +3,8 @@
 // twin that never saw the bad input continues identically).
 #include <doctest/doctest.h>
 
+#include "temp_dir.hpp"
+
 #include <mpopt/mpopt.hpp>
 #include <mpopt/detail/state_file.hpp>
 
@@ -54,21 +56,6 @@ std::string error_of(F&& f) {
     CHECK(msg_.find(needle) != std::string::npos);                      \
   } while (0)
 
-struct temp_dir {
-  fs::path path;
-  temp_dir() {
-    std::random_device rd;
-    path = fs::temp_directory_path() / ("mpopt_bad_input_" + std::to_string(rd()) + std::to_string(rd()));
-    fs::create_directories(path);
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  temp_dir(const temp_dir&) = delete;
-  temp_dir& operator=(const temp_dir&) = delete;
-  fs::path operator/(const std::string& name) const { return path / name; }
-};
 
 std::vector<char> slurp(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -625,7 +612,7 @@ TEST_CASE("the load fixture's good file loads (so the rejections below are about
 TEST_CASE("load() of a nonexistent file throws naming the path and changes nothing") {
   load_fixture f;
   f.reject(f.dir / "no_such_checkpoint.safetensors", "no_such_checkpoint");
-  f.reject(f.dir.path, "mpopt_bad_input_");  // a directory
+  f.reject(f.dir.path, f.dir.path.filename().string());  // a directory
   check_twins(f.target, f.twin);
 }
 

@@ -2,6 +2,8 @@
 // including a dynamic scaler with overflows before the save, and the file's safetensors layout.
 #include <doctest/doctest.h>
 
+#include "temp_dir.hpp"
+
 #include <mpopt/mpopt.hpp>
 
 #include <algorithm>
@@ -27,21 +29,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct temp_dir {
-  fs::path path;
-  temp_dir() {
-    std::random_device rd;
-    path = fs::temp_directory_path() / ("mpopt_state_" + std::to_string(rd()) + std::to_string(rd()));
-    fs::create_directories(path);
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  temp_dir(const temp_dir&) = delete;
-  temp_dir& operator=(const temp_dir&) = delete;
-  fs::path operator/(const std::string& name) const { return path / name; }
-};
 
 std::vector<unsigned char> slurp(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);

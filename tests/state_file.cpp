@@ -1,6 +1,8 @@
 // Tests for the checkpoint container (include/mpopt/detail/state_file.hpp).
 #include <doctest/doctest.h>
 
+#include "temp_dir.hpp"
+
 #include <mpopt/detail/state_file.hpp>
 
 #include <algorithm>
@@ -24,22 +26,6 @@ using mpopt::detail::state_writer;
 using ojson = nlohmann::ordered_json;
 using bytes = std::vector<std::byte>;
 
-// A fresh directory per test case, removed with everything in it.
-struct temp_dir {
-  fs::path path;
-  temp_dir() {
-    std::random_device rd;
-    path = fs::temp_directory_path() / ("mpopt_state_file_" + std::to_string(rd()) + std::to_string(rd()));
-    fs::create_directories(path);
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  temp_dir(const temp_dir&) = delete;
-  temp_dir& operator=(const temp_dir&) = delete;
-  fs::path operator/(const std::string& name) const { return path / name; }
-};
 
 bytes slurp(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
