@@ -166,6 +166,7 @@ struct host {
     float* m;
     float* v;
     float* accum;
+    bool reduced;  // the gradient is accum alone (already summed over ranks)
     std::size_t n;
     std::uint32_t group;
   };
@@ -181,11 +182,12 @@ struct host {
     else
       master = t.param + c.begin;
     return {t.param + c.begin, t.grad + c.begin, master, d.m + o, d.v + o,
-            d.accum ? d.accum + o : nullptr, c.size, t.group};
+            d.accum ? d.accum + o : nullptr, d.grads_reduced, c.size, t.group};
   }
 
   template <class S, class Tail>
   static typename lanes::vec true_gradient(const S& s, std::size_t i, Tail tail, typename lanes::vec scale) {
+    if (s.reduced) return lanes::load(s.accum + i, tail) * scale;
     auto g = lanes::load(s.grad + i, tail);
     if (s.accum) g = lanes::load(s.accum + i, tail) + g;
     return g * scale;

@@ -58,7 +58,7 @@ struct optimizer_options {
 };
 
 template <precision_policy Precision, loss_scaler_policy LossScaler, class Partition, class UpdateRule,
-          class Backend = host, class Communicator = single_process>
+          class Backend = host, communicator Communicator = single_process>
 class optimizer {
   static_assert(std::is_same_v<Precision, fp16> || std::is_same_v<LossScaler, no_scaling>,
                 "loss scaling exists for fp16 gradients only: use mpopt::no_scaling with mpopt::fp32 or mpopt::bf16");
@@ -151,6 +151,11 @@ class optimizer {
 
   explicit optimizer(options o = {}, scaler_options s = {}, Communicator comm = {})
       : options_(validated(o, std::is_same_v<LossScaler, no_scaling>)), scaler_(s), comm_(std::move(comm)) {}
+  /// With the communicator first: optimizer opt{mpopt::mpi{MPI_COMM_WORLD}, {.clip_grad = 1}, {...}}.
+  template <class C>
+    requires std::same_as<std::remove_cvref_t<C>, Communicator>
+  explicit optimizer(C&& comm, options o = {}, scaler_options s = {})
+      : optimizer(o, s, std::forward<C>(comm)) {}
 
   optimizer(const optimizer&) = delete;
   optimizer& operator=(const optimizer&) = delete;
@@ -215,7 +220,10 @@ class optimizer {
     if constexpr (Precision::has_master) master_ = detail::aligned_buffer<float>(state_elements_);
     m_ = detail::aligned_buffer<float>(state_elements_);
     v_ = detail::aligned_buffer<float>(state_elements_);
-    if (options_.accumulation_steps > 1) accum_ = detail::aligned_buffer<float>(state_elements_);
+    if (options_.accumulation_steps > 1 || comm_.size() > 1) {
+      accum_ = detail::aligned_buffer<float>(state_elements_);
+      std::fill_n(accum_.data(), accum_.size(), 0.0f);  // alignment gaps travel in collectives too
+    }
     chunk_sum_.assign(work_.size(), 0.0f);
     chunk_sum2_.assign(work_.size(), 0.0f);
     chunk_nonfinite_.assign(work_.size(), 0);
@@ -243,26 +251,37 @@ class optimizer {
       return st;
     }
     const bool accumulated = micro_step_ > 0;
+    auto d = data(accumulated);
+    if (comm_.size() > 1) {
+      // Data parallel: fold this micro-step in, then sum the fp32 gradients over ranks.
+      Backend::accumulate(data(true), !accumulated);
+      comm_.all_reduce(accum_.span(), reduce_op::sum);
+      d = data(true);
+      d.grads_reduced = true;
+    }
 
     const double scale = scaler_.scale();
-    const double divisor = options_.combine == accumulation::mean ? double(options_.accumulation_steps) : 1.0;
+    const double divisor =
+        options_.combine == accumulation::mean ? double(options_.accumulation_steps) * comm_.size() : 1.0;
     const double unscale = 1.0 / (scale * divisor);
-    auto d = data(accumulated);
     d.grad_scale = float(unscale);
     Backend::gradient_norm(d);
 
-    // Every rank runs both reductions, whatever it found locally.
+    // Every rank runs every reduction, whatever it found locally.
     std::uint8_t nonfinite = std::any_of(chunk_nonfinite_.begin(), chunk_nonfinite_.end(), [](auto b) { return b != 0; });
     double sumsq = 0;
     for (float s : chunk_sum_) sumsq += double(s);
     comm_.all_reduce(std::span<std::uint8_t>(&nonfinite, 1), reduce_op::max);
-    comm_.all_reduce(std::span<double>(&sumsq, 1), reduce_op::sum);
+    if constexpr (Partition::sharded) comm_.all_reduce(std::span<double>(&sumsq, 1), reduce_op::sum);
 
     const bool check = options_.skip_nonfinite;
     const bool norm_overflow = !nonfinite && !std::isfinite(sumsq);
     if (check && (nonfinite || norm_overflow)) {
       st.result = nonfinite ? step_result::skipped_nonfinite : step_result::skipped_norm_overflow;
       st.grad_norm = st.grad_norm_clipped = std::sqrt(sumsq);
+      // Across ranks the window's gradients are already combined in place: an error below ends the
+      // window. On one rank it stays open, so a caller that catches can finish the step again.
+      if (comm_.size() > 1) micro_step_ = 0;
       if (scaler_.raises_on(true))
         detail::fail("loss scale already at its minimum (", scale, ") and the gradients still overflow; ",
                      nonfinite_report(), "; skipped ", skipped_, " of ", skipped_ + applied_,
@@ -328,29 +347,60 @@ class optimizer {
   std::size_t tensor_count() const { return tensors_.size(); }
 
   /// Writes every parameter, master and moment by tensor name, with the scaler, counters and group
-  /// options, to a safetensors file (format: README, "Checkpoints").
-  void save(const std::filesystem::path& path) const {
+  /// options, to a safetensors file (format: README, "Checkpoints"). Every rank calls it; rank 0
+  /// writes, and a failure there throws on every rank.
+  void save(const std::filesystem::path& path) {
     if (!finalized_) detail::fail("save(): nothing to save before the first step (or finalize())");
     if (micro_step_ != 0)
       detail::fail("save() at micro-step ", micro_step_, " of ", options_.accumulation_steps,
                    ": save after the accumulation boundary");
-    detail::state_writer w;
-    w.set_metadata(describe());
-    for_each_saved_tensor(*this, [&](std::string key, std::size_t n, const auto* data) {
-      w.add(std::move(key), {std::int64_t(n)}, std::span(data, n));
+    agree("save", [&] {
+      if (comm_.rank() != 0) return;
+      detail::state_writer w;
+      w.set_metadata(describe());
+      for_each_saved_tensor(*this, [&](std::string key, std::size_t n, const auto* data) {
+        w.add(std::move(key), {std::int64_t(n)}, std::span(data, n));
+      });
+      w.write(path);
     });
-    w.write(path);
   }
 
   /// Restores a save()d state. The file must come from an optimizer of the same policies and the same
-  /// tensors (names, sizes, groups); everything is checked before anything changes.
+  /// tensors (names, sizes, groups). Every rank reads and checks it; only when all ranks found it
+  /// good does anything change, otherwise every rank throws.
   void load(const std::filesystem::path& path) {
-    const detail::state_reader r(path);
-    const auto where = path.string() + ": ";
-    LossScaler scaler = scaler_;
-    std::vector<group_options> group_opts;
+    std::optional<detail::state_reader> file;
+    saved_header saved;
+    agree("load", [&] {
+      file.emplace(path);
+      saved = check_saved(*file, path.string() + ": ");
+    });
+    finalize();
+    for_each_saved_tensor(*this, [&](const std::string& key, std::size_t n, auto* dst) { file->read(key, std::span(dst, n)); });
+    micro_step_ = 0;  // the saved state sits at an accumulation boundary
+    scaler_ = saved.scaler;
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      groups_[g]->options_ = saved.groups[g];
+      groups_[g]->step_ = saved.group_steps[g];
+    }
+    applied_ = saved.applied;
+    skipped_ = saved.skipped;
+    consecutive_skips_ = saved.consecutive;
+  }
+
+ private:
+  /// What load() takes from a file besides the tensors.
+  struct saved_header {
+    LossScaler scaler{typename LossScaler::options{}};
+    std::vector<group_options> groups;
     std::vector<std::uint64_t> group_steps;
     std::uint64_t applied = 0, skipped = 0, consecutive = 0;
+  };
+
+  /// Checks a state file against this optimizer (policies, groups, tensor names, sizes, dtypes) and
+  /// parses its header, changing nothing.
+  saved_header check_saved(const detail::state_reader& r, const std::string& where) {
+    saved_header h{scaler_, {}, {}};
     try {
       const nlohmann::json& meta = r.metadata();
       const nlohmann::json mine = describe();
@@ -364,14 +414,14 @@ class optimizer {
         if (groups[g].at("tensors") != mine["groups"][g]["tensors"])
           detail::fail(where, "group ", g, " holds different tensors: saved ", groups[g].at("tensors").dump(),
                        ", this optimizer has ", mine["groups"][g]["tensors"].dump());
-        group_opts.push_back(UpdateRule::from_json(groups[g].at("options")));
-        group_opts.back().validate(where + "group " + std::to_string(g));
-        group_steps.push_back(groups[g].at("step").template get<std::uint64_t>());
+        h.groups.push_back(UpdateRule::from_json(groups[g].at("options")));
+        h.groups.back().validate(where + "group " + std::to_string(g));
+        h.group_steps.push_back(groups[g].at("step").template get<std::uint64_t>());
       }
-      scaler.load(meta.at("scaler"));
-      applied = meta.at("applied_steps").template get<std::uint64_t>();
-      skipped = meta.at("skipped_steps").template get<std::uint64_t>();
-      consecutive = meta.at("consecutive_skips").template get<std::uint64_t>();
+      h.scaler.load(meta.at("scaler"));
+      h.applied = meta.at("applied_steps").template get<std::uint64_t>();
+      h.skipped = meta.at("skipped_steps").template get<std::uint64_t>();
+      h.consecutive = meta.at("consecutive_skips").template get<std::uint64_t>();
     } catch (const nlohmann::json::exception& e) {
       detail::fail(where, "malformed optimizer metadata: ", e.what());
     }
@@ -382,21 +432,25 @@ class optimizer {
         detail::fail(where, "tensor '", key, "' has dtype ", r.dtype(key), " and ", r.shape(key).size(),
                      "-d shape, expected ", detail::state_dtype<T>::value, " [", n, "]");
     });
-    // Everything checked: commit.
-    finalize();
-    for_each_saved_tensor(*this, [&](const std::string& key, std::size_t n, auto* dst) { r.read(key, std::span(dst, n)); });
-    micro_step_ = 0;  // the saved state sits at an accumulation boundary
-    scaler_ = scaler;
-    for (std::size_t g = 0; g < groups_.size(); ++g) {
-      groups_[g]->options_ = group_opts[g];
-      groups_[g]->step_ = group_steps[g];
-    }
-    applied_ = applied;
-    skipped_ = skipped;
-    consecutive_skips_ = consecutive;
+    return h;
   }
 
- private:
+  /// Runs f on every rank and agrees on the outcome: if it threw mpopt::error anywhere, it throws on
+  /// every rank (its own message where it failed), so no rank goes on into a collective alone.
+  template <class F>
+  void agree(std::string_view what, F&& f) {
+    std::optional<error> mine;
+    try {
+      f();
+    } catch (const error& e) {
+      mine = e;
+    }
+    std::uint8_t failed = mine.has_value();
+    comm_.all_reduce(std::span<std::uint8_t>(&failed, 1), reduce_op::max);
+    if (mine) throw *mine;
+    if (failed) detail::fail(what, "() failed on another rank");
+  }
+
   /// Policies, scaler, counters and group layout: the metadata of a saved state.
   nlohmann::json describe() const {
     nlohmann::json groups = nlohmann::json::array();

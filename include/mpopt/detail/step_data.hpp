@@ -18,7 +18,8 @@ struct tensor_slot {
 };
 
 /// Pointers and scalars for one pass. Kernels read the true gradient as
-/// (accum + grad) * grad_scale, or grad * grad_scale without accumulation.
+/// (accum + grad) * grad_scale, grad * grad_scale without accumulation, or accum * grad_scale once
+/// the gradients have been reduced across ranks into accum (grads_reduced).
 template <class Precision>
 struct step_data {
   using param_type = typename Precision::param_type;
@@ -35,6 +36,7 @@ struct step_data {
   float* chunk_sum2 = nullptr;    ///< a second per-chunk partial (LAMB: update norms)
   std::uint8_t* chunk_nonfinite = nullptr;
   float grad_scale = 1.0f;
+  bool grads_reduced = false;
 };
 
 }  // namespace mpopt::detail
