@@ -250,49 +250,19 @@ class optimizer {
       st.micro_step = ++micro_step_;
       return st;
     }
-    const bool accumulated = micro_step_ > 0;
-    auto d = data(accumulated);
-    if (comm_.size() > 1) {
-      // Data parallel: fold this micro-step in, then sum the fp32 gradients over ranks.
-      Backend::accumulate(data(true), !accumulated);
-      comm_.all_reduce(accum_.span(), reduce_op::sum);
-      d = data(true);
-      d.grads_reduced = true;
-    }
 
+    auto d = boundary_gradients();
     const double scale = scaler_.scale();
     const double divisor =
         options_.combine == accumulation::mean ? double(options_.accumulation_steps) * comm_.size() : 1.0;
     const double unscale = 1.0 / (scale * divisor);
     d.grad_scale = float(unscale);
-    Backend::gradient_norm(d);
+    const auto [nonfinite, sumsq] = check_gradients(d);
 
-    // Every rank runs every reduction, whatever it found locally.
-    std::uint8_t nonfinite = std::any_of(chunk_nonfinite_.begin(), chunk_nonfinite_.end(), [](auto b) { return b != 0; });
-    double sumsq = 0;
-    for (float s : chunk_sum_) sumsq += double(s);
-    comm_.all_reduce(std::span<std::uint8_t>(&nonfinite, 1), reduce_op::max);
-    if constexpr (Partition::sharded) comm_.all_reduce(std::span<double>(&sumsq, 1), reduce_op::sum);
-
-    const bool check = options_.skip_nonfinite;
-    const bool norm_overflow = !nonfinite && !std::isfinite(sumsq);
-    if (check && (nonfinite || norm_overflow)) {
+    if (options_.skip_nonfinite && (nonfinite || !std::isfinite(sumsq))) {
       st.result = nonfinite ? step_result::skipped_nonfinite : step_result::skipped_norm_overflow;
       st.grad_norm = st.grad_norm_clipped = std::sqrt(sumsq);
-      // Across ranks the window's gradients are already combined in place: an error below ends the
-      // window. On one rank it stays open, so a caller that catches can finish the step again.
-      if (comm_.size() > 1) micro_step_ = 0;
-      if (scaler_.raises_on(true))
-        detail::fail("loss scale already at its minimum (", scale, ") and the gradients still overflow; ",
-                     nonfinite_report(), "; skipped ", skipped_, " of ", skipped_ + applied_,
-                     " steps so far. Consider bf16, a lower learning rate, or at_min_scale::keep_skipping");
-      if (options_.max_consecutive_skips && consecutive_skips_ + 1 >= options_.max_consecutive_skips)
-        detail::fail(consecutive_skips_ + 1, " consecutive steps skipped (max_consecutive_skips = ",
-                     options_.max_consecutive_skips, "); loss scale ", scale, "; ", nonfinite_report());
-      scaler_.update(true);
-      micro_step_ = 0;
-      ++skipped_;
-      ++consecutive_skips_;
+      skip(scale);
       st.scale_after = scaler_.scale();
       st.skipped_steps = skipped_;
       st.consecutive_skips = consecutive_skips_;
@@ -319,6 +289,7 @@ class optimizer {
     st.consecutive_skips = 0;
     return st;
   }
+
 
   /// Sets every gradient to zero (for backward passes that add into their gradients).
   void zero_grad() {
@@ -557,6 +528,54 @@ class optimizer {
     d.chunk_sum2 = chunk_sum2_.data();
     d.chunk_nonfinite = chunk_nonfinite_.data();
     return d;
+  }
+
+  /// Where the boundary step reads its gradients: the user's (plus the accumulator) on one rank;
+  /// across ranks, the accumulator after this micro-step is folded in and summed over ranks.
+  detail::step_data<Precision> boundary_gradients() {
+    const bool accumulated = micro_step_ > 0;
+    if (comm_.size() == 1) return data(accumulated);
+    Backend::accumulate(data(true), !accumulated);
+    comm_.all_reduce(accum_.span(), reduce_op::sum);
+    auto d = data(true);
+    d.grads_reduced = true;
+    return d;
+  }
+
+  struct gradient_check {
+    bool nonfinite;  ///< some element is inf or NaN, on some rank
+    double sumsq;    ///< squared global L2 norm of the true gradient
+  };
+
+  /// The element-wise overflow test and the squared global norm, agreed by every rank. Every rank
+  /// runs every reduction, whatever it found locally.
+  gradient_check check_gradients(const detail::step_data<Precision>& d) {
+    Backend::gradient_norm(d);
+    std::uint8_t nonfinite = std::any_of(chunk_nonfinite_.begin(), chunk_nonfinite_.end(), [](auto b) { return b != 0; });
+    double sumsq = 0;
+    for (float s : chunk_sum_) sumsq += double(s);  // chunk order: the same sum for any thread count
+    comm_.all_reduce(std::span<std::uint8_t>(&nonfinite, 1), reduce_op::max);
+    if constexpr (Partition::sharded) comm_.all_reduce(std::span<double>(&sumsq, 1), reduce_op::sum);
+    return {nonfinite != 0, sumsq};
+  }
+
+  /// A skipped step: throws first if the scaler or the skip limit says the run cannot go on
+  /// (changing nothing), then lets the scaler see the overflow.
+  void skip(double scale) {
+    // Across ranks the window's gradients are already combined in place: an error below ends the
+    // window. On one rank it stays open, so a caller that catches can finish the step again.
+    if (comm_.size() > 1) micro_step_ = 0;
+    if (scaler_.raises_on(true))
+      detail::fail("loss scale already at its minimum (", scale, ") and the gradients still overflow; ",
+                   nonfinite_report(), "; skipped ", skipped_, " of ", skipped_ + applied_,
+                   " steps so far. Consider bf16, a lower learning rate, or at_min_scale::keep_skipping");
+    if (options_.max_consecutive_skips && consecutive_skips_ + 1 >= options_.max_consecutive_skips)
+      detail::fail(consecutive_skips_ + 1, " consecutive steps skipped (max_consecutive_skips = ",
+                   options_.max_consecutive_skips, "); loss scale ", scale, "; ", nonfinite_report());
+    scaler_.update(true);
+    micro_step_ = 0;
+    ++skipped_;
+    ++consecutive_skips_;
   }
 
   void update(detail::step_data<Precision>& d) {
