@@ -175,7 +175,7 @@ struct host {
   static chunk_slice<P> slice(const detail::step_data<P>& d, std::size_t ci) {
     const detail::chunk& c = (*d.work)[ci];
     const auto& t = d.tensors[c.tensor];
-    const std::size_t o = t.offset + c.begin;
+    const std::size_t o = c.state;
     float* master;
     if constexpr (P::has_master)
       master = d.master + o;

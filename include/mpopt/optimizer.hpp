@@ -214,7 +214,7 @@ class optimizer {
     for (std::uint32_t gi = 0; gi < groups_.size(); ++gi)
       for (const auto& e : groups_[gi]->entries_) {
         tensors_.push_back({e.param, e.grad, e.size, state_elements_, gi});
-        work_.add_tensor(std::uint32_t(tensors_.size() - 1), e.size);
+        work_.add_tensor(std::uint32_t(tensors_.size() - 1), 0, e.size, state_elements_);
         state_elements_ = align_up(state_elements_ + e.size);
       }
     if constexpr (Precision::has_master) master_ = detail::aligned_buffer<float>(state_elements_);

@@ -18,14 +18,19 @@ struct chunk {
   std::uint32_t tensor;  ///< index into the optimizer's tensor table
   std::size_t begin;     ///< first element, relative to the tensor
   std::size_t size;
+  std::size_t state;     ///< index of element `begin` in the optimizer's state buffers
 };
 
 class work_list {
  public:
-  void add_tensor(std::uint32_t tensor, std::size_t size) {
-    for (std::size_t b = 0; b < size; b += chunk_elements) {
-      chunks_.push_back({tensor, b, std::min(chunk_elements, size - b)});
-      prefix_.push_back(prefix_.back() + chunks_.back().size);
+  /// Adds elements [first, last) of a tensor whose element 0 has state index `state0`. Chunk
+  /// boundaries sit at multiples of chunk_elements from the tensor's start, whatever the range.
+  void add_tensor(std::uint32_t tensor, std::size_t first, std::size_t last, std::size_t state0) {
+    for (std::size_t b = first; b < last;) {
+      const std::size_t end = std::min(last, (b / chunk_elements + 1) * chunk_elements);
+      chunks_.push_back({tensor, b, end - b, state0 + b});
+      prefix_.push_back(prefix_.back() + (end - b));
+      b = end;
     }
     first_chunk_.push_back(chunks_.size());
   }
