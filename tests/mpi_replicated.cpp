@@ -456,6 +456,14 @@ struct closeness {
     param_off = std::max(param_off, c.param_off);
     elements = c.elements;
   }
+  /// With -s (doctest's --success), rank 0 prints how close the runs were.
+  void report(const std::string& what, int w, const char* mode) const {
+    if (world_rank() != 0 || !doctest::getContextOptions()->success) return;
+    MESSAGE(what << " W=" << w << mode << ": worst grad_norm relative difference " << norm_rel
+                 << ", master relative difference " << master_rel << " (floor needed " << master_floor
+                 << "), moments (normwise) " << moment_rel << ", trust ratios " << coeff_rel
+                 << ", params not equal: " << param_off << " of " << elements);
+  }
 };
 
 /// Tolerances when the summation order differs (the gradient sums differ by a few float ulps):
@@ -622,11 +630,7 @@ TEST_SUITE("mpi") {
     CHECK(d.opt.group(1).step() == std::uint64_t(steps));
     if (std::is_same_v<typename C::scaler, mpopt::dynamic_scale>) CHECK(d.opt.loss_scale() > 1024);  // it grew
     check_same_on_every_rank(d);
-    if (world_rank() == 0 && !bitwise && doctest::getContextOptions()->success)  // with -s
-      MESSAGE(what << " W=" << w << ": worst grad_norm relative difference " << worst.norm_rel
-                   << ", master relative difference " << worst.master_rel << " (floor needed " << worst.master_floor
-                   << "), moments (normwise) " << worst.moment_rel << ", trust ratios " << worst.coeff_rel
-                   << ", params not equal: " << worst.param_off << " of " << worst.elements);
+    if (!bitwise) worst.report(what, w, "");
   }
 
   TEST_CASE_TEMPLATE(
@@ -874,11 +878,7 @@ TEST_SUITE("mpi") {
       }
       CHECK(applied == 7);
       check_same_on_every_rank(d);
-      if (world_rank() == 0 && !bitwise && doctest::getContextOptions()->success)  // with -s
-        MESSAGE(what << " W=" << w << std::string(combine == mpopt::accumulation::mean ? " mean" : " sum")
-                     << ": worst grad_norm relative difference " << worst.norm_rel << ", master relative difference "
-                     << worst.master_rel << " (floor needed " << worst.master_floor << "), moments " << worst.moment_rel
-                     << ", trust ratios " << worst.coeff_rel << ", params not equal: " << worst.param_off);
+      if (!bitwise) worst.report(what, w, combine == mpopt::accumulation::mean ? " mean" : " sum");
     }
   }
 
