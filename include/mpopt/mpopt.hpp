@@ -8,6 +8,7 @@
 #include "host.hpp"           // IWYU pragma: export
 #include "lamb.hpp"           // IWYU pragma: export
 #include "loss_scale.hpp"     // IWYU pragma: export
+#include "memory_report.hpp"  // IWYU pragma: export
 #include "numeric.hpp"        // IWYU pragma: export
 #include "optimizer.hpp"      // IWYU pragma: export
 #include "partition.hpp"      // IWYU pragma: export

@@ -24,6 +24,7 @@
 #include "host.hpp"
 #include "lamb.hpp"
 #include "loss_scale.hpp"
+#include "memory_report.hpp"
 #include "numeric.hpp"
 #include "partition.hpp"
 #include "precision.hpp"
@@ -316,6 +317,40 @@ class optimizer {
     return {(k == 0 ? m_ : v_).data() + t.offset, t.size};
   }
   std::size_t tensor_count() const { return tensors_.size(); }
+
+  /// Every buffer this rank holds for the optimizer, with its size; the user's tensors are listed
+  /// too, marked as theirs. State buffers appear once finalize() (or the first step) made them.
+  memory_report memory() const {
+    memory_report r;
+    std::size_t user_params = 0;
+    for (const auto& g : groups_) {
+      if (g->flat_) {
+        r.buffers.push_back({g->label_ + " parameters", "flat parameter buffer (views handed to the model)",
+                             g->flat_param_.size() * sizeof(param_type), true});
+        r.buffers.push_back({g->label_ + " gradients", "flat gradient buffer", g->flat_grad_.size() * sizeof(grad_type), true});
+      } else {
+        for (const auto& e : g->entries_) user_params += e.size;
+      }
+    }
+    if (user_params) {
+      r.buffers.push_back({"parameters", "the model's parameter tensors", user_params * sizeof(param_type), false});
+      r.buffers.push_back({"gradients", "the model's gradient tensors", user_params * sizeof(grad_type), false});
+    }
+    if (!finalized_) return r;
+    const std::size_t state = state_elements_ * sizeof(float);
+    if constexpr (Precision::has_master) r.buffers.push_back({"master", "fp32 master weights", state, true});
+    r.buffers.push_back({std::string(UpdateRule::moment_names[0]), "first moment (fp32)", state, true});
+    r.buffers.push_back({std::string(UpdateRule::moment_names[1]), "second moment (fp32)", state, true});
+    if (accum_.size())
+      r.buffers.push_back({"gradient accumulator", "fp32 sum over micro-steps and ranks", accum_.size() * sizeof(float), true});
+    const std::size_t bookkeeping =
+        work_.bytes() + tensors_.capacity() * sizeof(tensors_[0]) +
+        (chunk_sum_.capacity() + chunk_sum2_.capacity()) * sizeof(float) + chunk_nonfinite_.capacity() +
+        coefficients_.capacity() * sizeof(coefficients_[0]) + trust_ratio_.capacity() * sizeof(double) +
+        alpha_.capacity() * sizeof(float);
+    r.buffers.push_back({"work list", "tensor table, chunks, per-chunk partial sums, per-group scalars", bookkeeping, true});
+    return r;
+  }
 
   /// Writes every parameter, master and moment by tensor name, with the scaler, counters and group
   /// options, to a safetensors file (format: README, "Checkpoints"). Every rank calls it; rank 0

@@ -26,6 +26,10 @@ class work_list {
   /// Adds elements [first, last) of a tensor whose element 0 has state index `state0`. Chunk
   /// boundaries sit at multiples of chunk_elements from the tensor's start, whatever the range.
   void add_tensor(std::uint32_t tensor, std::size_t first, std::size_t last, std::size_t state0) {
+    if (prefix_.empty()) {  // allocated on first use, so an unused list holds no heap memory
+      prefix_.push_back(0);
+      first_chunk_.push_back(0);
+    }
     for (std::size_t b = first; b < last;) {
       const std::size_t end = std::min(last, (b / chunk_elements + 1) * chunk_elements);
       chunks_.push_back({tensor, b, end - b, state0 + b});
@@ -36,8 +40,12 @@ class work_list {
   }
 
   std::size_t size() const { return chunks_.size(); }
+  /// Heap bytes the list holds.
+  std::size_t bytes() const {
+    return chunks_.capacity() * sizeof(chunk) + (prefix_.capacity() + first_chunk_.capacity()) * sizeof(std::size_t);
+  }
   const chunk& operator[](std::size_t i) const { return chunks_[i]; }
-  std::size_t elements() const { return prefix_.back(); }
+  std::size_t elements() const { return prefix_.empty() ? 0 : prefix_.back(); }
   /// Chunks of tensor t are [first_chunk(t), first_chunk(t + 1)).
   std::size_t first_chunk(std::size_t t) const { return first_chunk_[t]; }
 
@@ -54,8 +62,8 @@ class work_list {
   }
 
   std::vector<chunk> chunks_;
-  std::vector<std::size_t> prefix_{0};  ///< elements before chunk i
-  std::vector<std::size_t> first_chunk_{0};  ///< plus one past the last tensor
+  std::vector<std::size_t> prefix_;  ///< elements before chunk i (one more entry than chunks)
+  std::vector<std::size_t> first_chunk_;  ///< plus one past the last tensor
 };
 
 }  // namespace mpopt::detail
