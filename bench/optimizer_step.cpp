@@ -283,8 +283,10 @@ std::uint32_t same_traffic(const std::vector<segment<Precision>>& segs, const st
   return all;
 }
 
-/// memcpy of `bytes` from src to dst, each thread copying one contiguous slice.
-void threaded_memcpy(std::byte* dst, const std::byte* src, std::size_t bytes) {
+/// Calls f(begin, end, thread) in each OpenMP thread for its contiguous, cache-line-aligned slice
+/// of [0, bytes); the memcpy reference and its buffers' first touch share this slicing.
+template <class F>
+void for_each_thread_slice(std::size_t bytes, F&& f) {
   BENCH_OMP(omp parallel) {
 #if defined(_OPENMP)
     const std::size_t t = std::size_t(omp_get_thread_num()), nt = std::size_t(omp_get_num_threads());
@@ -294,8 +296,13 @@ void threaded_memcpy(std::byte* dst, const std::byte* src, std::size_t bytes) {
     const std::size_t lines = bytes / 64;
     const std::size_t b = lines * t / nt * 64;
     const std::size_t e = t + 1 == nt ? bytes : lines * (t + 1) / nt * 64;
-    std::memcpy(dst + b, src + b, e - b);
+    f(b, e, t);
   }
+}
+
+/// memcpy of `bytes` from src to dst, each thread copying one contiguous slice.
+void threaded_memcpy(std::byte* dst, const std::byte* src, std::size_t bytes) {
+  for_each_thread_slice(bytes, [&](std::size_t b, std::size_t e, std::size_t) { std::memcpy(dst + b, src + b, e - b); });
 }
 
 struct aligned_bytes {
@@ -308,17 +315,7 @@ struct aligned_bytes {
       : p(static_cast<std::byte*>(::operator new(n, std::align_val_t{64}))), size(n) {
     // First touch by the threads that will copy (same slicing as threaded_memcpy).
     std::byte* d = p.get();
-    BENCH_OMP(omp parallel) {
-#if defined(_OPENMP)
-      const std::size_t t = std::size_t(omp_get_thread_num()), nt = std::size_t(omp_get_num_threads());
-#else
-      const std::size_t t = 0, nt = 1;
-#endif
-      const std::size_t lines = n / 64;
-      const std::size_t b = lines * t / nt * 64;
-      const std::size_t e = t + 1 == nt ? n : lines * (t + 1) / nt * 64;
-      std::memset(d + b, int(0x5A + t), e - b);
-    }
+    for_each_thread_slice(n, [&](std::size_t b, std::size_t e, std::size_t t) { std::memset(d + b, int(0x5A + t), e - b); });
   }
 };
 
