@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <concepts>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string_view>
 
@@ -18,15 +19,19 @@ enum class reduce_op { sum, max };
 /// The collective vocabulary, for each element type the optimizer communicates.
 template <class C>
 concept communicator = requires(C& c, const C& cc, std::span<float> f, std::span<const float> cf,
-                                std::span<double> d, std::span<std::uint8_t> u) {
+                                std::span<double> d, std::span<std::uint8_t> u, std::span<std::uint64_t> w,
+                                std::span<const std::size_t> counts) {
   { cc.rank() } -> std::convertible_to<int>;
   { cc.size() } -> std::convertible_to<int>;
   { C::name } -> std::convertible_to<std::string_view>;
   c.all_reduce(f, reduce_op::sum);
   c.all_reduce(d, reduce_op::sum);
   c.all_reduce(u, reduce_op::max);
+  c.all_reduce(w, reduce_op::max);
   c.reduce_scatter(cf, f, reduce_op::sum);
+  c.reduce_scatter(cf, f, counts, reduce_op::sum);
   c.all_gather(cf, f);
+  c.all_gather(f, counts);
   c.all_to_all(cf, f);
   c.broadcast(f, 0);
   c.barrier();
@@ -39,6 +44,18 @@ inline void check_blocks(std::string_view what, std::size_t in, std::size_t out,
                          std::size_t out_blocks) {
   if (in * out_blocks != out * in_blocks)
     fail(what, ": ", in, " input elements do not fit ", out, " output elements for this world size");
+}
+
+/// The rule of the variable-count collectives: one count per rank, adding up to the whole buffer.
+/// `mine`, when given, is the size of this rank's own piece, which must match its count.
+inline void check_counts(std::string_view what, std::size_t whole, std::span<const std::size_t> counts, int rank,
+                         int size, std::optional<std::size_t> mine = std::nullopt) {
+  if (counts.size() != std::size_t(size)) fail(what, ": ", counts.size(), " counts for ", size, " ranks");
+  std::size_t total = 0;
+  for (std::size_t c : counts) total += c;
+  if (total != whole) fail(what, ": the counts add up to ", total, " elements, the buffer has ", whole);
+  if (mine && counts[std::size_t(rank)] != *mine)
+    fail(what, ": rank ", rank, "'s count is ", counts[std::size_t(rank)], " but its piece has ", *mine, " elements");
 }
 }  // namespace detail
 
@@ -55,6 +72,18 @@ struct single_process {
   void reduce_scatter(std::span<const T> in, std::span<T> out, reduce_op) {
     detail::check_blocks("reduce_scatter", in.size(), out.size(), 1, 1);
     std::copy(in.begin(), in.end(), out.begin());
+  }
+  /// Variable pieces: rank r gets the next counts[r] elements of the reduction, in rank order.
+  template <class T>
+  void reduce_scatter(std::span<const T> in, std::span<T> out, std::span<const std::size_t> counts, reduce_op) {
+    detail::check_counts("reduce_scatter", in.size(), counts, 0, 1, out.size());
+    std::copy(in.begin(), in.end(), out.begin());
+  }
+  /// In place: rank r's piece is the counts[r] elements after those of ranks < r; on return every
+  /// rank holds every piece.
+  template <class T>
+  void all_gather(std::span<T> data, std::span<const std::size_t> counts) {
+    detail::check_counts("all_gather", data.size(), counts, 0, 1);
   }
   /// out = the in of every rank, in rank order.
   template <class T>

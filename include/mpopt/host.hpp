@@ -156,6 +156,53 @@ struct host {
     });
   }
 
+  /// Packs gradient pieces into a contiguous bucket for a collective: out[c.state + i] =
+  /// T((accum + grad) * scale), accum (indexed like out) being null when nothing was accumulated.
+  template <class P, class T>
+  static void pack_gradients(const detail::step_data<P>& d, const detail::work_list& pieces, T* out,
+                             const float* accum, float scale) {
+    for_each_chunk(pieces, [&](std::size_t ci) {
+      const detail::chunk& c = pieces[ci];
+      const auto* grad = d.tensors[c.tensor].grad + c.begin;
+      const float* acc = accum ? accum + c.state : nullptr;
+      const typename lanes::vec s(scale);
+      detail::for_each_vector<lanes>(c.size, [&](std::size_t i, auto tail) {
+        auto g = lanes::load(grad + i, tail);
+        if (acc) g = lanes::load(acc + i, tail) + g;
+        lanes::store(out + c.state + i, g * s, tail);
+      });
+    });
+  }
+
+  /// dst = src (first) or dst + src, in fp32: a received piece folded into the shard's gradient.
+  template <class T>
+  static void add_received(float* dst, const T* src, std::size_t n, bool first) {
+    detail::for_each_vector<lanes>(n, [&](std::size_t i, auto tail) {
+      auto g = lanes::load(src + i, tail);
+      if (!first) g = lanes::load(dst + i, tail) + g;
+      lanes::store(dst + i, g, tail);
+    });
+  }
+
+  /// out[c.state + i] = param: this rank's updated pieces, to be gathered.
+  template <class P>
+  static void pack_params(const detail::step_data<P>& d, const detail::work_list& pieces, typename P::param_type* out) {
+    for_each_chunk(pieces, [&](std::size_t ci) {
+      const detail::chunk& c = pieces[ci];
+      std::copy_n(d.tensors[c.tensor].param + c.begin, c.size, out + c.state);
+    });
+  }
+
+  /// param = in[c.state + i]: every rank's pieces back into the parameter tensors.
+  template <class P>
+  static void unpack_params(const detail::step_data<P>& d, const detail::work_list& pieces,
+                            const typename P::param_type* in) {
+    for_each_chunk(pieces, [&](std::size_t ci) {
+      const detail::chunk& c = pieces[ci];
+      std::copy_n(in + c.state, c.size, d.tensors[c.tensor].param + c.begin);
+    });
+  }
+
  private:
   /// One chunk's pointers, already offset to its first element.
   template <class P>
@@ -176,13 +223,13 @@ struct host {
     const detail::chunk& c = (*d.work)[ci];
     const auto& t = d.tensors[c.tensor];
     const std::size_t o = c.state;
+    auto at = [o](float* p) { return p ? p + o : nullptr; };  // a pass may leave buffers out
     float* master;
     if constexpr (P::has_master)
-      master = d.master + o;
+      master = at(d.master);
     else
       master = t.param + c.begin;
-    return {t.param + c.begin, t.grad + c.begin, master, d.m + o, d.v + o,
-            d.accum ? d.accum + o : nullptr, d.grads_reduced, c.size, t.group};
+    return {t.param + c.begin, t.grad + c.begin, master, at(d.m), at(d.v), at(d.accum), d.grads_reduced, c.size, t.group};
   }
 
   template <class S, class Tail>

@@ -8,12 +8,14 @@
 #include <mpi.h>
 
 #include <climits>
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "communicator.hpp"
 #include "detail/validate.hpp"
@@ -90,6 +92,16 @@ struct mpi_type<T> {
 
 }  // namespace detail
 
+/// Options of the MPI communicator.
+struct mpi_options {
+  /// Float sums in rank order (x0 + x1 + ... + x(W-1), one rounding for 16-bit types) instead of
+  /// whatever order the MPI library's algorithm picks: the same bits on every MPI build and message
+  /// size, and all_reduce equals reduce_scatter + all_gather bit for bit (so replicated, zero1 and
+  /// zero2 train identically). It runs as an all-to-all plus a local sum: the data volume of a
+  /// reduce-scatter, with a workspace of W times the largest piece.
+  bool deterministic = false;
+};
+
 /// Collectives over an MPI communicator (e.g. MPI_COMM_WORLD or a data-parallel sub-communicator).
 /// It works on its own duplicate of the communicator, with errors returned rather than fatal, so
 /// a failing collective becomes an mpopt::error and the user's communicator is left as it was.
@@ -97,7 +109,7 @@ class mpi {
  public:
   static constexpr std::string_view name = "mpi";
 
-  explicit mpi(MPI_Comm comm) {
+  explicit mpi(MPI_Comm comm, mpi_options options = {}) : options_(options) {
     int initialized = 0;
     MPI_Initialized(&initialized);
     if (!initialized) detail::fail("mpi: MPI_Init has not been called");
@@ -106,8 +118,21 @@ class mpi {
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
+    counts_.resize(std::size_t(size_));
+    displs_.resize(std::size_t(size_));
+    ones_.resize(std::size_t(size_));
+    steps_.resize(std::size_t(size_));
   }
-  mpi(mpi&& o) noexcept : comm_(std::exchange(o.comm_, MPI_COMM_NULL)), rank_(o.rank_), size_(o.size_) {}
+  mpi(mpi&& o) noexcept
+      : options_(o.options_),
+        comm_(std::exchange(o.comm_, MPI_COMM_NULL)),
+        rank_(o.rank_),
+        size_(o.size_),
+        counts_(std::move(o.counts_)),
+        displs_(std::move(o.displs_)),
+        ones_(std::move(o.ones_)),
+        steps_(std::move(o.steps_)),
+        workspace_(std::move(o.workspace_)) {}
   mpi(const mpi&) = delete;  // duplicating is collective: do it explicitly with mpi(other.native())
   mpi& operator=(const mpi&) = delete;
   mpi& operator=(mpi&&) = delete;
@@ -120,13 +145,20 @@ class mpi {
   int rank() const { return rank_; }
   int size() const { return size_; }
   MPI_Comm native() const { return comm_; }
+  const mpi_options& options() const { return options_; }
+  /// Heap bytes of the deterministic mode's workspace (it grows to the largest collective once).
+  std::size_t workspace_bytes() const { return workspace_.capacity(); }
 
   template <class T>
   void all_reduce(std::span<T> data, reduce_op op) {
     // Element-wise, so counts beyond int range go in pieces.
     for (std::size_t at = 0; at < data.size(); at += max_count) {
-      const int n = int(std::min<std::size_t>(max_count, data.size() - at));
-      check(MPI_Allreduce(MPI_IN_PLACE, data.data() + at, n, type<T>(), detail::mpi_type<T>::op(op), comm_),
+      const std::span<T> piece = data.subspan(at, std::min<std::size_t>(max_count, data.size() - at));
+      if (ordered<T>(op)) {
+        ordered_all_reduce(piece);
+        continue;
+      }
+      check(MPI_Allreduce(MPI_IN_PLACE, piece.data(), int(piece.size()), type<T>(), detail::mpi_type<T>::op(op), comm_),
             "MPI_Allreduce");
     }
   }
@@ -135,6 +167,21 @@ class mpi {
     detail::check_blocks("reduce_scatter", in.size(), out.size(), std::size_t(size_), 1);
     check(MPI_Reduce_scatter_block(in.data(), out.data(), count(out.size()), type<T>(), detail::mpi_type<T>::op(op), comm_),
           "MPI_Reduce_scatter_block");
+  }
+  template <class T>
+  void reduce_scatter(std::span<const T> in, std::span<T> out, std::span<const std::size_t> counts, reduce_op op) {
+    detail::check_counts("reduce_scatter", in.size(), counts, rank_, size_, out.size());
+    set_counts(counts);
+    if (ordered<T>(op)) return ordered_reduce_scatter(in, out);
+    check(MPI_Reduce_scatter(in.data(), out.data(), counts_.data(), type<T>(), detail::mpi_type<T>::op(op), comm_),
+          "MPI_Reduce_scatter");
+  }
+  template <class T>
+  void all_gather(std::span<T> data, std::span<const std::size_t> counts) {
+    detail::check_counts("all_gather", data.size(), counts, rank_, size_);
+    set_counts(counts);
+    check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data.data(), counts_.data(), displs_.data(), type<T>(), comm_),
+          "MPI_Allgatherv");
   }
   template <class T>
   void all_gather(std::span<const T> in, std::span<T> out) {
@@ -160,6 +207,63 @@ class mpi {
  private:
   static constexpr std::size_t max_count = std::size_t{1} << 30;
 
+  /// Whether this reduction runs in rank order: float sums in deterministic mode (integer sums and
+  /// maxima are exact in any order).
+  template <class T>
+  bool ordered(reduce_op op) const {
+    return options_.deterministic && op == reduce_op::sum && !std::is_integral_v<T>;
+  }
+
+  /// counts_ and displs_ as MPI's int arrays.
+  void set_counts(std::span<const std::size_t> counts) {
+    std::size_t at = 0;
+    for (std::size_t r = 0; r < counts.size(); ++r) {
+      counts_[r] = count(counts[r]);
+      displs_[r] = count(at);
+      at += counts[r];
+    }
+  }
+
+  /// Every rank sends rank r its piece (counts_/displs_); each sums the W pieces it receives in rank
+  /// order, in float (double for double) with one final rounding.
+  template <class T>
+  void ordered_reduce_scatter(std::span<const T> in, std::span<T> out) {
+    const std::size_t n = out.size();
+    const std::size_t bytes = n * std::size_t(size_) * sizeof(T);
+    if (workspace_.size() < bytes) workspace_.resize(bytes);
+    T* pieces = reinterpret_cast<T*>(workspace_.data());
+    for (std::size_t r = 0; r < std::size_t(size_); ++r) {
+      ones_[r] = count(n);
+      steps_[r] = count(r * n);
+    }
+    check(MPI_Alltoallv(in.data(), counts_.data(), displs_.data(), type<T>(), pieces, ones_.data(), steps_.data(),
+                        type<T>(), comm_),
+          "MPI_Alltoallv");
+    using acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
+    for (std::size_t i = 0; i < n; ++i) {
+      acc sum = acc(pieces[i]);
+      for (std::size_t r = 1; r < std::size_t(size_); ++r) sum += acc(pieces[r * n + i]);
+      out[i] = T(sum);
+    }
+  }
+
+  /// All-reduce as a rank-ordered reduce-scatter into near-equal blocks, then an all-gather.
+  template <class T>
+  void ordered_all_reduce(std::span<T> data) {
+    const std::size_t w = std::size_t(size_), n = data.size();
+    std::size_t mine = 0, at = 0;
+    for (std::size_t r = 0; r < w; ++r) {
+      const std::size_t c = n / w + (r < n % w);
+      counts_[r] = int(c);
+      displs_[r] = int(at);
+      if (r == std::size_t(rank_)) mine = c;
+      at += c;
+    }
+    ordered_reduce_scatter(std::span<const T>(data), data.subspan(std::size_t(displs_[std::size_t(rank_)]), mine));
+    check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data.data(), counts_.data(), displs_.data(), type<T>(), comm_),
+          "MPI_Allgatherv");
+  }
+
   template <class T>
   static MPI_Datatype type() {
     return detail::mpi_type<std::remove_const_t<T>>::type();
@@ -176,9 +280,12 @@ class mpi {
     detail::fail("mpi: ", call, " failed: ", std::string_view(text, std::size_t(length)));
   }
 
+  mpi_options options_;
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int size_ = 1;
+  std::vector<int> counts_, displs_, ones_, steps_;  // per-rank counts and displacements of v-collectives
+  std::vector<std::byte> workspace_;                 // the deterministic mode's received pieces
 };
 
 static_assert(communicator<mpi>);

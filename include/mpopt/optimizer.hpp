@@ -17,6 +17,7 @@
 #include "adam.hpp"
 #include "communicator.hpp"
 #include "detail/aligned_buffer.hpp"
+#include "detail/flat_layout.hpp"
 #include "detail/state_file.hpp"
 #include "detail/step_data.hpp"
 #include "detail/validate.hpp"
@@ -56,6 +57,12 @@ struct optimizer_options {
   accumulation combine = accumulation::mean;  ///< mean or sum of the micro-step gradients
   bool skip_nonfinite = true;                 ///< skip steps with inf/NaN gradients (always on with a loss scaler)
   std::uint64_t max_consecutive_skips = 0;    ///< throw after this many skips in a row; 0: never
+  std::size_t bucket_elements = std::size_t{1} << 24;  ///< zero1/zero2: elements per reduce-scatter or all-gather
+  /// Replicated: form the norm sums per would-be shard of the world size and add them in rank order,
+  /// as zero1/zero2 must. With a deterministic communicator (mpi_options::deterministic) the three
+  /// partitions then train bit for bit alike; by default replicated sums in one sequence, like a
+  /// single process.
+  bool sum_by_shard = false;
 };
 
 template <precision_policy Precision, loss_scaler_policy LossScaler, class Partition, class UpdateRule,
@@ -63,13 +70,15 @@ template <precision_policy Precision, loss_scaler_policy LossScaler, class Parti
 class optimizer {
   static_assert(std::is_same_v<Precision, fp16> || std::is_same_v<LossScaler, no_scaling>,
                 "loss scaling exists for fp16 gradients only: use mpopt::no_scaling with mpopt::fp32 or mpopt::bf16");
-  static_assert(std::is_same_v<Partition, replicated>,
-                "this build offers mpopt::replicated partitioning only");
+  static_assert(std::is_same_v<Partition, replicated> || std::is_same_v<Partition, zero1> ||
+                    std::is_same_v<Partition, zero2>,
+                "Partition must be mpopt::replicated, mpopt::zero1 or mpopt::zero2");
   static_assert(std::is_same_v<UpdateRule, adam> || std::is_same_v<UpdateRule, lamb>,
                 "UpdateRule must be mpopt::adam or mpopt::lamb");
 
  public:
   using precision = Precision;
+  using partition = Partition;
   using param_type = typename Precision::param_type;
   using grad_type = typename Precision::grad_type;
   using rule = UpdateRule;
@@ -204,35 +213,92 @@ class optimizer {
   const LossScaler& scaler() const { return scaler_; }
   const options& config() const { return options_; }
   Communicator& communicator() { return comm_; }
+  const Communicator& communicator() const { return comm_; }
 
   /// Allocates the optimizer state and copies parameters into the masters. step() does this on its
-  /// first call; calling it earlier fixes the parameter set and surfaces layout errors early.
+  /// first call; calling it earlier fixes the parameter set and surfaces layout errors early. It is
+  /// collective: every rank calls it, and all must have registered the same groups and tensors.
   void finalize() {
     if (finalized_) return;
-    if (groups_.empty()) detail::fail("no parameter groups: add a group before the first step");
-    for (const auto& g : groups_)
-      if (g->entries_.empty()) detail::fail(g->label_, " has no parameters");
+    agree("finalize", [&] {
+      if (groups_.empty()) detail::fail("no parameter groups: add a group before the first step");
+      for (const auto& g : groups_)
+        if (g->entries_.empty()) detail::fail(g->label_, " has no parameters");
+    });
+    check_same_layout();
+    std::vector<std::uint32_t> tensor_groups;
+    std::vector<std::size_t> sizes;
     for (std::uint32_t gi = 0; gi < groups_.size(); ++gi)
       for (const auto& e : groups_[gi]->entries_) {
-        tensors_.push_back({e.param, e.grad, e.size, state_elements_, gi});
-        work_.add_tensor(std::uint32_t(tensors_.size() - 1), 0, e.size, state_elements_);
-        state_elements_ = align_up(state_elements_ + e.size);
+        tensor_groups.push_back(gi);
+        sizes.push_back(e.size);
       }
+    const int parts = Partition::sharded || options_.sum_by_shard ? comm_.size() : 1;
+    layout_.emplace(tensor_groups, sizes, groups_.size(), parts, Partition::sharded ? comm_.rank() : 0, Partition::sharded);
+    const detail::flat_layout& layout = *layout_;
+    for (std::uint32_t gi = 0, t = 0; gi < groups_.size(); ++gi)
+      for (const auto& e : groups_[gi]->entries_) {
+        tensors_.push_back({e.param, e.grad, e.size, layout.offset(t), gi});
+        owned_.push_back(layout.owned(t++));
+      }
+    work_ = layout.local_work();
+    state_elements_ = layout.local_elements();
     if constexpr (Precision::has_master) master_ = detail::aligned_buffer<float>(state_elements_);
     m_ = detail::aligned_buffer<float>(state_elements_);
     v_ = detail::aligned_buffer<float>(state_elements_);
-    if (options_.accumulation_steps > 1 || comm_.size() > 1) {
-      accum_ = detail::aligned_buffer<float>(state_elements_);
-      std::fill_n(accum_.data(), accum_.size(), 0.0f);  // alignment gaps travel in collectives too
+    // The accumulator holds this rank's state elements: replicated, the sum over micro-steps and
+    // ranks; sharded, the reduced gradient of my shard. Zeroed: padding travels in collectives too.
+    if (Partition::sharded || options_.accumulation_steps > 1 || comm_.size() > 1)
+      accum_ = zeroed<float>(state_elements_);
+    if constexpr (Partition::sharded) {
+      if (!Partition::reduce_every_micro_step && options_.accumulation_steps > 1) {
+        flat_work_ = layout.flat_work();
+        flat_accum_ = zeroed<float>(layout.flat_elements());
+      }
+      buckets_ = layout.buckets(options_.bucket_elements);
+      std::size_t widest = 0, mine = 0;
+      for (std::uint32_t b = 0; b < buckets_.size(); ++b) {
+        widest = std::max(widest, buckets_[b].size());
+        mine = std::max(mine, buckets_[b].my_count(comm_.rank()));
+      }
+      staging_ = zeroed<float>(widest);
+      if (Partition::reduce_every_micro_step && options_.accumulation_steps > 1) received_ = zeroed<float>(mine);
+      pending_.resize(buckets_.size());
+      ready_.resize(tensors_.size());
+      tensor_buckets_.assign(tensors_.size(), {std::uint32_t(buckets_.size()), 0});
+      for (std::uint32_t b = 0; b < buckets_.size(); ++b)
+        for (std::uint32_t t = buckets_[b].first_tensor; t < buckets_[b].last_tensor; ++t)
+          tensor_buckets_[t] = {std::min(tensor_buckets_[t].first, b), b + 1};
+      start_micro_step();
     }
     chunk_sum_.assign(work_.size(), 0.0f);
     chunk_sum2_.assign(work_.size(), 0.0f);
     chunk_nonfinite_.assign(work_.size(), 0);
+    owner_sum_.assign(std::size_t(parts), 0.0);
     coefficients_.resize(groups_.size());
     trust_ratio_.assign(tensors_.size(), 1.0);
+    tensor_sums_.assign(2 * tensors_.size(), 0.0);
     alpha_.assign(tensors_.size(), 0.0f);
     finalized_ = true;
     Backend::initialize_state(data());
+  }
+
+  /// Under zero2: tensor i's gradient for this micro-step is complete (call it during backward, as each
+  /// gradient is done). Buckets are reduce-scattered as soon as they and all buckets after them are
+  /// complete: last tensors first, the order of a backward pass; step() reduces what is left. Under
+  /// replicated and zero1 the gradients are reduced in step(), and this only checks i.
+  void grad_ready(std::size_t i) {
+    finalize();
+    tensor_at(i);
+    if constexpr (Partition::reduce_every_micro_step) {
+      if (ready_[i]) detail::fail("grad_ready: tensor '", tensor_name(i), "' was already reported in this micro-step");
+      ready_[i] = 1;
+      for (std::uint32_t b = tensor_buckets_[i].first; b < tensor_buckets_[i].last; ++b) --pending_[b];
+      abandon_window_on_error([&] {
+        while (flushed_ < buckets_.size() && pending_[buckets_.size() - 1 - flushed_] == 0)
+          reduce_bucket(buckets_[buckets_.size() - 1 - flushed_++], nullptr, micro_step_ == 0);
+      });
+    }
   }
 
   /// One call per backward. Within an accumulation window it folds the gradients into the fp32
@@ -247,12 +313,13 @@ class optimizer {
 
     // The counter advances only when the call completes: a throw below leaves the window as it was.
     if (micro_step_ + 1 < options_.accumulation_steps) {
-      Backend::accumulate(data(true), micro_step_ == 0);
+      abandon_window_on_error([&] { accumulate(); });
       st.micro_step = ++micro_step_;
       return st;
     }
 
-    auto d = boundary_gradients();
+    detail::step_data<Precision> d;
+    abandon_window_on_error([&] { d = boundary_gradients(); });
     const double scale = scaler_.scale();
     const double divisor =
         options_.combine == accumulation::mean ? double(options_.accumulation_steps) * comm_.size() : 1.0;
@@ -275,6 +342,7 @@ class optimizer {
     d.grad_scale = float(unscale * clip);
     for (std::size_t g = 0; g < groups_.size(); ++g) ++groups_[g]->step_;
     update(d);
+    if constexpr (Partition::sharded) gather_params();
     scaler_.update(false);
     micro_step_ = 0;
     ++applied_;
@@ -305,16 +373,25 @@ class optimizer {
     return trust_ratio_;
   }
 
-  /// fp32 master weights of tensor i (in registration order); for fp32 the parameter itself.
+  /// The elements of tensor i whose state this rank holds: all of them unless sharded.
+  struct owned_elements {
+    std::size_t first, count;
+  };
+  owned_elements owned(std::size_t i) const {
+    tensor_at(i);
+    return {owned_[i].first, owned_[i].count};
+  }
+  /// fp32 master weights of tensor i (in registration order), the owned elements; for fp32 the
+  /// parameter itself.
   std::span<const float> master(std::size_t i) const {
     const auto& t = tensor_at(i);
-    if constexpr (Precision::has_master) return {master_.data() + t.offset, t.size};
-    else return {t.param, t.size};
+    if constexpr (Precision::has_master) return {master_.data() + owned_[i].state, owned_[i].count};
+    else return {t.param + owned_[i].first, owned_[i].count};
   }
-  /// Moment k (0: exp_avg, 1: exp_avg_sq) of tensor i.
+  /// Moment k (0: exp_avg, 1: exp_avg_sq) of tensor i, the owned elements.
   std::span<const float> moment(std::size_t k, std::size_t i) const {
-    const auto& t = tensor_at(i);
-    return {(k == 0 ? m_ : v_).data() + t.offset, t.size};
+    tensor_at(i);
+    return {(k == 0 ? m_ : v_).data() + owned_[i].state, owned_[i].count};
   }
   std::size_t tensor_count() const { return tensors_.size(); }
 
@@ -341,14 +418,36 @@ class optimizer {
     if constexpr (Precision::has_master) r.buffers.push_back({"master", "fp32 master weights", state, true});
     r.buffers.push_back({std::string(UpdateRule::moment_names[0]), "first moment (fp32)", state, true});
     r.buffers.push_back({std::string(UpdateRule::moment_names[1]), "second moment (fp32)", state, true});
-    if (accum_.size())
-      r.buffers.push_back({"gradient accumulator", "fp32 sum over micro-steps and ranks", accum_.size() * sizeof(float), true});
+    if (accum_.size()) {
+      if (Partition::sharded)
+        r.buffers.push_back({"gradient shard", "fp32 gradients of my shard, reduced over ranks (and micro-steps)",
+                             accum_.size() * sizeof(float), true});
+      else
+        r.buffers.push_back({"gradient accumulator", "fp32 sum over micro-steps and ranks", accum_.size() * sizeof(float), true});
+    }
+    if (flat_accum_.size())
+      r.buffers.push_back({"gradient accumulator", "fp32 sum over micro-steps, all elements (zero1)",
+                           flat_accum_.size() * sizeof(float), true});
+    if (staging_.size())
+      r.buffers.push_back({"bucket", "one packed bucket for reduce-scatter and all-gather", staging_.size() * sizeof(float), true});
+    if (received_.size())
+      r.buffers.push_back({"received piece", "my piece of a bucket before it joins the gradient shard",
+                           received_.size() * sizeof(float), true});
+    std::size_t buckets = buckets_.capacity() * sizeof(detail::bucket) + flat_work_.bytes();
+    for (const auto& k : buckets_)
+      buckets += k.pieces.bytes() + k.mine.bytes() + k.counts.capacity() * sizeof(std::size_t) +
+                 k.gaps.capacity() * sizeof(k.gaps[0]);
     const std::size_t bookkeeping =
-        work_.bytes() + tensors_.capacity() * sizeof(tensors_[0]) +
-        (chunk_sum_.capacity() + chunk_sum2_.capacity()) * sizeof(float) + chunk_nonfinite_.capacity() +
+        work_.bytes() + tensors_.capacity() * sizeof(tensors_[0]) + owned_.capacity() * sizeof(owned_[0]) +
+        layout_->bytes() + (chunk_sum_.capacity() + chunk_sum2_.capacity()) * sizeof(float) +
+        chunk_nonfinite_.capacity() + (owner_sum_.capacity() + tensor_sums_.capacity()) * sizeof(double) +
         coefficients_.capacity() * sizeof(coefficients_[0]) + trust_ratio_.capacity() * sizeof(double) +
-        alpha_.capacity() * sizeof(float);
-    r.buffers.push_back({"work list", "tensor table, chunks, per-chunk partial sums, per-group scalars", bookkeeping, true});
+        alpha_.capacity() * sizeof(float) + buckets + tensor_buckets_.capacity() * sizeof(bucket_range) +
+        pending_.capacity() * sizeof(std::uint32_t) + ready_.capacity();
+    r.buffers.push_back({"work list", "tensor table, layout, chunks, buckets, partial sums, per-group scalars", bookkeeping, true});
+    if constexpr (requires { comm_.workspace_bytes(); })
+      if (comm_.workspace_bytes())
+        r.buffers.push_back({"communicator workspace", "rank-ordered sums (deterministic mode)", comm_.workspace_bytes(), true});
     return r;
   }
 
@@ -360,20 +459,43 @@ class optimizer {
     if (micro_step_ != 0)
       detail::fail("save() at micro-step ", micro_step_, " of ", options_.accumulation_steps,
                    ": save after the accumulation boundary");
+    // Sharded state is gathered tensor by tensor (every rank takes part); rank 0 keeps it to write.
+    struct entry {
+      std::string key;
+      std::string_view dtype;
+      std::int64_t elements;
+      std::span<const std::byte> bytes;
+    };
+    std::vector<entry> entries;
+    std::vector<std::vector<float>> gathered;
+    const bool writer = comm_.rank() == 0;
+    for_each_saved_tensor(*this, [&](std::string key, const saved_range& r, const auto* data) {
+      using T = std::remove_cv_t<std::remove_pointer_t<decltype(data)>>;
+      std::span<const T> whole(data, r.count);
+      if constexpr (std::is_same_v<T, float>)
+        if (r.sharded) {
+          std::vector<float> all(r.elements, 0.0f);
+          std::copy_n(data, r.count, all.begin() + std::ptrdiff_t(r.first));
+          const std::vector<std::size_t> counts = layout_->counts(r.tensor);
+          comm_.all_gather(std::span<float>(all), std::span<const std::size_t>(counts));
+          if (!writer) return;
+          gathered.push_back(std::move(all));
+          whole = gathered.back();
+        }
+      if (writer) entries.push_back({std::move(key), detail::state_dtype<T>::value, std::int64_t(r.elements), std::as_bytes(whole)});
+    });
     agree("save", [&] {
-      if (comm_.rank() != 0) return;
+      if (!writer) return;
       detail::state_writer w;
       w.set_metadata(describe());
-      for_each_saved_tensor(*this, [&](std::string key, std::size_t n, const auto* data) {
-        w.add(std::move(key), {std::int64_t(n)}, std::span(data, n));
-      });
+      for (auto& e : entries) w.add(std::move(e.key), e.dtype, {e.elements}, e.bytes);
       w.write(path);
     });
   }
 
   /// Restores a save()d state. The file must come from an optimizer of the same policies and the same
-  /// tensors (names, sizes, groups). Every rank reads and checks it; only when all ranks found it
-  /// good does anything change, otherwise every rank throws.
+  /// tensors (names, sizes, groups), saved at any world size. Every rank reads and checks it; only
+  /// when all ranks found it good does anything change, otherwise every rank throws.
   void load(const std::filesystem::path& path) {
     std::optional<detail::state_reader> file;
     saved_header saved;
@@ -382,7 +504,9 @@ class optimizer {
       saved = check_saved(*file, path.string() + ": ");
     });
     finalize();
-    for_each_saved_tensor(*this, [&](const std::string& key, std::size_t n, auto* dst) { file->read(key, std::span(dst, n)); });
+    for_each_saved_tensor(*this, [&](const std::string& key, const saved_range& r, auto* dst) {
+      file->read(key, r.first, std::span(dst, r.count));
+    });
     micro_step_ = 0;  // the saved state sits at an accumulation boundary
     scaler_ = saved.scaler;
     for (std::size_t g = 0; g < groups_.size(); ++g) {
@@ -410,7 +534,7 @@ class optimizer {
     try {
       const nlohmann::json& meta = r.metadata();
       const nlohmann::json mine = describe();
-      for (const char* key : {"precision", "loss_scaler", "partition", "rule"})
+      for (const char* key : {"precision", "loss_scaler", "rule"})  // any partition: the file is per parameter
         if (meta.at(key) != mine.at(key))
           detail::fail(where, "saved with ", key, " ", meta.at(key).dump(), ", this optimizer has ", mine.at(key).dump());
       const auto& groups = meta.at("groups");
@@ -431,8 +555,9 @@ class optimizer {
     } catch (const nlohmann::json::exception& e) {
       detail::fail(where, "malformed optimizer metadata: ", e.what());
     }
-    for_each_saved_tensor(*this, [&](const std::string& key, std::size_t n, auto* dst) {
+    for_each_saved_tensor(*this, [&](const std::string& key, const saved_range& sr, auto* dst) {
       using T = std::remove_pointer_t<decltype(dst)>;
+      const std::size_t n = sr.elements;
       if (!r.contains(key)) detail::fail(where, "tensor '", key, "' is missing");
       if (r.dtype(key) != detail::state_dtype<T>::value || r.shape(key) != std::vector<std::int64_t>{std::int64_t(n)})
         detail::fail(where, "tensor '", key, "' has dtype ", r.dtype(key), " and ", r.shape(key).size(),
@@ -472,28 +597,41 @@ class optimizer {
             {"groups", groups}};
   }
 
-  /// Calls f(key, elements, pointer) for every tensor a state file holds, in file order; pointers are
-  /// const when self is. Before finalize() the state pointers are typed nulls: enough to check a file
-  /// against this optimizer without committing to a layout.
+  /// Which part of a saved tensor a pointer holds: elements [first, first + count) of `elements`.
+  struct saved_range {
+    std::size_t tensor, elements, first, count;
+    bool sharded = false;  ///< a shard's part: the other parts are on other ranks
+  };
+
+  /// Calls f(key, range, pointer) for every tensor a state file holds, in file order: parameters
+  /// whole, optimizer state as far as this rank holds it; pointers are const when self is. Before
+  /// finalize() the state pointers are typed nulls: enough to check a file against this optimizer
+  /// without committing to a layout.
   template <class Self, class F>
   static void for_each_saved_tensor(Self& self, F&& f) {
     std::size_t t = 0;
-    auto state = [&](auto& buffer) { return self.finalized_ ? buffer.data() + self.tensors_[t].offset : nullptr; };
     for (const auto& g : self.groups_)
       for (const auto& e : g->entries_) {
-        f("param/" + e.name, e.size, e.param);
-        if constexpr (Precision::has_master) f("master/" + e.name, e.size, state(self.master_));
-        f(std::string(UpdateRule::moment_names[0]) + "/" + e.name, e.size, state(self.m_));
-        f(std::string(UpdateRule::moment_names[1]) + "/" + e.name, e.size, state(self.v_));
+        const saved_range whole{t, e.size, 0, e.size};
+        const saved_range held = self.finalized_ ? saved_range{t, e.size, self.owned_[t].first, self.owned_[t].count,
+                                                               Partition::sharded}
+                                                 : whole;
+        auto state = [&](auto& buffer) { return self.finalized_ ? buffer.data() + self.owned_[t].state : nullptr; };
+        f("param/" + e.name, whole, e.param);
+        if constexpr (Precision::has_master) f("master/" + e.name, held, state(self.master_));
+        f(std::string(UpdateRule::moment_names[0]) + "/" + e.name, held, state(self.m_));
+        f(std::string(UpdateRule::moment_names[1]) + "/" + e.name, held, state(self.v_));
         ++t;
       }
     if constexpr (std::is_same_v<UpdateRule, lamb>)
-      f(std::string("lamb_coeffs"), t, self.finalized_ ? self.trust_ratio_.data() : nullptr);
+      f(std::string("lamb_coeffs"), saved_range{t, t, 0, t}, self.finalized_ ? self.trust_ratio_.data() : nullptr);
   }
 
   static options validated(options o, bool unscaled) {
     detail::require_non_negative("clip_grad", o.clip_grad);
     if (o.accumulation_steps < 1) detail::fail("accumulation_steps must be >= 1, got ", o.accumulation_steps);
+    if (o.bucket_elements < 1 || o.bucket_elements > (std::size_t{1} << 30))
+      detail::fail("bucket_elements must be in [1, 2^30], got ", o.bucket_elements);
     if (!o.skip_nonfinite && !unscaled)
       detail::fail("skip_nonfinite = false needs mpopt::no_scaling: a loss-scaled step must skip on overflow");
     return o;
@@ -565,16 +703,129 @@ class optimizer {
     return d;
   }
 
+  /// The flat accumulator zero1 folds micro-steps into, addressed in flat order.
+  detail::step_data<Precision> flat_data() {
+    detail::step_data<Precision> d;
+    d.tensors = tensors_.data();
+    d.work = &flat_work_;
+    d.accum = flat_accum_.data();
+    return d;
+  }
+
+  /// A micro-step inside the accumulation window: fold this backward's gradients in.
+  void accumulate() {
+    if constexpr (Partition::reduce_every_micro_step) reduce_remaining();
+    else if constexpr (Partition::sharded) Backend::accumulate(flat_data(), micro_step_ == 0);
+    else Backend::accumulate(data(true), micro_step_ == 0);
+  }
+
   /// Where the boundary step reads its gradients: the user's (plus the accumulator) on one rank;
-  /// across ranks, the accumulator after this micro-step is folded in and summed over ranks.
+  /// replicated across ranks, the accumulator after this micro-step is folded in and summed over
+  /// ranks; sharded, my shard of the reduce-scattered gradients.
   detail::step_data<Precision> boundary_gradients() {
     const bool accumulated = micro_step_ > 0;
-    if (comm_.size() == 1) return data(accumulated);
-    Backend::accumulate(data(true), !accumulated);
-    comm_.all_reduce(accum_.span(), reduce_op::sum);
+    if constexpr (Partition::sharded) {
+      if constexpr (Partition::reduce_every_micro_step) {
+        reduce_remaining();
+      } else {
+        for (auto k = buckets_.rbegin(); k != buckets_.rend(); ++k)
+          reduce_bucket(*k, accumulated ? flat_accum_.data() : nullptr, true);
+      }
+    } else {
+      if (comm_.size() == 1) return data(accumulated);
+      Backend::accumulate(data(true), !accumulated);
+      comm_.all_reduce(accum_.span(), reduce_op::sum);
+    }
     auto d = data(true);
     d.grads_reduced = true;
     return d;
+  }
+
+  /// Packs bucket k's gradients (plus the flat accumulator, if given), reduce-scatters them and folds
+  /// my piece into the shard's gradient: assigned when `first`, added otherwise.
+  void reduce_bucket(const detail::bucket& k, const float* flat, bool first) {
+    float* packed = staging_.data();
+    Backend::pack_gradients(data(), k.pieces, packed, flat ? flat + k.begin : nullptr, 1.0f);
+    for (const auto& [at, n] : k.gaps) std::fill_n(packed + at, n, 0.0f);
+    const std::size_t mine = k.my_count(comm_.rank());
+    float* shard = accum_.data() + k.my_state;
+    float* out = first ? shard : received_.data();
+    comm_.reduce_scatter(std::span<const float>(packed, k.size()), std::span<float>(out, mine),
+                         std::span<const std::size_t>(k.counts), reduce_op::sum);
+    if (!first) Backend::add_received(shard, out, mine, false);
+  }
+
+  /// Runs f; if a collective in it fails, the window's gradients are lost on every rank (some were
+  /// already combined), so the window starts over, and the error goes on.
+  template <class F>
+  void abandon_window_on_error(F&& f) {
+    try {
+      f();
+    } catch (...) {
+      if (comm_.size() > 1 || Partition::sharded) {
+        micro_step_ = 0;
+        start_micro_step();
+      }
+      throw;
+    }
+  }
+
+  /// zero2: reduces the buckets grad_ready has not (in flush order) and opens the next micro-step.
+  void reduce_remaining() {
+    while (flushed_ < buckets_.size()) reduce_bucket(buckets_[buckets_.size() - 1 - flushed_++], nullptr, micro_step_ == 0);
+    start_micro_step();
+  }
+  void start_micro_step() {
+    flushed_ = 0;
+    std::fill(ready_.begin(), ready_.end(), std::uint8_t(0));
+    for (std::size_t b = 0; b < buckets_.size(); ++b) pending_[b] = buckets_[b].last_tensor - buckets_[b].first_tensor;
+  }
+
+  /// After an update each rank holds the new parameters of its shards: all-gather them, bucket by bucket.
+  void gather_params() {
+    auto d = data();
+    auto* packed = reinterpret_cast<param_type*>(staging_.data());
+    for (const auto& k : buckets_) {
+      Backend::pack_params(d, k.mine, packed);
+      comm_.all_gather(std::span<param_type>(packed, k.size()), std::span<const std::size_t>(k.counts));
+      Backend::unpack_params(d, k.pieces, packed);
+    }
+  }
+
+  /// Every rank must register the same groups and tensors, with the options that shape the
+  /// collectives; otherwise every rank throws before any gradient moves.
+  void check_same_layout() {
+    std::string text = std::string(Partition::name) + "|" + std::to_string(options_.accumulation_steps) + "|" +
+                       std::to_string(options_.bucket_elements);
+    for (const auto& g : groups_) {
+      text += "|";
+      for (const auto& e : g->entries_) text += e.name + ":" + std::to_string(e.size) + ";";
+    }
+    detail::checksum64 sum(text.size());
+    sum.update(std::as_bytes(std::span(text)));
+    const std::uint64_t mine = sum.finish();
+    std::uint64_t seen[2] = {mine, ~mine};  // the largest and the smallest hash of any rank
+    comm_.all_reduce(std::span<std::uint64_t>(seen), reduce_op::max);
+    if (seen[0] != mine || seen[1] != ~mine)
+      detail::fail("the ranks registered different parameters (groups, tensor names or sizes, accumulation_steps or "
+                   "bucket_elements differ): every rank must register the same tensors in the same order");
+  }
+
+  /// The sum of per-chunk partials over chunks [c0, c1), formed per owner and added in rank order:
+  /// exactly what a rank-ordered all-reduce of each shard's sum gives, so all partitions add alike.
+  double rank_ordered_sum(const std::vector<float>& partial, std::size_t c0, std::size_t c1) {
+    std::fill(owner_sum_.begin(), owner_sum_.end(), 0.0);
+    for (std::size_t c = c0; c < c1; ++c) owner_sum_[work_[c].owner] += double(partial[c]);
+    double total = 0;
+    for (double x : owner_sum_) total += x;
+    return total;
+  }
+
+  template <class T>
+  static detail::aligned_buffer<T> zeroed(std::size_t n) {
+    detail::aligned_buffer<T> b(n);
+    std::fill_n(b.data(), n, T{});
+    return b;
   }
 
   struct gradient_check {
@@ -587,8 +838,7 @@ class optimizer {
   gradient_check check_gradients(const detail::step_data<Precision>& d) {
     Backend::gradient_norm(d);
     std::uint8_t nonfinite = std::any_of(chunk_nonfinite_.begin(), chunk_nonfinite_.end(), [](auto b) { return b != 0; });
-    double sumsq = 0;
-    for (float s : chunk_sum_) sumsq += double(s);  // chunk order: the same sum for any thread count
+    double sumsq = rank_ordered_sum(chunk_sum_, 0, work_.size());  // the same for any thread count
     comm_.all_reduce(std::span<std::uint8_t>(&nonfinite, 1), reduce_op::max);
     if constexpr (Partition::sharded) comm_.all_reduce(std::span<double>(&sumsq, 1), reduce_op::sum);
     return {nonfinite != 0, sumsq};
@@ -599,7 +849,7 @@ class optimizer {
   void skip(double scale) {
     // Across ranks the window's gradients are already combined in place: an error below ends the
     // window. On one rank it stays open, so a caller that catches can finish the step again.
-    if (comm_.size() > 1) micro_step_ = 0;
+    if (comm_.size() > 1 || Partition::sharded) micro_step_ = 0;
     if (scaler_.raises_on(true))
       detail::fail("loss scale already at its minimum (", scale, ") and the gradients still overflow; ",
                    nonfinite_report(), "; skipped ", skipped_, " of ", skipped_ + applied_,
@@ -620,14 +870,16 @@ class optimizer {
       Backend::adam_update(d, coefficients_.data());
     } else {
       Backend::lamb_moments(d, coefficients_.data());
+      // Per-tensor norms; a tensor can straddle shards, so the partial sums are all-reduced.
       for (std::size_t t = 0; t < tensors_.size(); ++t) {
-        double weights = 0, updates = 0;
-        for (std::size_t c = work_.first_chunk(t); c < work_.first_chunk(t + 1); ++c) {
-          weights += double(chunk_sum_[c]);
-          updates += double(chunk_sum2_[c]);
-        }
+        tensor_sums_[2 * t] = rank_ordered_sum(chunk_sum_, work_.first_chunk(t), work_.first_chunk(t + 1));
+        tensor_sums_[2 * t + 1] = rank_ordered_sum(chunk_sum2_, work_.first_chunk(t), work_.first_chunk(t + 1));
+      }
+      if constexpr (Partition::sharded) comm_.all_reduce(std::span<double>(tensor_sums_), reduce_op::sum);
+      for (std::size_t t = 0; t < tensors_.size(); ++t) {
         const auto& o = groups_[tensors_[t].group]->options_;
-        trust_ratio_[t] = detail::lamb_trust_ratio(std::sqrt(weights), std::sqrt(updates), o.min_coeff, o.max_coeff);
+        trust_ratio_[t] = detail::lamb_trust_ratio(std::sqrt(tensor_sums_[2 * t]), std::sqrt(tensor_sums_[2 * t + 1]),
+                                                   o.min_coeff, o.max_coeff);
         alpha_[t] = float(UpdateRule::step_size(o, groups_[tensors_[t].group]->step_) * trust_ratio_[t]);
       }
       Backend::lamb_apply(d, coefficients_.data(), alpha_.data());
@@ -642,14 +894,32 @@ class optimizer {
   // Fixed at finalize().
   bool finalized_ = false;
   std::vector<detail::tensor_slot<param_type, grad_type>> tensors_;
-  detail::work_list work_;
+  std::optional<detail::flat_layout> layout_;
+  std::vector<detail::flat_layout::owned_range> owned_;  // per tensor: the elements whose state I hold
+  detail::work_list work_;                                // my elements, addressing the local state
   std::size_t state_elements_ = 0;
   detail::aligned_buffer<float> master_, m_, v_, accum_;
   std::vector<float> chunk_sum_, chunk_sum2_;
   std::vector<std::uint8_t> chunk_nonfinite_;
+  std::vector<double> owner_sum_;    // per rank: partial sums added in rank order
+  std::vector<double> tensor_sums_;  // LAMB: per tensor, squared norms of the weights and the update
   std::vector<decltype(UpdateRule::coefficients(group_options{}, 1))> coefficients_;
   std::vector<double> trust_ratio_;
   std::vector<float> alpha_;
+
+  // Sharded partitions only.
+  detail::work_list flat_work_;               // zero1 accumulation: every element, in flat order
+  detail::aligned_buffer<float> flat_accum_;  // zero1 accumulation over micro-steps (full size)
+  std::vector<detail::bucket> buckets_;
+  detail::aligned_buffer<float> staging_;   // one packed bucket (gradients, or parameters to gather)
+  detail::aligned_buffer<float> received_;  // zero2: my piece of a bucket, before it is added in
+  struct bucket_range {
+    std::uint32_t first, last;
+  };
+  std::vector<bucket_range> tensor_buckets_;  // the buckets holding each tensor
+  std::vector<std::uint32_t> pending_;        // zero2: tensors of each bucket not reported ready
+  std::vector<std::uint8_t> ready_;           // zero2: tensors reported in this micro-step
+  std::size_t flushed_ = 0;                   // zero2: buckets reduced in this micro-step
 
   int micro_step_ = 0;
   std::uint64_t applied_ = 0, skipped_ = 0, consecutive_skips_ = 0;

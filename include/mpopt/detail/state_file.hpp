@@ -305,15 +305,26 @@ class state_reader {
   template <state_element T>
   void read(std::string_view name, std::span<T> out) const {
     const entry& e = find(name);
+    const std::uint64_t count = (e.end - e.begin) / sizeof(T);
+    if (e.dtype == state_dtype<T>::value && count != out.size())
+      throw error(path_ + ": tensor '" + e.name + "': size mismatch: expected " + std::to_string(out.size()) +
+                  " elements, found " + std::to_string(count) + " (shape " + state_shape_string(e.shape) + ")");
+    read(name, 0, out);
+  }
+
+  /// Copies elements [first, first + out.size()) of tensor `name` (a shard's part of it).
+  template <state_element T>
+  void read(std::string_view name, std::size_t first, std::span<T> out) const {
+    const entry& e = find(name);
     constexpr std::string_view want = state_dtype<T>::value;
     if (e.dtype != want)
       throw error(path_ + ": tensor '" + e.name + "': dtype mismatch: expected " + std::string(want) +
                   ", found " + e.dtype);
     const std::uint64_t count = (e.end - e.begin) / sizeof(T);
-    if (count != out.size())
-      throw error(path_ + ": tensor '" + e.name + "': size mismatch: expected " + std::to_string(out.size()) +
-                  " elements, found " + std::to_string(count) + " (shape " + state_shape_string(e.shape) + ")");
-    if (!out.empty()) std::memcpy(out.data(), data_ + e.begin, out.size_bytes());
+    if (first > count || out.size() > count - first)
+      throw error(path_ + ": tensor '" + e.name + "': elements [" + std::to_string(first) + ", " +
+                  std::to_string(first + out.size()) + ") are beyond its " + std::to_string(count));
+    if (!out.empty()) std::memcpy(out.data(), data_ + e.begin + first * sizeof(T), out.size_bytes());
   }
 
  private:

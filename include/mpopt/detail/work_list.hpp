@@ -1,5 +1,5 @@
-// mpopt — the multi-tensor work list: every tensor cut into chunks of at most chunk_elements, in
-// tensor order. Per-chunk partial sums make every reduction independent of the thread count, and
+// mpopt — the multi-tensor work list: tensors (or the parts of them a pass touches) cut into chunks of
+// at most chunk_elements, in tensor order. Per-chunk partial sums make every reduction independent of the thread count, and
 // threads take contiguous, element-balanced runs of chunks, so thousands of small tensors cost one
 // parallel loop, not thousands.
 #pragma once
@@ -16,27 +16,26 @@ constexpr std::size_t chunk_elements = std::size_t{1} << 16;
 
 struct chunk {
   std::uint32_t tensor;  ///< index into the optimizer's tensor table
+  std::uint32_t owner;   ///< the rank whose shard holds it (sums are combined per owner, in rank order)
   std::size_t begin;     ///< first element, relative to the tensor
   std::size_t size;
-  std::size_t state;     ///< index of element `begin` in the optimizer's state buffers
+  std::size_t state;     ///< index of element `begin` in the buffer the list addresses
 };
 
 class work_list {
  public:
-  /// Adds elements [first, last) of a tensor whose element 0 has state index `state0`. Chunk
-  /// boundaries sit at multiples of chunk_elements from the tensor's start, whatever the range.
-  void add_tensor(std::uint32_t tensor, std::size_t first, std::size_t last, std::size_t state0) {
-    if (prefix_.empty()) {  // allocated on first use, so an unused list holds no heap memory
-      prefix_.push_back(0);
-      first_chunk_.push_back(0);
-    }
+  /// Adds elements [first, last) of a tensor, element `first` at index `state` of the addressed
+  /// buffer. Tensors come in ascending order, a tensor possibly in several ranges (one per owner).
+  /// Chunk boundaries sit at multiples of chunk_elements from the tensor's start, whatever the range.
+  void add(std::uint32_t tensor, std::size_t first, std::size_t last, std::size_t state, std::uint32_t owner = 0) {
+    if (prefix_.empty()) prefix_.push_back(0);  // allocated on first use: an unused list holds no heap memory
+    while (first_chunk_.size() <= tensor) first_chunk_.push_back(chunks_.size());
     for (std::size_t b = first; b < last;) {
       const std::size_t end = std::min(last, (b / chunk_elements + 1) * chunk_elements);
-      chunks_.push_back({tensor, b, end - b, state0 + b});
+      chunks_.push_back({tensor, owner, b, end - b, state + (b - first)});
       prefix_.push_back(prefix_.back() + (end - b));
       b = end;
     }
-    first_chunk_.push_back(chunks_.size());
   }
 
   std::size_t size() const { return chunks_.size(); }
@@ -47,7 +46,7 @@ class work_list {
   const chunk& operator[](std::size_t i) const { return chunks_[i]; }
   std::size_t elements() const { return prefix_.empty() ? 0 : prefix_.back(); }
   /// Chunks of tensor t are [first_chunk(t), first_chunk(t + 1)).
-  std::size_t first_chunk(std::size_t t) const { return first_chunk_[t]; }
+  std::size_t first_chunk(std::size_t t) const { return t < first_chunk_.size() ? first_chunk_[t] : chunks_.size(); }
 
   /// The run of chunks thread t of n takes: split at the chunk boundaries nearest to equal elements.
   std::pair<std::size_t, std::size_t> range(std::size_t t, std::size_t n) const {
@@ -63,7 +62,7 @@ class work_list {
 
   std::vector<chunk> chunks_;
   std::vector<std::size_t> prefix_;  ///< elements before chunk i (one more entry than chunks)
-  std::vector<std::size_t> first_chunk_;  ///< plus one past the last tensor
+  std::vector<std::size_t> first_chunk_;  ///< first chunk of each tensor added so far
 };
 
 }  // namespace mpopt::detail

@@ -1,0 +1,217 @@
+// mpopt — where every element lives. Each group's tensors lie end to end in one flat space (each
+// start 64-byte aligned), padded so that it splits into `parts` equal shards whose starts are 64-byte
+// aligned too; the groups' spaces follow each other. A sharded rank keeps state for shard `part` of
+// every group, back to back; a replicated rank keeps all of it, in flat order. Either way, work is cut
+// at the shard boundaries of the world size, so that partial sums are formed, and combined in rank
+// order, the same way under every partition policy.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "work_list.hpp"
+
+namespace mpopt::detail {
+
+/// A contiguous range of one group's flat space, reduced or gathered by one collective.
+struct bucket {
+  std::size_t begin = 0, end = 0;               ///< flat range
+  std::uint32_t first_tensor = 0, last_tensor = 0;  ///< tensors [first, last) with elements in it
+  work_list pieces;                             ///< those elements; state = offset in the bucket
+  work_list mine;                               ///< the ones in my shard
+  std::vector<std::size_t> counts;              ///< elements of each rank's shard in the bucket
+  std::size_t my_offset = 0;                    ///< where my piece starts in the bucket
+  std::size_t my_state = 0;                     ///< local state index of my piece's first element
+  std::vector<std::pair<std::size_t, std::size_t>> gaps;  ///< padding (offset, count) in the bucket
+
+  std::size_t size() const { return end - begin; }
+  std::size_t my_count(int part) const { return counts[std::size_t(part)]; }
+};
+
+class flat_layout {
+ public:
+  static constexpr std::size_t align = 16;  // floats per 64 bytes
+
+  /// tensor_groups[t] is the group of tensor t (ascending), tensor_sizes[t] its elements.
+  flat_layout(const std::vector<std::uint32_t>& tensor_groups, const std::vector<std::size_t>& tensor_sizes,
+              std::size_t groups, int parts, int part, bool sharded)
+      : parts_(std::size_t(parts)), part_(std::size_t(part)), sharded_(sharded) {
+    std::size_t flat = 0, local = 0;
+    first_tensor_.assign(groups + 1, tensor_sizes.size());
+    for (std::uint32_t g = 0, t = 0; g < groups; ++g) {
+      first_tensor_[g] = t;
+      space s{flat, 0, 0, 0};
+      std::size_t at = flat;
+      for (; t < tensor_sizes.size() && tensor_groups[t] == g; ++t) {
+        offset_.push_back(at);
+        at = round_up(at + tensor_sizes[t], align);
+      }
+      s.size = round_up(at - flat, align * parts_);
+      s.shard = s.size / parts_;
+      s.local_begin = sharded ? local : flat;
+      local += s.shard;
+      flat += s.size;
+      spaces_.push_back(s);
+    }
+    sizes_ = tensor_sizes;
+    groups_ = tensor_groups;
+    flat_elements_ = flat;
+    local_elements_ = sharded ? local : flat;
+  }
+
+  std::size_t flat_elements() const { return flat_elements_; }
+  /// Elements of each state buffer on this rank (my shards, or everything when replicated).
+  std::size_t local_elements() const { return local_elements_; }
+  std::size_t offset(std::size_t t) const { return offset_[t]; }
+  /// Heap bytes the layout holds.
+  std::size_t bytes() const {
+    return spaces_.capacity() * sizeof(space) + (offset_.capacity() + sizes_.capacity() + first_tensor_.capacity()) *
+                                                    sizeof(std::size_t) +
+           groups_.capacity() * sizeof(std::uint32_t);
+  }
+
+  /// This rank's elements of a tensor: [first, first + count) of it, at local state index `state`.
+  struct owned_range {
+    std::size_t first = 0, count = 0, state = 0;
+  };
+  owned_range owned(std::size_t t) const {
+    if (!sharded_) return {0, sizes_[t], offset_[t]};
+    const auto [lo, hi] = in_shard(t, part_);
+    return lo < hi ? owned_range{lo - offset_[t], hi - lo, local_index(lo)} : owned_range{};
+  }
+  /// Elements of tensor t in each rank's shard, in rank order (they follow each other in the tensor).
+  std::vector<std::size_t> counts(std::size_t t) const {
+    std::vector<std::size_t> c;
+    for (std::size_t r = 0; r < parts_; ++r) {
+      const auto [lo, hi] = in_shard(t, r);
+      c.push_back(lo < hi ? hi - lo : 0);
+    }
+    return c;
+  }
+
+  /// The update work of this rank: its elements of every tensor, addressing the local state.
+  work_list local_work() const {
+    work_list w;
+    for_each_owned_range(0, flat_elements_, [&](std::uint32_t t, std::size_t a, std::size_t b, std::size_t owner) {
+      if (!sharded_ || owner == part_) w.add(t, a - offset_[t], b - offset_[t], local_index(a), std::uint32_t(owner));
+    });
+    return w;
+  }
+
+  /// Every element of every tensor, addressing a full-size buffer in flat order.
+  work_list flat_work() const {
+    work_list w;
+    for_each_owned_range(0, flat_elements_, [&](std::uint32_t t, std::size_t a, std::size_t b, std::size_t owner) {
+      w.add(t, a - offset_[t], b - offset_[t], a, std::uint32_t(owner));
+    });
+    return w;
+  }
+
+  /// Cuts every group's space into buckets of at most `max_elements`, breaking between tensors where
+  /// possible; a tensor larger than a bucket gets buckets of its own.
+  std::vector<bucket> buckets(std::size_t max_elements) const {
+    std::vector<bucket> out;
+    for (std::size_t g = 0; g < spaces_.size(); ++g) {
+      const std::size_t end = spaces_[g].begin + spaces_[g].size;
+      std::size_t begin = spaces_[g].begin;
+      for (std::size_t t = first_tensor_[g]; t < first_tensor_[g + 1]; ++t) {
+        const std::size_t extent = t + 1 < first_tensor_[g + 1] ? offset_[t + 1] : end;
+        if (extent - begin > max_elements && begin < offset_[t]) {
+          out.push_back(make_bucket(g, begin, offset_[t]));
+          begin = offset_[t];
+        }
+        for (; extent - begin > max_elements; begin += max_elements)
+          out.push_back(make_bucket(g, begin, begin + max_elements));
+      }
+      if (begin < end) out.push_back(make_bucket(g, begin, end));
+    }
+    return out;
+  }
+
+ private:
+  struct space {
+    std::size_t begin;        ///< flat start of the group
+    std::size_t size;         ///< padded elements
+    std::size_t shard;        ///< elements per rank
+    std::size_t local_begin;  ///< where the group starts in the local state
+  };
+
+  static std::size_t round_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
+
+  /// The flat range of tensor t's elements in shard r (empty when lo >= hi).
+  std::pair<std::size_t, std::size_t> in_shard(std::size_t t, std::size_t r) const {
+    const space& s = spaces_[groups_[t]];
+    return {std::max(offset_[t], s.begin + r * s.shard), std::min(offset_[t] + sizes_[t], s.begin + (r + 1) * s.shard)};
+  }
+
+  std::size_t group_of_flat(std::size_t x) const {
+    std::size_t g = 0;
+    while (x >= spaces_[g].begin + spaces_[g].size) ++g;
+    return g;
+  }
+  /// Local state index of flat position x (my shard, or anything when replicated).
+  std::size_t local_index(std::size_t x) const {
+    if (!sharded_) return x;
+    const space& s = spaces_[group_of_flat(x)];
+    return s.local_begin + (x - s.begin - part_ * s.shard);
+  }
+
+  /// Calls f(tensor, a, b, owner) for every maximal flat range [a, b) of tensor elements within
+  /// [lo, hi) that lies in one shard, in flat order.
+  template <class F>
+  void for_each_owned_range(std::size_t lo, std::size_t hi, F&& f) const {
+    for (std::uint32_t t = 0; t < offset_.size(); ++t) {
+      const space& s = spaces_[groups_[t]];
+      const std::size_t first = std::max(lo, offset_[t]), last = std::min(hi, offset_[t] + sizes_[t]);
+      for (std::size_t a = first; a < last;) {
+        const std::size_t owner = (a - s.begin) / s.shard;
+        const std::size_t b = std::min(last, s.begin + (owner + 1) * s.shard);
+        f(t, a, b, owner);
+        a = b;
+      }
+    }
+  }
+
+  bucket make_bucket(std::size_t g, std::size_t begin, std::size_t end) const {
+    const space& s = spaces_[g];
+    bucket k;
+    k.begin = begin;
+    k.end = end;
+    k.first_tensor = std::uint32_t(first_tensor_[g + 1]);
+    for (std::size_t t = first_tensor_[g]; t < first_tensor_[g + 1]; ++t) {
+      const bool touches = offset_[t] < end && begin < offset_[t] + sizes_[t];
+      if (touches) {
+        k.first_tensor = std::min(k.first_tensor, std::uint32_t(t));
+        k.last_tensor = std::uint32_t(t + 1);
+      }
+      const std::size_t gap_end = std::min(end, t + 1 < first_tensor_[g + 1] ? offset_[t + 1] : s.begin + s.size);
+      const std::size_t gap_begin = std::max(begin, offset_[t] + sizes_[t]);
+      if (gap_begin < gap_end) k.gaps.push_back({gap_begin - begin, gap_end - gap_begin});
+    }
+    if (k.last_tensor == 0) k.first_tensor = 0;
+    for_each_owned_range(begin, end, [&](std::uint32_t t, std::size_t a, std::size_t b, std::size_t owner) {
+      k.pieces.add(t, a - offset_[t], b - offset_[t], a - begin, std::uint32_t(owner));
+      if (owner == part_) k.mine.add(t, a - offset_[t], b - offset_[t], a - begin, std::uint32_t(owner));
+    });
+    for (std::size_t r = 0; r < parts_; ++r) {
+      const std::size_t lo = std::max(begin, s.begin + r * s.shard), hi = std::min(end, s.begin + (r + 1) * s.shard);
+      k.counts.push_back(lo < hi ? hi - lo : 0);
+      if (r < part_) k.my_offset += k.counts.back();
+    }
+    if (k.counts[part_] != 0) k.my_state = local_index(begin + k.my_offset);
+    return k;
+  }
+
+  std::size_t parts_, part_;
+  bool sharded_;
+  std::vector<space> spaces_;
+  std::vector<std::size_t> offset_, sizes_;
+  std::vector<std::uint32_t> groups_;
+  std::vector<std::size_t> first_tensor_;  ///< per group, plus one past the last
+  std::size_t flat_elements_ = 0, local_elements_ = 0;
+};
+
+}  // namespace mpopt::detail

@@ -1,0 +1,368 @@
+// ZeRO stages 1 and 2 over MPI (mpopt::zero1, mpopt::zero2). Each rank holds master and moments for
+// its shard only; gradients are reduce-scattered bucket by bucket (zero2: during backward, as
+// grad_ready reports tensors) and the updated parameters all-gathered. Against a single process that
+// sees the W gradient slices as micro-steps, and against replicated data parallelism at the same
+// world size (bit for bit with a deterministic communicator). Buckets are small (3000 elements) so
+// that every run has many, and the large tensor (over 65536 elements) spans several of them and
+// several shards.
+#include <doctest/doctest.h>
+
+#include "mpi_harness.hpp"
+
+namespace {
+
+/// Sharded norms are formed per shard: the fp32 partial sums of the chunks a shard boundary cuts differ
+/// from the single process's, so the global norm, and with it the clip coefficient, differs by up to
+/// ~2e-6 relative (fp32 rounding over a 64Ki-element chunk). When clipping binds every gradient scales
+/// by it, so the moments are compared normwise within 1e-5, and LAMB's trust ratios (quotients of
+/// per-tensor norms cut the same way) within 1e-4; masters keep 1e-6 relative + floor.
+constexpr double sharded_moment_tol = 1e-5;
+
+mpopt::optimizer_options zero_options(mpopt::optimizer_options o = {}) {
+  o.bucket_elements = 3000;
+  return o;
+}
+
+#define ZERO_CFGS(Z)                                                           \
+  cfg<mpopt::fp32, mpopt::no_scaling, mpopt::adam, layout::unfused, Z>,        \
+      cfg<mpopt::bf16, mpopt::no_scaling, mpopt::adam, layout::flat, Z>,       \
+      cfg<mpopt::fp16, mpopt::dynamic_scale, mpopt::adam, layout::unfused, Z>, \
+      cfg<mpopt::fp32, mpopt::no_scaling, mpopt::lamb, layout::flat, Z>,       \
+      cfg<mpopt::bf16, mpopt::no_scaling, mpopt::lamb, layout::unfused, Z>,    \
+      cfg<mpopt::fp16, mpopt::dynamic_scale, mpopt::lamb, layout::flat, Z>
+
+/// Runs one boundary of A micro-steps on each rank of `n` (micro-batch rank * A + a of the global batch).
+template <class D>
+mpopt::step_status run_boundary(net<D>& n, const dataset& ds, int step, int a_steps, int rank) {
+  mpopt::step_status st;
+  for (int a = 0; a < a_steps; ++a) {
+    n.write(ds.micro_batch(step, rank * a_steps + a));
+    n.report_ready();
+    st = n.opt.step();
+  }
+  return st;
+}
+
+/// A communicator that fails, on every rank, at the n-th variable-count reduce-scatter or all-gather
+/// (as a broken network would be seen by all): the optimizer must throw everywhere and change nothing.
+struct failing_mpi : mpopt::mpi {
+  using mpopt::mpi::mpi;
+  static constexpr std::string_view name = "failing_mpi";
+  int fail_reduce_at = -1, fail_gather_at = -1, reduces = 0, gathers = 0;
+
+  using mpopt::mpi::all_gather;
+  using mpopt::mpi::reduce_scatter;
+  template <class T>
+  void reduce_scatter(std::span<const T> in, std::span<T> out, std::span<const std::size_t> counts, mpopt::reduce_op op) {
+    if (reduces++ == fail_reduce_at) throw mpopt::error("failing_mpi: reduce_scatter failed");
+    mpopt::mpi::reduce_scatter(in, out, counts, op);
+  }
+  template <class T>
+  void all_gather(std::span<T> data, std::span<const std::size_t> counts) {
+    if (gathers++ == fail_gather_at) throw mpopt::error("failing_mpi: all_gather failed");
+    mpopt::mpi::all_gather(data, counts);
+  }
+};
+static_assert(mpopt::communicator<failing_mpi>);
+
+}  // namespace
+
+TEST_SUITE("mpi") {
+  TEST_CASE_TEMPLATE(
+      "zero1 and zero2 on W ranks train like one process averaging the W slices as micro-steps "
+      "(fp32: masters within 1e-6 relative), params identical on every rank",
+      C, ZERO_CFGS(mpopt::zero1), ZERO_CFGS(mpopt::zero2)) {
+    using D = typename C::dist;
+    using L = typename C::local;
+    const int w = world_size();
+    const std::string what = C::describe();
+    CAPTURE(what);
+    CAPTURE(w);
+    const shape sh = random_shape(0x2E40 + w);
+    const dataset ds{0x2E40, sh.all(), false};
+    const auto so = C::scaler_options(5);
+    net<D> d(C::lay, sh, 42, mpopt::mpi{MPI_COMM_WORLD}, zero_options(), so);
+    net<L> l(C::lay, sh, 42, mpopt::optimizer_options{.accumulation_steps = w}, so);
+    // One rank: one shard, summed in one sequence like the reference. More: per-shard partial norms.
+    const bool bitwise = w == 1;
+    closeness worst;
+    const int steps = 20;
+    for (int s = 0; s < steps; ++s) {
+      CAPTURE(s);
+      const auto [sd, sl] = boundary(d, l, ds.batch(s, w), 1);
+      CHECK(sd.result == mpopt::step_result::applied);
+      worst.norm_rel = std::max(worst.norm_rel, check_status(sd, sl, bitwise));
+      check_state(d, l, bitwise, s + 1, &worst, sharded_moment_tol);
+    }
+    check_same_on_every_rank(d);
+    if (!bitwise) worst.report(what, w, " zero");
+  }
+
+  TEST_CASE_TEMPLATE(
+      "with a deterministic communicator, replicated (sum_by_shard), zero1 and zero2 at the same world size "
+      "train bit for bit alike; with accumulation, replicated and zero1",
+      C, SOME_CFGS) {
+    using P = typename C::precision;
+    using S = typename C::scaler;
+    using R = typename C::rule;
+    using Rep = mpopt::optimizer<P, S, mpopt::replicated, R, mpopt::host, mpopt::mpi>;
+    using Z1 = mpopt::optimizer<P, S, mpopt::zero1, R, mpopt::host, mpopt::mpi>;
+    using Z2 = mpopt::optimizer<P, S, mpopt::zero2, R, mpopt::host, mpopt::mpi>;
+    const int w = world_size(), rank = world_rank();
+    const std::string what = C::describe();
+    CAPTURE(what);
+    CAPTURE(w);
+    const shape sh = random_shape(0xB17 + w);
+    const dataset ds{0xB17, sh.all(), false};
+    const auto so = C::scaler_options(4);
+    const mpopt::mpi_options det{.deterministic = true};
+    for (int a_steps : {1, 2}) {
+      CAPTURE(a_steps);
+      const auto o = zero_options({.accumulation_steps = a_steps, .sum_by_shard = true});
+      net<Rep> rep(C::lay, sh, 3, mpopt::mpi{MPI_COMM_WORLD, det}, o, so);
+      net<Z1> z1(C::lay, sh, 3, mpopt::mpi{MPI_COMM_WORLD, det}, o, so);
+      net<Z2> z2(C::lay, sh, 3, mpopt::mpi{MPI_COMM_WORLD, det}, o, so);
+      for (int s = 0; s < 10; ++s) {
+        CAPTURE(s);
+        const auto b = ds.batch(s, w * a_steps);
+        mpopt::step_status st[3];
+        for (int a = 0; a < a_steps; ++a) {
+          const auto& g = b[std::size_t(rank * a_steps + a)];
+          rep.write(g);
+          z1.write(g);
+          z2.write(g);
+          z2.report_ready();
+          st[0] = rep.opt.step();
+          st[1] = z1.opt.step();
+          st[2] = z2.opt.step();
+        }
+        CHECK(st[0].result == mpopt::step_result::applied);
+        CHECK(st[1].grad_norm == st[0].grad_norm);
+        const std::string d1 = take(z1).difference(take(rep));
+        CHECK_MESSAGE(d1.empty(), "zero1 differs from replicated: " << d1);
+        // zero2 reduces every micro-step, then adds: another order than folding first.
+        if (a_steps == 1) {
+          CHECK(st[2].grad_norm == st[0].grad_norm);
+          const std::string d2 = take(z2).difference(take(rep));
+          CHECK_MESSAGE(d2.empty(), "zero2 differs from replicated: " << d2);
+        }
+      }
+      check_same_on_every_rank(z1);
+    }
+  }
+
+  TEST_CASE_TEMPLATE(
+      "an overflow on one rank's gradients makes every rank skip, with state bit-identical; the element "
+      "it hits belongs to another rank's shard",
+      C, ZERO_CFGS(mpopt::zero1), ZERO_CFGS(mpopt::zero2)) {
+    using D = typename C::dist;
+    using L = typename C::local;
+    using G = typename D::grad_type;
+    const int w = world_size();
+    const std::string what = C::describe();
+    CAPTURE(what);
+    CAPTURE(w);
+    const shape sh = random_shape(0x0F + w);
+    const dataset ds{0x0F, sh.all(), true};
+    const auto so = C::scaler_options(100);
+    net<D> d(C::lay, sh, 5, mpopt::mpi{MPI_COMM_WORLD}, zero_options(), so);
+    net<L> l(C::lay, sh, 5, mpopt::optimizer_options{.accumulation_steps = w}, so);
+    const std::size_t last = sh.all().size() - 1;
+    for (int s = 0; s < 6; ++s) {
+      CAPTURE(s);
+      std::vector<std::pair<int, std::function<void(net<D>&)>>> dist_faults;
+      std::vector<std::pair<int, std::function<void(net<L>&)>>> ref_faults;
+      if (s == 2) {  // the last rank poisons the first element (rank 0's shard)
+        dist_faults.push_back({w - 1, [](net<D>& n) { n.grads[0][0] = G(NAN); }});
+        ref_faults.push_back({w - 1, [](net<L>& n) { n.grads[0][0] = G(NAN); }});
+      }
+      if (s == 4) {  // rank 0 poisons the last element (the last rank's shard)
+        dist_faults.push_back({0, [last](net<D>& n) { n.grads[last].back() = G(INFINITY); }});
+        ref_faults.push_back({0, [last](net<L>& n) { n.grads[last].back() = G(INFINITY); }});
+      }
+      const snapshot before = take(d);
+      const auto [sd, sl] = boundary(d, l, ds.batch(s, w), 1, dist_faults, ref_faults);
+      check_status_same_on_every_rank(sd);
+      CHECK(sd.result == sl.result);
+      if (s == 2 || s == 4) {
+        CHECK(sd.result == mpopt::step_result::skipped_nonfinite);
+        const std::string diff = take(d).difference_except_scale(before);
+        CHECK_MESSAGE(diff.empty(), "the skipped step changed " << diff);
+      } else {
+        CHECK(sd.result == mpopt::step_result::applied);
+      }
+    }
+    CHECK(d.opt.group(0).step() == 4u);
+    check_state(d, l, w == 1, 6, nullptr, sharded_moment_tol);
+    check_same_on_every_rank(d);
+  }
+
+  TEST_CASE_TEMPLATE("4 micro-steps of batch B equal 1 step of batch 4B, bit for bit", C,
+                     cfg<mpopt::fp32, mpopt::no_scaling, mpopt::adam, layout::unfused, mpopt::zero1>,
+                     cfg<mpopt::fp16, mpopt::dynamic_scale, mpopt::lamb, layout::flat, mpopt::zero1>,
+                     cfg<mpopt::fp32, mpopt::no_scaling, mpopt::lamb, layout::flat, mpopt::zero2>,
+                     cfg<mpopt::fp16, mpopt::dynamic_scale, mpopt::adam, layout::unfused, mpopt::zero2>,
+                     cfg<mpopt::fp16, mpopt::dynamic_scale, mpopt::adam, layout::flat, mpopt::replicated>) {
+    // Exact data: the sum of 4 micro-batch gradients, and a quarter of it, are exact in fp32 and in
+    // fp16 (bf16's 8 bits cannot hold the 4B batch's gradient, so it is not among the cases).
+    using D = typename C::dist;
+    const int w = world_size(), rank = world_rank();
+    const std::string what = C::describe();
+    CAPTURE(what);
+    CAPTURE(w);
+    const shape sh = random_shape(0x4B + w);
+    const dataset ds{0x4B, sh.all(), true};
+    const auto so = C::scaler_options(3);
+    net<D> micro(C::lay, sh, 8, mpopt::mpi{MPI_COMM_WORLD}, zero_options({.accumulation_steps = 4}), so);
+    net<D> big(C::lay, sh, 8, mpopt::mpi{MPI_COMM_WORLD}, zero_options(), so);
+    for (int s = 0; s < 8; ++s) {
+      CAPTURE(s);
+      const auto sm = run_boundary(micro, ds, s, 4, rank);
+      grads_t mean;
+      for (int a = 0; a < 4; ++a) {
+        const grads_t g = ds.micro_batch(s, rank * 4 + a);
+        if (mean.empty()) mean.assign(g.size(), {});
+        for (std::size_t i = 0; i < g.size(); ++i) {
+          mean[i].resize(g[i].size(), 0.0);
+          for (std::size_t k = 0; k < g[i].size(); ++k) mean[i][k] += g[i][k] / 4;
+        }
+      }
+      big.write(mean);
+      bool exact = true;
+      for (std::size_t i = 0; i < mean.size(); ++i)
+        for (std::size_t k = 0; k < mean[i].size(); ++k) exact &= double(big.grads[i][k]) == mean[i][k] * big.opt.loss_scale();
+      CHECK_MESSAGE(exact, "the 4B gradient is not exact in the gradient type");
+      big.report_ready();
+      const auto sb = big.opt.step();
+      CHECK(sm.result == mpopt::step_result::applied);
+      CHECK(sm.result == sb.result);
+      CHECK(sm.grad_norm == sb.grad_norm);
+      const std::string diff = take(micro).difference(take(big));
+      CHECK_MESSAGE(diff.empty(), "4 x B differs from 1 x 4B: " << diff);
+    }
+  }
+
+  TEST_CASE_TEMPLATE(
+      "a checkpoint saved by W ranks loads at W (bit for bit), W/2 and 1 ranks (within the tolerance of a "
+      "changed reduction order) and continues like an uninterrupted run there; replicated loads it too",
+      C, cfg<mpopt::fp16, mpopt::dynamic_scale, mpopt::adam, layout::unfused, mpopt::zero1>,
+      cfg<mpopt::bf16, mpopt::no_scaling, mpopt::lamb, layout::flat, mpopt::zero2>,
+      cfg<mpopt::fp32, mpopt::no_scaling, mpopt::adam, layout::flat, mpopt::zero2>) {
+    using D = typename C::dist;
+    const int w = world_size(), rank = world_rank();
+    const std::string what = C::describe();
+    CAPTURE(what);
+    CAPTURE(w);
+    const shape sh = random_shape(0xC4E + w);
+    const dataset ds{0xC4E, sh.all(), true};  // a global batch of W micro-batches every step
+    const auto so = C::scaler_options(3);
+    const shared_dir dir;
+    const auto path = dir / "zero.safetensors";
+    {
+      net<D> first(C::lay, sh, 9, mpopt::mpi{MPI_COMM_WORLD}, zero_options(), so);
+      for (int s = 0; s < 5; ++s) run_boundary(first, ds, s, 1, rank);
+      first.opt.save(path);
+      // A replicated single process reads the per-parameter file as well.
+      net<typename C::local> solo(C::lay, sh, 99, mpopt::optimizer_options{}, so);
+      solo.opt.load(path);
+      const std::string diff = take(solo).difference(take(first));
+      CHECK_MESSAGE(diff.empty(), "a replicated load differs from the saved state: " << diff);
+    }
+    std::vector<int> sizes{w};
+    if (w % 2 == 0 && w > 2) sizes.push_back(w / 2);
+    if (w > 1) sizes.push_back(1);
+    for (int size : sizes) {
+      CAPTURE(size);
+      MPI_Comm sub;
+      MPI_Comm_split(MPI_COMM_WORLD, rank / size, rank, &sub);
+      int sub_rank = 0;
+      MPI_Comm_rank(sub, &sub_rank);
+      const int a_steps = w / size;  // the same global batch at every world size
+      {
+        const auto o = zero_options({.accumulation_steps = a_steps});
+        net<D> uninterrupted(C::lay, sh, 9, mpopt::mpi{sub}, o, so);
+        net<D> resumed(C::lay, sh, 1234, mpopt::mpi{sub}, o, so);
+        for (int s = 0; s < 5; ++s) run_boundary(uninterrupted, ds, s, a_steps, sub_rank);
+        resumed.opt.load(path);
+        for (int s = 5; s < 10; ++s) {
+          CAPTURE(s);
+          const auto su = run_boundary(uninterrupted, ds, s, a_steps, sub_rank);
+          const auto sr = run_boundary(resumed, ds, s, a_steps, sub_rank);
+          CHECK(sr.result == su.result);
+          CHECK(sr.step == su.step);
+          CHECK(sr.scale_after == su.scale_after);
+        }
+        if (size == w) {
+          const std::string diff = take(resumed).difference(take(uninterrupted));
+          CHECK_MESSAGE(diff.empty(), "resumed at the same world size differs: " << diff);
+        } else {
+          check_close(resumed, uninterrupted, 1e-6 * 10 * max_lr, sharded_moment_tol);
+        }
+      }
+      MPI_Comm_free(&sub);
+    }
+  }
+
+  TEST_CASE(
+      "bad input under ZeRO: different layouts across ranks, a failing communicator, another model's "
+      "checkpoint: mpopt::error on every rank, nothing changed") {
+    using D = mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::zero2, mpopt::adam, mpopt::host, failing_mpi>;
+    using Z1 = mpopt::optimizer<mpopt::bf16, mpopt::no_scaling, mpopt::zero1, mpopt::lamb, mpopt::host, mpopt::mpi>;
+    const int w = world_size(), rank = world_rank();
+    CAPTURE(w);
+    // Rank-dependent sizes (one rank differs): caught at the first step, before any gradient moves.
+    {
+      const shape mine{{1, 7, rank == w - 1 ? std::size_t(302) : 301, 4097}, {3, 65}};
+      net<Z1> odd(layout::unfused, mine, 1, mpopt::mpi{MPI_COMM_WORLD}, zero_options());
+      const dataset ds{1, mine.all(), true};
+      odd.write(ds.micro_batch(0, rank));
+      if (w > 1) {
+        CHECK_THROWS_AS(odd.opt.step(), mpopt::error);
+        CHECK(odd.opt.tensor_count() == 0);  // nothing was set up
+      } else {
+        CHECK(odd.opt.step().applied);
+      }
+    }
+    const shape sh{{1, 7, 301, 4097}, {3, 65}};
+    const dataset ds{0xBAD, sh.all(), true};
+    net<D> n(layout::unfused, sh, 1, failing_mpi{MPI_COMM_WORLD}, zero_options(), mpopt::dynamic_scale_options{.init_scale = 1024});
+    auto step = [&](int s) {
+      n.write(ds.micro_batch(s, rank));
+      n.report_ready();
+      return n.opt.step();
+    };
+    for (int s = 0; s < 2; ++s) step(s);
+    // A reduce-scatter fails in the middle of the gradients: the step throws and changes nothing.
+    const snapshot before = take(n);
+    auto& comm = n.opt.communicator();
+    comm.fail_reduce_at = comm.reduces + 1;
+    CHECK_THROWS_AS(step(2), mpopt::error);
+    CHECK(take(n).difference(before).empty());
+    // The next step works and equals an optimizer that never saw the failure.
+    net<D> clean(layout::unfused, sh, 1, failing_mpi{MPI_COMM_WORLD}, zero_options(), mpopt::dynamic_scale_options{.init_scale = 1024});
+    for (int s = 0; s < 2; ++s) {
+      clean.write(ds.micro_batch(s, rank));
+      clean.report_ready();
+      clean.opt.step();
+    }
+    CHECK(step(3).applied);
+    clean.write(ds.micro_batch(3, rank));
+    clean.report_ready();
+    CHECK(clean.opt.step().applied);
+    CHECK(take(n).difference(take(clean)).empty());
+
+    // Another model's checkpoint: checked on every rank before anything changes.
+    const shared_dir dir;
+    const shape other{{1, 7, 301, 4096}, {3, 65}};
+    net<D> stranger(layout::unfused, other, 2, failing_mpi{MPI_COMM_WORLD}, zero_options());
+    const dataset ods{0x0DD, other.all(), true};
+    stranger.write(ods.micro_batch(0, rank));
+    stranger.report_ready();
+    stranger.opt.step();
+    stranger.opt.save(dir / "other.safetensors");
+    const snapshot mine = take(n);
+    CHECK_THROWS_AS(n.opt.load(dir / "other.safetensors"), mpopt::error);
+    CHECK(take(n).difference(mine).empty());
+    check_same_on_every_rank(n);
+  }
+}
