@@ -1,55 +1,15 @@
-// memory(): the report lists what the optimizer really allocates. A replacement operator new keeps
+// memory_report(): the report lists what the optimizer really allocates. A replacement operator new keeps
 // the live heap bytes, and what finalize() adds must equal the report's state and bookkeeping.
 #include <doctest/doctest.h>
 
 #include <mpopt/mpopt.hpp>
 
-#include <atomic>
-#include <cstdlib>
-#include <new>
 #include <vector>
 
-namespace {
-std::atomic<long long> live_bytes{0};
-
-// Each block carries its size and header length just before the pointer handed out.
-void* counted_new(std::size_t n, std::size_t align) {
-  const std::size_t header = align < 64 ? 64 : align;  // room for the record, keeps the alignment
-  char* base = static_cast<char*>(std::aligned_alloc(header, (n + header + header - 1) / header * header));
-  if (!base) throw std::bad_alloc();
-  char* p = base + header;
-  reinterpret_cast<std::size_t*>(p)[-1] = n;
-  reinterpret_cast<std::size_t*>(p)[-2] = header;
-  live_bytes += static_cast<long long>(n);
-  return p;
-}
-void counted_delete(void* p) noexcept {
-  if (!p) return;
-  const std::size_t n = static_cast<std::size_t*>(p)[-1];
-  const std::size_t header = static_cast<std::size_t*>(p)[-2];
-  live_bytes -= static_cast<long long>(n);
-  std::free(static_cast<char*>(p) - header);
-}
-}  // namespace
-
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-#endif
-void* operator new(std::size_t n) { return counted_new(n, 16); }
-void* operator new(std::size_t n, std::align_val_t a) { return counted_new(n, static_cast<std::size_t>(a)); }
-void operator delete(void* p) noexcept { counted_delete(p); }
-void operator delete(void* p, std::size_t) noexcept { counted_delete(p); }
-void operator delete(void* p, std::align_val_t) noexcept { counted_delete(p); }
-void operator delete(void* p, std::size_t, std::align_val_t) noexcept { counted_delete(p); }
+#include "counting_new.hpp"
 
 namespace {
 
-template <class F>
-long long live_bytes_added_by(F&& f) {
-  const long long before = live_bytes.load();
-  f();
-  return live_bytes.load() - before;
-}
 
 std::size_t bytes_of(const mpopt::memory_report& r, const std::string& name) {
   for (const auto& b : r.buffers)
@@ -69,10 +29,10 @@ template <class Opt>
 void check_report_matches_allocations(Opt& opt, std::size_t user_elements) {
   using P = typename Opt::param_type;
   using G = typename Opt::grad_type;
-  const auto before = opt.memory();
+  const auto before = opt.memory_report();
   CHECK(before.user_bytes() == user_elements * (sizeof(P) + sizeof(G)));
   const long long added = live_bytes_added_by([&] { opt.finalize(); });
-  const auto after = opt.memory();
+  const auto after = opt.memory_report();
   CHECK(added > 0);
   CHECK(static_cast<std::size_t>(added) == finalize_bytes(after));
   // The fp32 state: three (or two, for fp32) buffers of at least every element.
@@ -86,7 +46,7 @@ void check_report_matches_allocations(Opt& opt, std::size_t user_elements) {
     for (int i = 0; i < 3; ++i) opt.step();
   });
   CHECK(stepped == 0);
-  CHECK(opt.memory().owned_bytes() == after.owned_bytes());
+  CHECK(opt.memory_report().owned_bytes() == after.owned_bytes());
   MESSAGE("\n" << after.to_string());
 }
 
@@ -104,12 +64,12 @@ TEST_SUITE("memory") {
   TEST_CASE("bf16 LAMB in a flat group with accumulation: the accumulator is reported too") {
     mpopt::optimizer<mpopt::bf16, mpopt::no_scaling, mpopt::replicated, mpopt::lamb> opt{{.accumulation_steps = 2}};
     auto& g = opt.add_flat_group({}, {{"a", 70000}, {"b", 3}, {"c", 129}});
-    const auto r = opt.memory();
+    const auto r = opt.memory_report();
     CHECK(r.user_bytes() == 0);
     CHECK(bytes_of(r, "group 0 parameters") >= (70000 + 3 + 129) * sizeof(mpopt::bfloat16));
     CHECK(g.param(0).size() == 70000);
     check_report_matches_allocations(opt, 0);
-    CHECK(bytes_of(opt.memory(), "gradient accumulator") == bytes_of(opt.memory(), "exp_avg"));
+    CHECK(bytes_of(opt.memory_report(), "gradient accumulator") == bytes_of(opt.memory_report(), "exp_avg"));
   }
 
   TEST_CASE("fp32 Adam keeps no master copy") {

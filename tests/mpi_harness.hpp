@@ -146,7 +146,7 @@ struct shape {
     return a;
   }
 };
-shape random_shape(std::uint64_t seed) {
+[[maybe_unused]] shape random_shape(std::uint64_t seed) {
   std::mt19937_64 rng(seed);  // the same sequence on every rank
   std::uniform_int_distribution<std::size_t> small(2, 64), mid(100, 2000), big(65537, 70000), med(2000, 5000);
   return {{1, 7, mid(rng) | 1, big(rng) | 1}, {small(rng) | 1, 3, 1024, med(rng)}};

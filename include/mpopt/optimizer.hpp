@@ -397,8 +397,8 @@ class optimizer {
 
   /// Every buffer this rank holds for the optimizer, with its size; the user's tensors are listed
   /// too, marked as theirs. State buffers appear once finalize() (or the first step) made them.
-  memory_report memory() const {
-    memory_report r;
+  mpopt::memory_report memory_report() const {
+    mpopt::memory_report r;
     std::size_t user_params = 0;
     for (const auto& g : groups_) {
       if (g->flat_) {

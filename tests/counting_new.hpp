@@ -1,0 +1,50 @@
+// A replacement operator new that keeps the live heap bytes, for tests that check what the optimizer
+// reports against what it really allocates. Include it in exactly one file of a test program.
+#pragma once
+
+#include <atomic>
+#include <cstdlib>
+#include <new>
+#include <vector>
+
+namespace {
+std::atomic<long long> live_bytes{0};
+
+// Each block carries its size and header length just before the pointer handed out.
+void* counted_new(std::size_t n, std::size_t align) {
+  const std::size_t header = align < 64 ? 64 : align;  // room for the record, keeps the alignment
+  char* base = static_cast<char*>(std::aligned_alloc(header, (n + header + header - 1) / header * header));
+  if (!base) throw std::bad_alloc();
+  char* p = base + header;
+  reinterpret_cast<std::size_t*>(p)[-1] = n;
+  reinterpret_cast<std::size_t*>(p)[-2] = header;
+  live_bytes += static_cast<long long>(n);
+  return p;
+}
+void counted_delete(void* p) noexcept {
+  if (!p) return;
+  const std::size_t n = static_cast<std::size_t*>(p)[-1];
+  const std::size_t header = static_cast<std::size_t*>(p)[-2];
+  live_bytes -= static_cast<long long>(n);
+  std::free(static_cast<char*>(p) - header);
+}
+}  // namespace
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#endif
+void* operator new(std::size_t n) { return counted_new(n, 16); }
+void* operator new(std::size_t n, std::align_val_t a) { return counted_new(n, static_cast<std::size_t>(a)); }
+void operator delete(void* p) noexcept { counted_delete(p); }
+void operator delete(void* p, std::size_t) noexcept { counted_delete(p); }
+void operator delete(void* p, std::align_val_t) noexcept { counted_delete(p); }
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept { counted_delete(p); }
+
+namespace {
+template <class F>
+long long live_bytes_added_by(F&& f) {
+  const long long before = live_bytes.load();
+  f();
+  return live_bytes.load() - before;
+}
+}  // namespace
