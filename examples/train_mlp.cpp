@@ -23,6 +23,9 @@
 // the two results are printed side by side. The exit code is nonzero if the loss did not go down.
 
 #include <mpopt/mpopt.hpp>
+#if MPOPT_EXAMPLE_MPI
+#include <mpopt/mpi.hpp>
+#endif
 
 #include <algorithm>
 #include <array>
@@ -41,6 +44,27 @@
 #include <vector>
 
 namespace {
+
+#if MPOPT_EXAMPLE_MPI
+// train_mlp_mpi: every rank trains on its own shard of the data; the optimizer's communicator sums
+// the gradients over the ranks (replicated) or reduce-scatters them into shards (--zero 1|2).
+constexpr bool with_mpi = true;
+using communicator = mpopt::mpi;
+communicator make_communicator() { return mpopt::mpi{MPI_COMM_WORLD}; }
+int world(int (*query)(MPI_Comm, int*)) {
+  int v = 0;
+  query(MPI_COMM_WORLD, &v);
+  return v;
+}
+int world_rank() { return world(MPI_Comm_rank); }
+int world_size() { return world(MPI_Comm_size); }
+#else
+constexpr bool with_mpi = false;
+using communicator = mpopt::single_process;
+communicator make_communicator() { return {}; }
+int world_rank() { return 0; }
+int world_size() { return 1; }
+#endif
 
 constexpr int n_inputs = 32;
 constexpr int n_hidden = 64;
@@ -201,7 +225,10 @@ class mlp {
 
   /// Forward and backward on one batch. Returns the batch's mean cross-entropy and stores
   /// loss_scale * d(mean loss)/d(parameter) into the gradient tensors, in grad type G.
-  double train_batch(std::span<const float> x, std::span<const int> labels, float loss_scale) {
+  /// `stored(l)` runs once layer l's gradients are in place, last layer first (as a backward pass
+  /// finishes them): the place to tell a zero2 optimizer they are ready.
+  template <class Stored>
+  double train_batch(std::span<const float> x, std::span<const int> labels, float loss_scale, Stored&& stored) {
     const int batch = int(labels.size());
     load_parameters();
     forward(x, batch);
@@ -217,9 +244,10 @@ class mlp {
     }
 
     backward(batch);
-    for (int l = 0; l < depth; ++l) {
+    for (int l = depth - 1; l >= 0; --l) {
       narrow<G>(dw_[l], layers[l].weight_grad);
       narrow<G>(db_[l], layers[l].bias_grad);
+      stored(l);
     }
     return loss / batch;
   }
@@ -321,6 +349,7 @@ struct config {
   std::string scaler;              // dynamic | static | none; default: dynamic for fp16, else none
   std::string rule = "adam";       // adam | lamb
   std::string layout = "fused";    // fused | unfused
+  int zero = -1;                   // -1: one process; 0: replicated over MPI ranks; 1, 2: ZeRO stage
   int steps = 600;
   int batch = 64;
   int accumulate = 1;
@@ -350,6 +379,8 @@ run in fp32 without loss scaling for comparison.
   --lr X                        learning rate (default 3e-3 for adam, 1e-2 for lamb)
   --seed S                      seed of the data, the initial weights and the batches (default 1)
   --print-every N               progress line every N steps (default 100; 0: none)
+  --zero 0|1|2                  train_mlp_mpi only (under mpirun): 0 replicated, 1 ZeRO-1, 2 ZeRO-2;
+                                each rank trains on its own shard of the data (default 0)
   --help                        this text
 )";
 
@@ -406,6 +437,11 @@ bool parse_args(int argc, char** argv, config& c) {
     else if (flag == "--lr") c.lr = parse_number<double>(flag, value, 0);
     else if (flag == "--seed") c.seed = parse_number<std::uint64_t>(flag, value, 0);
     else if (flag == "--print-every") c.print_every = parse_number<int>(flag, value, 0);
+    else if (flag == "--zero") {
+      check_choice(flag, value, {"0", "1", "2"});
+      if (!with_mpi) throw usage_error{"--zero needs the MPI build: mpirun -np 2 build/examples/train_mlp_mpi --zero 2"};
+      c.zero = std::stoi(value);
+    }
     else throw usage_error{"unknown option '" + flag + "'"};
   }
 
@@ -485,6 +521,7 @@ struct run_result {
   double test_accuracy = 0;
   std::uint64_t skipped = 0;
   double seconds = 0;  // the training loop only
+  std::string memory;  // the optimizer's memory report on this rank
 };
 
 std::string format(const char* spec, double v) {
@@ -517,7 +554,7 @@ run_result train(const config& c, const task& data, bool verbose) {
   std::vector<owned_tensor<P, G>> storage;  // the unfused layout's tensors; outlives the optimizer
   // Clip the true gradient to a global L2 norm of 1; give up (mpopt::error) if 100 steps in a row
   // overflow, which no sane loss scale would cause.
-  Opt opt({.clip_grad = 1.0, .accumulation_steps = c.accumulate, .max_consecutive_skips = 100},
+  Opt opt(make_communicator(), {.clip_grad = 1.0, .accumulation_steps = c.accumulate, .max_consecutive_skips = 100},
           scaler_options<typename Opt::scaler_options>(c));
 
   const typename Opt::group_options weights_options{.lr = c.lr, .weight_decay = c.weight_decay};
@@ -530,7 +567,9 @@ run_result train(const config& c, const task& data, bool verbose) {
   run_result r;
   r.initial_loss = model.evaluate(data.train).loss;
 
-  rng batches(c.seed + 1);
+  // Each rank draws its batches from its own shard of the training set: samples rank, rank + W, ...
+  const std::size_t rank = std::size_t(world_rank()), ranks = std::size_t(world_size());
+  rng batches(c.seed + 1 + rank);
   std::vector<float> x(std::size_t(c.batch) * n_inputs);
   std::vector<int> y(c.batch);
   double loss_sum = 0, last_norm = -1;  // mean batch loss since the last progress line; last applied step's norm
@@ -542,18 +581,22 @@ run_result train(const config& c, const task& data, bool verbose) {
   for (int step = 1; step <= c.steps; ++step) {
     for (int micro = 0; micro < c.accumulate; ++micro) {
       for (int n = 0; n < c.batch; ++n) {
-        const std::size_t s = batches.below(data.train.size());
+        const std::size_t s = batches.below(data.train.size() / ranks) * ranks + rank;
         std::copy_n(&data.train.x[s * n_inputs], n_inputs, &x[std::size_t(n) * n_inputs]);
         y[n] = data.train.y[s];
       }
-      loss_sum += model.train_batch(x, y, float(opt.loss_scale()));
+      // Tensors are registered as group 0 = the layers' weights, group 1 = their biases.
+      loss_sum += model.train_batch(x, y, float(opt.loss_scale()), [&](int l) {
+        opt.grad_ready(std::size_t(l));
+        opt.grad_ready(std::size_t(model.depth + l));
+      });
       ++loss_count;
       // One call per backward: micro-steps 1..K-1 only accumulate, the K-th applies (or skips).
       status = opt.step();
     }
     if (status.applied) last_norm = status.grad_norm;
 
-    if (verbose && c.print_every > 0 && (step % c.print_every == 0 || step == c.steps)) {
+    if (verbose && rank == 0 && c.print_every > 0 && (step % c.print_every == 0 || step == c.steps)) {
       const auto now = clock::now();
       const double elapsed = std::chrono::duration<double>(now - last_print).count();
       const int since = step % c.print_every == 0 ? c.print_every : step % c.print_every;
@@ -570,6 +613,7 @@ run_result train(const config& c, const task& data, bool verbose) {
   r.skipped = status.skipped_steps;
   r.final_loss = model.evaluate(data.train).loss;
   r.test_accuracy = model.evaluate(data.test).accuracy;
+  r.memory = opt.memory_report().to_string();
   return r;
 }
 
@@ -593,23 +637,31 @@ void print_comparison(const config& c, const run_result& mixed, const run_result
 
 template <class Opt>
 int run(const config& c, const task& data) {
-  std::printf("train_mlp: %s, %s, %s layout; MLP %d-%d-%d-%d; %zu train / %zu test samples; %d steps of %s%d samples\n",
-              describe(c).c_str(), c.rule.c_str(), c.layout.c_str(), n_inputs, n_hidden, n_hidden, n_classes,
-              data.train.size(), data.test.size(), c.steps,
-              c.accumulate > 1 ? (std::to_string(c.accumulate) + " x ").c_str() : "", c.batch);
+  const bool printer = world_rank() == 0;
+  if (printer) {
+    std::printf("train_mlp: %s, %s, %s layout; MLP %d-%d-%d-%d; %zu train / %zu test samples; %d steps of %s%d samples",
+                describe(c).c_str(), c.rule.c_str(), c.layout.c_str(), n_inputs, n_hidden, n_hidden, n_classes,
+                data.train.size(), data.test.size(), c.steps,
+                c.accumulate > 1 ? (std::to_string(c.accumulate) + " x ").c_str() : "", c.batch);
+    if (with_mpi) std::printf(" per rank; %s over %d ranks", std::string(Opt::partition::name).c_str(), world_size());
+    std::printf("\n");
+  }
 
   const run_result r = train<Opt>(c, data, true);
-  std::printf("done: train loss %.4f -> %.4f, test accuracy %.1f%% (chance %.0f%%), %llu of %d steps skipped, %.2f s\n",
+  if (printer) std::printf("done: train loss %.4f -> %.4f, test accuracy %.1f%% (chance %.0f%%), %llu of %d steps skipped, %.2f s\n",
               r.initial_loss, r.final_loss, 100 * r.test_accuracy, 100.0 / n_classes,
               static_cast<unsigned long long>(r.skipped), c.steps, r.seconds);
 
   if constexpr (!std::is_same_v<typename Opt::precision, mpopt::fp32>) {
-    using reference = mpopt::optimizer<mpopt::fp32, mpopt::no_scaling, mpopt::replicated, typename Opt::rule>;
+    using reference =
+        mpopt::optimizer<mpopt::fp32, mpopt::no_scaling, mpopt::replicated, typename Opt::rule, mpopt::host, communicator>;
     config fc = c;
     fc.precision = "fp32";
     fc.scaler = "none";
-    print_comparison(c, r, train<reference>(fc, data, false));
+    const run_result fp32 = train<reference>(fc, data, false);
+    if (printer) print_comparison(c, r, fp32);
   }
+  if (printer && with_mpi) std::printf("\noptimizer memory on each rank (rank 0 shown):\n%s", r.memory.c_str());
 
   if (!(r.final_loss < r.initial_loss)) {  // also catches a NaN loss
     std::fprintf(stderr, "train_mlp: training did not reduce the loss (%.4f -> %.4f)\n", r.initial_loss, r.final_loss);
@@ -619,23 +671,30 @@ int run(const config& c, const task& data) {
 }
 
 // Runtime flags -> one instantiation of mpopt::optimizer<Precision, LossScaler, Partition, Rule>.
-template <class Precision, class Scaler>
+template <class Precision, class Scaler, class Partition>
 int run_with_rule(const config& c, const task& data) {
-  if (c.rule == "lamb") return run<mpopt::optimizer<Precision, Scaler, mpopt::replicated, mpopt::lamb>>(c, data);
-  return run<mpopt::optimizer<Precision, Scaler, mpopt::replicated, mpopt::adam>>(c, data);
+  if (c.rule == "lamb") return run<mpopt::optimizer<Precision, Scaler, Partition, mpopt::lamb, mpopt::host, communicator>>(c, data);
+  return run<mpopt::optimizer<Precision, Scaler, Partition, mpopt::adam, mpopt::host, communicator>>(c, data);
+}
+
+template <class Precision, class Scaler>
+int run_with_partition(const config& c, const task& data) {
+  if (c.zero == 1) return run_with_rule<Precision, Scaler, mpopt::zero1>(c, data);
+  if (c.zero == 2) return run_with_rule<Precision, Scaler, mpopt::zero2>(c, data);
+  return run_with_rule<Precision, Scaler, mpopt::replicated>(c, data);
 }
 
 int dispatch(const config& c, const task& data) {
-  if (c.precision == "fp32") return run_with_rule<mpopt::fp32, mpopt::no_scaling>(c, data);
-  if (c.precision == "bf16") return run_with_rule<mpopt::bf16, mpopt::no_scaling>(c, data);
-  if (c.scaler == "dynamic") return run_with_rule<mpopt::fp16, mpopt::dynamic_scale>(c, data);
-  if (c.scaler == "static") return run_with_rule<mpopt::fp16, mpopt::static_scale>(c, data);
-  return run_with_rule<mpopt::fp16, mpopt::no_scaling>(c, data);
+  if (c.precision == "fp32") return run_with_partition<mpopt::fp32, mpopt::no_scaling>(c, data);
+  if (c.precision == "bf16") return run_with_partition<mpopt::bf16, mpopt::no_scaling>(c, data);
+  if (c.scaler == "dynamic") return run_with_partition<mpopt::fp16, mpopt::dynamic_scale>(c, data);
+  if (c.scaler == "static") return run_with_partition<mpopt::fp16, mpopt::static_scale>(c, data);
+  return run_with_partition<mpopt::fp16, mpopt::no_scaling>(c, data);
 }
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int train_main(int argc, char** argv) {
   config c;
   try {
     if (!parse_args(argc, argv, c)) {
@@ -656,4 +715,15 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "train_mlp: unexpected error: %s\n", e.what());
   }
   return 1;
+}
+
+int main(int argc, char** argv) {
+#if MPOPT_EXAMPLE_MPI
+  MPI_Init(&argc, &argv);
+  const int rc = train_main(argc, argv);
+  MPI_Finalize();
+  return rc;
+#else
+  return train_main(argc, argv);
+#endif
 }
