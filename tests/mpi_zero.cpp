@@ -98,6 +98,33 @@ TEST_SUITE("mpi") {
     if (!bitwise) worst.report(what, w, " zero");
   }
 
+  TEST_CASE_TEMPLATE("a model so small that some ranks own only padding trains like one process", C,
+                     cfg<mpopt::fp16, mpopt::dynamic_scale, mpopt::lamb, layout::unfused, mpopt::zero1>,
+                     cfg<mpopt::bf16, mpopt::no_scaling, mpopt::adam, layout::flat, mpopt::zero2>) {
+    using D = typename C::dist;
+    using L = typename C::local;
+    const int w = world_size();
+    CAPTURE(w);
+    // Tensors start on 16 elements and each group pads to a multiple of 16 W: the shards are 16
+    // elements; rank 0 holds a.0 and b.0, rank 1 holds a.1, every other rank only padding.
+    const shape tiny{{1, 3}, {2}};
+    const dataset ds{0x71, tiny.all(), true};
+    const auto so = C::scaler_options(3);
+    net<D> d(C::lay, tiny, 4, mpopt::mpi{MPI_COMM_WORLD}, zero_options(), so);
+    net<L> l(C::lay, tiny, 4, mpopt::optimizer_options{.accumulation_steps = w}, so);
+    for (int s = 0; s < 6; ++s) {
+      CAPTURE(s);
+      const auto [sd, sl] = boundary(d, l, ds.batch(s, w), 1);
+      CHECK(sd.result == mpopt::step_result::applied);
+      check_status(sd, sl, true);  // one shard holds everything: the same sums as one process
+    }
+    std::size_t owned = 0;
+    for (std::size_t i = 0; i < d.params.size(); ++i) owned += d.opt.owned(i).count;
+    CHECK(owned == (w == 1 ? 6u : world_rank() < 2 ? 3u : 0u));
+    check_state(d, l, true, 6);
+    check_same_on_every_rank(d);
+  }
+
   TEST_CASE_TEMPLATE(
       "with a deterministic communicator, replicated (sum_by_shard), zero1 and zero2 at the same world size "
       "train bit for bit alike; with accumulation, replicated and zero1",
