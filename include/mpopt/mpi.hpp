@@ -39,30 +39,29 @@ void mpi_reduce_16bit(void* in, void* inout, int* len, MPI_Datatype*) {
 /// MPI datatype and reduction of an element type. The 16-bit ones are created on first use.
 template <class T>
 struct mpi_type;
+/// MPI's built-in types reduce with MPI_SUM and MPI_MAX.
+struct mpi_builtin_op {
+  static MPI_Op op(reduce_op o) { return o == reduce_op::sum ? MPI_SUM : MPI_MAX; }
+};
 template <>
-struct mpi_type<float> {
+struct mpi_type<float> : mpi_builtin_op {
   static MPI_Datatype type() { return MPI_FLOAT; }
-  static MPI_Op op(reduce_op o) { return o == reduce_op::sum ? MPI_SUM : MPI_MAX; }
 };
 template <>
-struct mpi_type<double> {
+struct mpi_type<double> : mpi_builtin_op {
   static MPI_Datatype type() { return MPI_DOUBLE; }
-  static MPI_Op op(reduce_op o) { return o == reduce_op::sum ? MPI_SUM : MPI_MAX; }
 };
 template <>
-struct mpi_type<std::uint8_t> {
+struct mpi_type<std::uint8_t> : mpi_builtin_op {
   static MPI_Datatype type() { return MPI_UINT8_T; }
-  static MPI_Op op(reduce_op o) { return o == reduce_op::sum ? MPI_SUM : MPI_MAX; }
 };
 template <>
-struct mpi_type<std::int64_t> {
+struct mpi_type<std::int64_t> : mpi_builtin_op {
   static MPI_Datatype type() { return MPI_INT64_T; }
-  static MPI_Op op(reduce_op o) { return o == reduce_op::sum ? MPI_SUM : MPI_MAX; }
 };
 template <>
-struct mpi_type<std::uint64_t> {
+struct mpi_type<std::uint64_t> : mpi_builtin_op {
   static MPI_Datatype type() { return MPI_UINT64_T; }
-  static MPI_Op op(reduce_op o) { return o == reduce_op::sum ? MPI_SUM : MPI_MAX; }
 };
 template <class T>
   requires(std::is_same_v<T, half> || std::is_same_v<T, bfloat16>)

@@ -236,11 +236,8 @@ class optimizer {
     const int parts = Partition::sharded || options_.sum_by_shard ? comm_.size() : 1;
     layout_.emplace(tensor_groups, sizes, groups_.size(), parts, Partition::sharded ? comm_.rank() : 0, Partition::sharded);
     const detail::flat_layout& layout = *layout_;
-    for (std::uint32_t gi = 0, t = 0; gi < groups_.size(); ++gi)
-      for (const auto& e : groups_[gi]->entries_) {
-        tensors_.push_back({e.param, e.grad, e.size, layout.offset(t), gi});
-        owned_.push_back(layout.owned(t++));
-      }
+    for (std::uint32_t gi = 0; gi < groups_.size(); ++gi)
+      for (const auto& e : groups_[gi]->entries_) tensors_.push_back({e.param, e.grad, e.size, gi});
     work_ = layout.local_work();
     state_elements_ = layout.local_elements();
     if constexpr (Precision::has_master) master_ = detail::aligned_buffer<float>(state_elements_);
@@ -262,14 +259,16 @@ class optimizer {
         mine = std::max(mine, buckets_[b].my_count(comm_.rank()));
       }
       staging_ = zeroed<float>(widest);
-      if (Partition::reduce_every_micro_step && options_.accumulation_steps > 1) received_ = zeroed<float>(mine);
-      pending_.resize(buckets_.size());
-      ready_.resize(tensors_.size());
-      tensor_buckets_.assign(tensors_.size(), {std::uint32_t(buckets_.size()), 0});
-      for (std::uint32_t b = 0; b < buckets_.size(); ++b)
-        for (std::uint32_t t = buckets_[b].first_tensor; t < buckets_[b].last_tensor; ++t)
-          tensor_buckets_[t] = {std::min(tensor_buckets_[t].first, b), b + 1};
-      start_micro_step();
+      if constexpr (Partition::reduce_every_micro_step) {
+        if (options_.accumulation_steps > 1) received_ = zeroed<float>(mine);
+        pending_.resize(buckets_.size());
+        ready_.resize(tensors_.size());
+        tensor_buckets_.assign(tensors_.size(), {std::uint32_t(buckets_.size()), 0});
+        for (std::uint32_t b = 0; b < buckets_.size(); ++b)
+          for (std::uint32_t t = buckets_[b].first_tensor; t < buckets_[b].last_tensor; ++t)
+            tensor_buckets_[t] = {std::min(tensor_buckets_[t].first, b), b + 1};
+        start_micro_step();
+      }
     }
     chunk_sum_.assign(work_.size(), 0.0f);
     chunk_sum2_.assign(work_.size(), 0.0f);
@@ -295,8 +294,7 @@ class optimizer {
       ready_[i] = 1;
       for (std::uint32_t b = tensor_buckets_[i].first; b < tensor_buckets_[i].last; ++b) --pending_[b];
       abandon_window_on_error([&] {
-        while (flushed_ < buckets_.size() && pending_[buckets_.size() - 1 - flushed_] == 0)
-          reduce_bucket(buckets_[buckets_.size() - 1 - flushed_++], nullptr, micro_step_ == 0);
+        while (flushed_ < buckets_.size() && pending_[next_bucket()] == 0) reduce_next_bucket();
       });
     }
   }
@@ -379,19 +377,22 @@ class optimizer {
   };
   owned_elements owned(std::size_t i) const {
     tensor_at(i);
-    return {owned_[i].first, owned_[i].count};
+    const auto o = layout_->owned(i);
+    return {o.first, o.count};
   }
   /// fp32 master weights of tensor i (in registration order), the owned elements; for fp32 the
   /// parameter itself.
   std::span<const float> master(std::size_t i) const {
     const auto& t = tensor_at(i);
-    if constexpr (Precision::has_master) return {master_.data() + owned_[i].state, owned_[i].count};
-    else return {t.param + owned_[i].first, owned_[i].count};
+    const auto o = layout_->owned(i);
+    if constexpr (Precision::has_master) return {master_.data() + o.state, o.count};
+    else return {t.param + o.first, o.count};
   }
   /// Moment k (0: exp_avg, 1: exp_avg_sq) of tensor i, the owned elements.
   std::span<const float> moment(std::size_t k, std::size_t i) const {
     tensor_at(i);
-    return {(k == 0 ? m_ : v_).data() + owned_[i].state, owned_[i].count};
+    const auto o = layout_->owned(i);
+    return {(k == 0 ? m_ : v_).data() + o.state, o.count};
   }
   std::size_t tensor_count() const { return tensors_.size(); }
 
@@ -438,7 +439,7 @@ class optimizer {
       buckets += k.pieces.bytes() + k.mine.bytes() + k.counts.capacity() * sizeof(std::size_t) +
                  k.gaps.capacity() * sizeof(k.gaps[0]);
     const std::size_t bookkeeping =
-        work_.bytes() + tensors_.capacity() * sizeof(tensors_[0]) + owned_.capacity() * sizeof(owned_[0]) +
+        work_.bytes() + tensors_.capacity() * sizeof(tensors_[0]) +
         layout_->bytes() + (chunk_sum_.capacity() + chunk_sum2_.capacity()) * sizeof(float) +
         chunk_nonfinite_.capacity() + (owner_sum_.capacity() + tensor_sums_.capacity()) * sizeof(double) +
         coefficients_.capacity() * sizeof(coefficients_[0]) + trust_ratio_.capacity() * sizeof(double) +
@@ -613,10 +614,9 @@ class optimizer {
     for (const auto& g : self.groups_)
       for (const auto& e : g->entries_) {
         const saved_range whole{t, e.size, 0, e.size};
-        const saved_range held = self.finalized_ ? saved_range{t, e.size, self.owned_[t].first, self.owned_[t].count,
-                                                               Partition::sharded}
-                                                 : whole;
-        auto state = [&](auto& buffer) { return self.finalized_ ? buffer.data() + self.owned_[t].state : nullptr; };
+        const auto o = self.finalized_ ? self.layout_->owned(t) : detail::flat_layout::owned_range{};
+        const saved_range held = self.finalized_ ? saved_range{t, e.size, o.first, o.count, Partition::sharded} : whole;
+        auto state = [&](auto& buffer) { return self.finalized_ ? buffer.data() + o.state : nullptr; };
         f("param/" + e.name, whole, e.param);
         if constexpr (Precision::has_master) f("master/" + e.name, held, state(self.master_));
         f(std::string(UpdateRule::moment_names[0]) + "/" + e.name, held, state(self.m_));
@@ -728,8 +728,7 @@ class optimizer {
       if constexpr (Partition::reduce_every_micro_step) {
         reduce_remaining();
       } else {
-        for (auto k = buckets_.rbegin(); k != buckets_.rend(); ++k)
-          reduce_bucket(*k, accumulated ? flat_accum_.data() : nullptr, true);
+        for (const auto& k : buckets_) reduce_bucket(k, accumulated ? flat_accum_.data() : nullptr, true);
       }
     } else {
       if (comm_.size() == 1) return data(accumulated);
@@ -764,15 +763,21 @@ class optimizer {
     } catch (...) {
       if (comm_.size() > 1 || Partition::sharded) {
         micro_step_ = 0;
-        start_micro_step();
+        if constexpr (Partition::reduce_every_micro_step) start_micro_step();
       }
       throw;
     }
   }
 
-  /// zero2: reduces the buckets grad_ready has not (in flush order) and opens the next micro-step.
+  /// zero2 reduces buckets in one order on every rank, last first (the order of a backward pass).
+  std::size_t next_bucket() const { return buckets_.size() - 1 - flushed_; }
+  void reduce_next_bucket() {
+    reduce_bucket(buckets_[next_bucket()], nullptr, micro_step_ == 0);
+    ++flushed_;
+  }
+  /// zero2: reduces the buckets grad_ready has not and opens the next micro-step.
   void reduce_remaining() {
-    while (flushed_ < buckets_.size()) reduce_bucket(buckets_[buckets_.size() - 1 - flushed_++], nullptr, micro_step_ == 0);
+    while (flushed_ < buckets_.size()) reduce_next_bucket();
     start_micro_step();
   }
   void start_micro_step() {
@@ -895,7 +900,6 @@ class optimizer {
   bool finalized_ = false;
   std::vector<detail::tensor_slot<param_type, grad_type>> tensors_;
   std::optional<detail::flat_layout> layout_;
-  std::vector<detail::flat_layout::owned_range> owned_;  // per tensor: the elements whose state I hold
   detail::work_list work_;                                // my elements, addressing the local state
   std::size_t state_elements_ = 0;
   detail::aligned_buffer<float> master_, m_, v_, accum_;
@@ -910,13 +914,13 @@ class optimizer {
   // Sharded partitions only.
   detail::work_list flat_work_;               // zero1 accumulation: every element, in flat order
   detail::aligned_buffer<float> flat_accum_;  // zero1 accumulation over micro-steps (full size)
-  std::vector<detail::bucket> buckets_;
+  std::vector<detail::bucket> buckets_;     // in flat order
   detail::aligned_buffer<float> staging_;   // one packed bucket (gradients, or parameters to gather)
   detail::aligned_buffer<float> received_;  // zero2: my piece of a bucket, before it is added in
   struct bucket_range {
     std::uint32_t first, last;
   };
-  std::vector<bucket_range> tensor_buckets_;  // the buckets holding each tensor
+  std::vector<bucket_range> tensor_buckets_;  // zero2: the buckets holding each tensor
   std::vector<std::uint32_t> pending_;        // zero2: tensors of each bucket not reported ready
   std::vector<std::uint8_t> ready_;           // zero2: tensors reported in this micro-step
   std::size_t flushed_ = 0;                   // zero2: buckets reduced in this micro-step

@@ -65,7 +65,6 @@ class flat_layout {
   std::size_t flat_elements() const { return flat_elements_; }
   /// Elements of each state buffer on this rank (my shards, or everything when replicated).
   std::size_t local_elements() const { return local_elements_; }
-  std::size_t offset(std::size_t t) const { return offset_[t]; }
   /// Heap bytes the layout holds.
   std::size_t bytes() const {
     return spaces_.capacity() * sizeof(space) + (offset_.capacity() + sizes_.capacity() + first_tensor_.capacity()) *

@@ -13,7 +13,6 @@ struct tensor_slot {
   Param* param;
   Grad* grad;
   std::size_t size;
-  std::size_t offset;   ///< start in the flat space of all groups (64-byte aligned)
   std::uint32_t group;
 };
 
