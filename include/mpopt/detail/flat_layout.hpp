@@ -117,7 +117,7 @@ class flat_layout {
       const std::size_t end = spaces_[g].begin + spaces_[g].size;
       std::size_t begin = spaces_[g].begin;
       for (std::size_t t = first_tensor_[g]; t < first_tensor_[g + 1]; ++t) {
-        const std::size_t extent = t + 1 < first_tensor_[g + 1] ? offset_[t + 1] : end;
+        const std::size_t extent = extent_end(g, t);
         if (extent - begin > max_elements && begin < offset_[t]) {
           out.push_back(make_bucket(g, begin, offset_[t]));
           begin = offset_[t];
@@ -151,6 +151,11 @@ class flat_layout {
     while (x >= spaces_[g].begin + spaces_[g].size) ++g;
     return g;
   }
+  /// Where tensor t's extent (its elements and the padding after them) ends in group g's space.
+  std::size_t extent_end(std::size_t g, std::size_t t) const {
+    return t + 1 < first_tensor_[g + 1] ? offset_[t + 1] : spaces_[g].begin + spaces_[g].size;
+  }
+
   /// Local state index of flat position x (my shard, or anything when replicated).
   std::size_t local_index(std::size_t x) const {
     if (!sharded_) return x;
@@ -159,10 +164,11 @@ class flat_layout {
   }
 
   /// Calls f(tensor, a, b, owner) for every maximal flat range [a, b) of tensor elements within
-  /// [lo, hi) that lies in one shard, in flat order.
+  /// [lo, hi) that lies in one shard, in flat order, looking at tensors [t0, t1).
   template <class F>
-  void for_each_owned_range(std::size_t lo, std::size_t hi, F&& f) const {
-    for (std::uint32_t t = 0; t < offset_.size(); ++t) {
+  void for_each_owned_range(std::size_t lo, std::size_t hi, F&& f, std::size_t t0 = 0,
+                            std::size_t t1 = std::size_t(-1)) const {
+    for (std::uint32_t t = std::uint32_t(t0); t < std::min(t1, offset_.size()); ++t) {
       const space& s = spaces_[groups_[t]];
       const std::size_t first = std::max(lo, offset_[t]), last = std::min(hi, offset_[t] + sizes_[t]);
       for (std::size_t a = first; a < last;) {
@@ -186,15 +192,18 @@ class flat_layout {
         k.first_tensor = std::min(k.first_tensor, std::uint32_t(t));
         k.last_tensor = std::uint32_t(t + 1);
       }
-      const std::size_t gap_end = std::min(end, t + 1 < first_tensor_[g + 1] ? offset_[t + 1] : s.begin + s.size);
+      const std::size_t gap_end = std::min(end, extent_end(g, t));
       const std::size_t gap_begin = std::max(begin, offset_[t] + sizes_[t]);
       if (gap_begin < gap_end) k.gaps.push_back({gap_begin - begin, gap_end - gap_begin});
     }
     if (k.last_tensor == 0) k.first_tensor = 0;
-    for_each_owned_range(begin, end, [&](std::uint32_t t, std::size_t a, std::size_t b, std::size_t owner) {
-      k.pieces.add(t, a - offset_[t], b - offset_[t], a - begin, std::uint32_t(owner));
-      if (owner == part_) k.mine.add(t, a - offset_[t], b - offset_[t], a - begin, std::uint32_t(owner));
-    });
+    for_each_owned_range(
+        begin, end,
+        [&](std::uint32_t t, std::size_t a, std::size_t b, std::size_t owner) {
+          k.pieces.add(t, a - offset_[t], b - offset_[t], a - begin, std::uint32_t(owner));
+          if (owner == part_) k.mine.add(t, a - offset_[t], b - offset_[t], a - begin, std::uint32_t(owner));
+        },
+        first_tensor_[g], first_tensor_[g + 1]);
     for (std::size_t r = 0; r < parts_; ++r) {
       const std::size_t lo = std::max(begin, s.begin + r * s.shard), hi = std::min(end, s.begin + (r + 1) * s.shard);
       k.counts.push_back(lo < hi ? hi - lo : 0);
