@@ -480,10 +480,19 @@ TEST_CASE("LAMB min_coeff > max_coeff, negative min_coeff, max_coeff <= 0 throw 
   opt.add_group({.min_coeff = 1.0, .max_coeff = 1.0});  // equal is fine
 }
 
-TEST_CASE("invalid optimizer options throw naming the field: clip_grad, accumulation_steps") {
+TEST_CASE("invalid optimizer options throw naming the field: clip_grad, accumulation_steps, bucket_elements, "
+          "gradient_predivide") {
   for (double bad : {-1.0, d_nan, d_inf}) {
     CAPTURE(bad);
     CHECK_ERROR(fp32_adam({.clip_grad = bad}), "clip_grad");
+  }
+  for (double bad : {0.0, -2.0, d_nan, d_inf}) {
+    CAPTURE(bad);
+    CHECK_ERROR(fp32_adam({.gradient_predivide = bad}), "gradient_predivide");
+  }
+  for (std::size_t bad : {std::size_t{0}, (std::size_t{1} << 30) + 1}) {
+    CAPTURE(bad);
+    CHECK_ERROR(fp32_adam({.bucket_elements = bad}), "bucket_elements");
   }
   for (int bad : {0, -1}) {
     CAPTURE(bad);

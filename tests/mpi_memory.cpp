@@ -17,17 +17,26 @@ std::size_t bytes_of(const mpopt::memory_report& r, const std::string& name) {
 
 const shape model{{1, 7, 300001, 4097, 20000}, {3, 65, 100000}};  // P = 428174
 
+using half_sums = mpopt::mixed_precision<mpopt::half, mpopt::half, mpopt::half>;
+
 }  // namespace
 
 TEST_SUITE("mpi") {
   TEST_CASE_TEMPLATE(
       "fp16 Adam under zero1 and zero2: finalize allocates exactly the reported bytes and steps none; per-rank "
-      "model state is 4P + 12P/N (zero1) and 2P + 12P/N + the fp32 gradient shard 4P/N (zero2)",
-      Z, mpopt::zero1, mpopt::zero2) {
-    using D = mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, Z, mpopt::adam, mpopt::host, mpopt::mpi>;
+      "model state is 4P + 12P/N (zero1) and 2P + 14P/N (zero2) with 16-bit gradient sums, 4P/N (zero1) and 2P/N "
+      "(zero2) more with fp32 ones",
+      C, cfg<mpopt::fp16, mpopt::dynamic_scale, mpopt::adam, layout::unfused, mpopt::zero1>,
+      cfg<mpopt::fp16, mpopt::dynamic_scale, mpopt::adam, layout::unfused, mpopt::zero2>,
+      cfg<half_sums, mpopt::dynamic_scale, mpopt::adam, layout::unfused, mpopt::zero1>,
+      cfg<half_sums, mpopt::dynamic_scale, mpopt::adam, layout::unfused, mpopt::zero2>) {
+    using D = typename C::dist;
+    using Z = typename C::partition;
+    constexpr bool sixteen_bit = std::is_same_v<typename D::accumulate_type, mpopt::half>;
     const int w = world_size(), rank = world_rank();
+    const std::string what = C::describe() + (sixteen_bit ? " (16-bit sums)" : " (fp32 sums)");
+    CAPTURE(what);
     CAPTURE(w);
-    CAPTURE(Z::name);
     std::size_t p = 0;
     for (std::size_t n : model.all()) p += n;
     net<D> n(layout::unfused, model, 1, mpopt::mpi{MPI_COMM_WORLD}, mpopt::optimizer_options{.bucket_elements = 1 << 16},
@@ -54,15 +63,57 @@ TEST_SUITE("mpi") {
     CHECK(bytes_of(r, "gradients") == 2 * p);
     // Master and two moments for my shard: 12P/N, plus this rank's share of the alignment padding
     // (every tensor starts on 16 floats, every group splits into N shards of 16-float multiples).
+    const double shard = double(p) / w, padding = (16.0 * model.all().size() + 2 * 16.0 * w) / w;
     const std::size_t state = bytes_of(r, "master") + bytes_of(r, "exp_avg") + bytes_of(r, "exp_avg_sq");
-    const double padding = 4.0 * 3 * (16.0 * model.all().size() + 2 * 16.0 * w) / w;
-    CHECK(double(state) >= 12.0 * double(p) / w);
-    CHECK(double(state) <= 12.0 * double(p) / w + padding);
+    CHECK(double(state) >= 12 * shard);
+    CHECK(double(state) <= 12 * (shard + padding));
     CHECK(bytes_of(r, "master") == bytes_of(r, "exp_avg"));
-    // The reduced gradients of my shard, in fp32: 4P/N (the ZeRO paper counts 2P/N for fp16 ones).
-    CHECK(bytes_of(r, "gradient shard") == bytes_of(r, "master"));
+    // The reduced gradients of my shard: zero1 with 16-bit sums keeps them in the gradient tensors
+    // (as DeepSpeed does), zero2 in a 16-bit shard (2P/N); fp32 sums need an fp32 shard (4P/N).
+    const std::size_t shard_bytes = bytes_of(r, "gradient shard");
+    if (sixteen_bit && !Z::reduce_every_micro_step) CHECK(shard_bytes == 0);
+    else CHECK(shard_bytes == bytes_of(r, "master") / (sixteen_bit ? 2 : 1));
     CHECK(bytes_of(r, "gradient accumulator") == 0);  // no accumulation: nothing full-size is kept
-    CHECK(bytes_of(r, "bucket") == 4u << 16);
+    // ZeRO's model state: 16-bit params, zero1 also the full 16-bit gradients, 12P/N, the shard.
+    const double model_state = double(bytes_of(r, "parameters") + (Z::reduce_every_micro_step ? 0 : bytes_of(r, "gradients")) +
+                                      state + shard_bytes);
+    const double paper = Z::reduce_every_micro_step ? 2.0 * double(p) + 14 * shard : 4.0 * double(p) + 12 * shard;
+    // fp32 sums: an fp32 shard instead of a 16-bit one (zero2) or of none (zero1).
+    const double extra = sixteen_bit ? 0 : (Z::reduce_every_micro_step ? 2 : 4) * shard;
+    CHECK(model_state >= paper + extra);
+    CHECK(model_state <= paper + extra + 16 * padding);
+    // The named transients: one bucket (sent as fp32 or fp16; it also gathers the fp16 params) and
+    // my piece of it when it cannot land in the shard directly.
+    CHECK(bytes_of(r, "bucket") == (sixteen_bit ? 2u : 4u) << 16);
+    if (sixteen_bit && !Z::reduce_every_micro_step) CHECK(bytes_of(r, "received piece") > 0);
+  }
+
+  TEST_CASE_TEMPLATE(
+      "replicated with gradients summed or sent in bf16: finalize allocates exactly the reported bytes, steps none",
+      P, mpopt::bf16, mpopt::mixed_precision<mpopt::bfloat16, float, mpopt::bfloat16>,
+      mpopt::mixed_precision<mpopt::bfloat16, mpopt::bfloat16, mpopt::bfloat16>) {
+    using D = mpopt::optimizer<P, mpopt::no_scaling, mpopt::replicated, mpopt::adam, mpopt::host, mpopt::mpi>;
+    const int w = world_size(), rank = world_rank();
+    CAPTURE(w);
+    std::size_t p = 0;
+    for (std::size_t n : model.all()) p += n;
+    net<D> n(layout::unfused, model, 1, mpopt::mpi{MPI_COMM_WORLD},
+             mpopt::optimizer_options{.accumulation_steps = 2, .bucket_elements = 1 << 16});
+    const long long added = live_bytes_added_by([&] { n.opt.finalize(); });
+    const mpopt::memory_report r = n.opt.memory_report();
+    CHECK(added == static_cast<long long>(r.owned_bytes()));
+    const dataset ds{0x5E5, model.all(), true};
+    const long long during = live_bytes_added_by([&] {
+      for (int a = 0; a < 2; ++a) {
+        n.write(ds.micro_batch(0, 2 * rank + a));
+        n.opt.step();
+      }
+    });
+    CHECK(during == 0);
+    constexpr std::size_t accum = sizeof(typename D::accumulate_type), sent = sizeof(typename D::communicate_type);
+    CHECK(bytes_of(r, "gradient accumulator") >= accum * p);
+    // Converting for the all-reduce takes one bucket of the communication type.
+    CHECK(bytes_of(r, "bucket") == (w > 1 && accum != sent ? sent << 16 : 0));
   }
 
   TEST_CASE("the gradient memory per rank shrinks as the world grows (zero2), and zero1 accumulation is full-size") {

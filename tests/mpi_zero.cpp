@@ -330,6 +330,71 @@ TEST_SUITE("mpi") {
     }
   }
 
+  TEST_CASE_TEMPLATE(
+      "zero2 releases each gradient once its buckets are reduced: overwriting released gradients with NaN during "
+      "backward changes nothing; replicated and zero1 release none before step()",
+      C, cfg<mpopt::fp32, mpopt::no_scaling, mpopt::adam, layout::unfused, mpopt::zero2>,
+      cfg<mpopt::fp16, mpopt::dynamic_scale, mpopt::lamb, layout::flat, mpopt::zero2>) {
+    using D = typename C::dist;
+    using G = typename D::grad_type;
+    const int w = world_size(), rank = world_rank();
+    const std::string what = C::describe();
+    CAPTURE(what);
+    CAPTURE(w);
+    const shape sh = random_shape(0x6E + w);
+    const dataset ds{0x6E, sh.all(), true};
+    const auto so = C::scaler_options(3);
+    for (int a_steps : {1, 2}) {
+      CAPTURE(a_steps);
+      const auto o = zero_options({.accumulation_steps = a_steps});
+      net<D> reused(C::lay, sh, 4, mpopt::mpi{MPI_COMM_WORLD}, o, so);
+      net<D> kept(C::lay, sh, 4, mpopt::mpi{MPI_COMM_WORLD}, o, so);
+      for (int s = 0; s < 4; ++s) {
+        CAPTURE(s);
+        mpopt::step_status st[2];
+        for (int a = 0; a < a_steps; ++a) {
+          const grads_t g = ds.micro_batch(s, rank * a_steps + a);
+          reused.write(g);
+          kept.write(g);
+          kept.report_ready();
+          // A backward that reuses gradient memory as soon as the optimizer is done with it.
+          const std::size_t n = reused.grads.size();
+          std::vector<bool> poisoned(n, false);
+          std::size_t early = 0;  // released before the last report
+          for (std::size_t i = n; i-- > 0;) {
+            CHECK_FALSE(reused.opt.grad_consumed(i));
+            reused.opt.grad_ready(i);
+            for (std::size_t j = 0; j < n; ++j) {
+              if (poisoned[j] || !reused.opt.grad_consumed(j)) continue;
+              CHECK(j >= i);  // only reported tensors
+              std::fill(reused.grads[j].begin(), reused.grads[j].end(), G(NAN));
+              poisoned[j] = true;
+              early += i > 0;
+            }
+          }
+          CHECK(std::count(poisoned.begin(), poisoned.end(), true) == std::ptrdiff_t(n));
+          CHECK(early > 0);  // buckets of 3000 elements: the large tensors go before the backward ends
+          st[0] = reused.opt.step();
+          st[1] = kept.opt.step();
+        }
+        CHECK(st[1].result == mpopt::step_result::applied);
+        CHECK(st[0].result == st[1].result);
+        const std::string diff = take(reused).difference(take(kept));
+        CHECK_MESSAGE(diff.empty(), "reusing released gradient memory changed the run: " << diff);
+      }
+    }
+    using Z1 = mpopt::optimizer<mpopt::fp32, mpopt::no_scaling, mpopt::zero1, mpopt::adam, mpopt::host, mpopt::mpi>;
+    using Rep = mpopt::optimizer<mpopt::fp32, mpopt::no_scaling, mpopt::replicated, mpopt::adam, mpopt::host, mpopt::mpi>;
+    net<Z1> z1(layout::unfused, sh, 4, mpopt::mpi{MPI_COMM_WORLD}, zero_options());
+    net<Rep> rep(layout::unfused, sh, 4, mpopt::mpi{MPI_COMM_WORLD}, zero_options());
+    z1.report_ready();
+    rep.report_ready();
+    for (std::size_t i = 0; i < z1.grads.size(); ++i) {
+      CHECK_FALSE(z1.opt.grad_consumed(i));
+      CHECK_FALSE(rep.opt.grad_consumed(i));
+    }
+  }
+
   TEST_CASE(
       "bad input under ZeRO: different layouts across ranks, a failing communicator, another model's "
       "checkpoint: mpopt::error on every rank, nothing changed") {

@@ -61,15 +61,16 @@ struct host {
     });
   }
 
-  /// A micro-step: accum = grad (first) or accum + grad.
+  /// A micro-step: accum = grad * scale (first) or (accum + grad) * scale.
   template <class P>
-  static void accumulate(const detail::step_data<P>& d, bool first) {
+  static void accumulate(const detail::step_data<P>& d, bool first, float scale = 1.0f) {
     for_each_chunk(*d.work, [&](std::size_t ci) {
       const auto s = slice(d, ci);
+      const typename lanes::vec k(scale);
       detail::for_each_vector<lanes>(s.n, [&](std::size_t i, auto tail) {
         auto g = lanes::load(s.grad + i, tail);
         if (!first) g = g + lanes::load(s.accum + i, tail);
-        lanes::store(s.accum + i, g, tail);
+        lanes::store(s.accum + i, g * k, tail);
       });
     });
   }
@@ -160,11 +161,11 @@ struct host {
   /// T((accum + grad) * scale), accum (indexed like out) being null when nothing was accumulated.
   template <class P, class T>
   static void pack_gradients(const detail::step_data<P>& d, const detail::work_list& pieces, T* out,
-                             const float* accum, float scale) {
+                             const typename P::accumulate_type* accum, float scale) {
     for_each_chunk(pieces, [&](std::size_t ci) {
       const detail::chunk& c = pieces[ci];
       const auto* grad = d.tensors[c.tensor].grad + c.begin;
-      const float* acc = accum ? accum + c.state : nullptr;
+      const auto* acc = accum ? accum + c.state : nullptr;
       const typename lanes::vec s(scale);
       detail::for_each_vector<lanes>(c.size, [&](std::size_t i, auto tail) {
         auto g = lanes::load(grad + i, tail);
@@ -174,13 +175,25 @@ struct host {
     });
   }
 
-  /// dst = src (first) or dst + src, in fp32: a received piece folded into the shard's gradient.
-  template <class T>
-  static void add_received(float* dst, const T* src, std::size_t n, bool first) {
+  /// dst = src (add: dst + src), computed in fp32 and rounded to dst's type: a received piece folded
+  /// into the shard's gradient, or gradients converted to and from the communication type.
+  template <class D, class S>
+  static void fold(D* dst, const S* src, std::size_t n, bool add) {
     detail::for_each_vector<lanes>(n, [&](std::size_t i, auto tail) {
       auto g = lanes::load(src + i, tail);
-      if (!first) g = lanes::load(dst + i, tail) + g;
+      if (add) g = lanes::load(dst + i, tail) + g;
       lanes::store(dst + i, g, tail);
+    });
+  }
+
+  /// grad = in[c.state - in_offset + i]: my reduced pieces of a bucket (in holds the bucket from
+  /// offset in_offset on) back into the gradient tensors.
+  template <class P, class T>
+  static void unpack_gradients(const detail::step_data<P>& d, const detail::work_list& pieces, const T* in,
+                               std::size_t in_offset) {
+    for_each_chunk(pieces, [&](std::size_t ci) {
+      const detail::chunk& c = pieces[ci];
+      fold(d.tensors[c.tensor].grad + c.begin, in + (c.state - in_offset), c.size, false);
     });
   }
 
@@ -212,7 +225,7 @@ struct host {
     float* master;  // == param for fp32
     float* m;
     float* v;
-    float* accum;
+    typename P::accumulate_type* accum;
     bool reduced;  // the gradient is accum alone (already summed over ranks)
     std::size_t n;
     std::uint32_t group;
@@ -223,7 +236,7 @@ struct host {
     const detail::chunk& c = (*d.work)[ci];
     const auto& t = d.tensors[c.tensor];
     const std::size_t o = c.state;
-    auto at = [o](float* p) { return p ? p + o : nullptr; };  // a pass may leave buffers out
+    auto at = [o](auto* p) { return p ? p + o : nullptr; };  // a pass may leave buffers out
     float* master;
     if constexpr (P::has_master)
       master = at(d.master);

@@ -57,7 +57,13 @@ struct optimizer_options {
   accumulation combine = accumulation::mean;  ///< mean or sum of the micro-step gradients
   bool skip_nonfinite = true;                 ///< skip steps with inf/NaN gradients (always on with a loss scaler)
   std::uint64_t max_consecutive_skips = 0;    ///< throw after this many skips in a row; 0: never
-  std::size_t bucket_elements = std::size_t{1} << 24;  ///< zero1/zero2: elements per reduce-scatter or all-gather
+  std::size_t bucket_elements = std::size_t{1} << 24;  ///< elements per reduce-scatter or all-gather (and per
+                                                       ///< all-reduce when it needs a type conversion)
+  /// Gradients are divided by this before they are summed across ranks and multiplied back after:
+  /// a factor near the world size keeps a 16-bit sum from overflowing (DeepSpeed's
+  /// gradient_predivide_factor). It changes rounding, not the mean; one rank sends nothing and
+  /// ignores it.
+  double gradient_predivide = 1.0;
   /// Replicated: form the norm sums per would-be shard of the world size and add them in rank order,
   /// as zero1/zero2 must. With a deterministic communicator (mpi_options::deterministic) the three
   /// partitions then train bit for bit alike; by default replicated sums in one sequence, like a
@@ -68,7 +74,7 @@ struct optimizer_options {
 template <precision_policy Precision, loss_scaler_policy LossScaler, class Partition, class UpdateRule,
           class Backend = host, communicator Communicator = single_process>
 class optimizer {
-  static_assert(std::is_same_v<Precision, fp16> || std::is_same_v<LossScaler, no_scaling>,
+  static_assert(std::is_same_v<typename Precision::grad_type, half> || std::is_same_v<LossScaler, no_scaling>,
                 "loss scaling exists for fp16 gradients only: use mpopt::no_scaling with mpopt::fp32 or mpopt::bf16");
   static_assert(std::is_same_v<Partition, replicated> || std::is_same_v<Partition, zero1> ||
                     std::is_same_v<Partition, zero2>,
@@ -81,12 +87,22 @@ class optimizer {
   using partition = Partition;
   using param_type = typename Precision::param_type;
   using grad_type = typename Precision::grad_type;
+  using accumulate_type = typename Precision::accumulate_type;
+  using communicate_type = typename Precision::communicate_type;
   using rule = UpdateRule;
   using group_options = typename UpdateRule::options;
   using scaler_options = typename LossScaler::options;
 
   using options = optimizer_options;
 
+ private:
+  static constexpr bool same_types = std::is_same_v<accumulate_type, communicate_type>;
+  /// zero1 with gradients accumulated in their own type writes my reduced shard back into the
+  /// gradient tensors, as DeepSpeed does: no shard buffer, 4P + 12P/N for fp16 Adam.
+  static constexpr bool shard_in_grads =
+      Partition::sharded && !Partition::reduce_every_micro_step && std::is_same_v<accumulate_type, grad_type>;
+
+ public:
   /// A parameter group: tensors sharing hyperparameters and a step counter. Either the user owns the
   /// tensors (add) or the group owns them in one flat buffer (optimizer::add_flat_group).
   class param_group {
@@ -244,13 +260,16 @@ class optimizer {
     m_ = detail::aligned_buffer<float>(state_elements_);
     v_ = detail::aligned_buffer<float>(state_elements_);
     // The accumulator holds this rank's state elements: replicated, the sum over micro-steps and
-    // ranks; sharded, the reduced gradient of my shard. Zeroed: padding travels in collectives too.
-    if (Partition::sharded || options_.accumulation_steps > 1 || comm_.size() > 1)
-      accum_ = zeroed<float>(state_elements_);
+    // ranks; sharded, the reduced gradient of my shard (unless the gradient tensors hold it).
+    // Zeroed: padding travels in collectives too.
+    if (Partition::sharded ? !shard_in_grads : options_.accumulation_steps > 1 || comm_.size() > 1)
+      accum_ = zeroed<accumulate_type>(state_elements_);
+    if (!Partition::sharded && comm_.size() > 1 && !same_types)
+      staging_ = zeroed<std::byte>(std::min(options_.bucket_elements, state_elements_) * sizeof(communicate_type));
     if constexpr (Partition::sharded) {
       if (!Partition::reduce_every_micro_step && options_.accumulation_steps > 1) {
         flat_work_ = layout.flat_work();
-        flat_accum_ = zeroed<float>(layout.flat_elements());
+        flat_accum_ = zeroed<accumulate_type>(layout.flat_elements());
       }
       buckets_ = layout.buckets(options_.bucket_elements);
       std::size_t widest = 0, mine = 0;
@@ -258,9 +277,11 @@ class optimizer {
         widest = std::max(widest, buckets_[b].size());
         mine = std::max(mine, buckets_[b].my_count(comm_.rank()));
       }
-      staging_ = zeroed<float>(widest);
+      staging_ = zeroed<std::byte>(widest * std::max(sizeof(communicate_type), sizeof(param_type)));
+      // A reduced piece lands in the shard directly only if it is the shard's type and not added in.
+      const bool added = Partition::reduce_every_micro_step && options_.accumulation_steps > 1;
+      if (!same_types || shard_in_grads || added) received_ = zeroed<communicate_type>(mine);
       if constexpr (Partition::reduce_every_micro_step) {
-        if (options_.accumulation_steps > 1) received_ = zeroed<float>(mine);
         pending_.resize(buckets_.size());
         ready_.resize(tensors_.size());
         tensor_buckets_.assign(tensors_.size(), {std::uint32_t(buckets_.size()), 0});
@@ -299,7 +320,22 @@ class optimizer {
     }
   }
 
-  /// One call per backward. Within an accumulation window it folds the gradients into the fp32
+  /// Under zero2: whether tensor i's gradient of this micro-step has been reduce-scattered, so that its
+  /// memory may be reused until the next backward writes it. Buckets go last first, so a tensor is
+  /// done once it and every later tensor sharing its buckets were reported. Replicated and zero1
+  /// read every gradient in step(): always false there.
+  bool grad_consumed(std::size_t i) const {
+    if (!finalized_) {
+      const std::size_t n = first_tensor_of(std::uint32_t(groups_.size()));
+      if (i >= n) detail::fail("there are ", n, " tensors, no tensor ", i);
+      return false;
+    }
+    tensor_at(i);
+    if constexpr (Partition::reduce_every_micro_step) return tensor_buckets_[i].first + flushed_ >= buckets_.size();
+    else return false;
+  }
+
+  /// One call per backward. Within an accumulation window it folds the gradients into the
   /// accumulator; at the boundary it checks, clips and applies the update. Never silent.
   step_status step() {
     finalize();
@@ -321,7 +357,7 @@ class optimizer {
     const double scale = scaler_.scale();
     const double divisor =
         options_.combine == accumulation::mean ? double(options_.accumulation_steps) * comm_.size() : 1.0;
-    const double unscale = 1.0 / (scale * divisor);
+    const double unscale = 1.0 / (scale * divisor * double(send_scale()));
     d.grad_scale = float(unscale);
     const auto [nonfinite, sumsq] = check_gradients(d);
 
@@ -419,21 +455,26 @@ class optimizer {
     if constexpr (Precision::has_master) r.buffers.push_back({"master", "fp32 master weights", state, true});
     r.buffers.push_back({std::string(UpdateRule::moment_names[0]), "first moment (fp32)", state, true});
     r.buffers.push_back({std::string(UpdateRule::moment_names[1]), "second moment (fp32)", state, true});
+    const std::string accum = std::string(type_name<accumulate_type>), sent = std::string(type_name<communicate_type>);
     if (accum_.size()) {
       if (Partition::sharded)
-        r.buffers.push_back({"gradient shard", "fp32 gradients of my shard, reduced over ranks (and micro-steps)",
-                             accum_.size() * sizeof(float), true});
+        r.buffers.push_back({"gradient shard", accum + " gradients of my shard, reduced over ranks (and micro-steps)",
+                             accum_.size() * sizeof(accumulate_type), true});
       else
-        r.buffers.push_back({"gradient accumulator", "fp32 sum over micro-steps and ranks", accum_.size() * sizeof(float), true});
+        r.buffers.push_back({"gradient accumulator", accum + " sum over micro-steps and ranks",
+                             accum_.size() * sizeof(accumulate_type), true});
     }
     if (flat_accum_.size())
-      r.buffers.push_back({"gradient accumulator", "fp32 sum over micro-steps, all elements (zero1)",
-                           flat_accum_.size() * sizeof(float), true});
+      r.buffers.push_back({"gradient accumulator", accum + " sum over micro-steps, all elements (zero1)",
+                           flat_accum_.size() * sizeof(accumulate_type), true});
     if (staging_.size())
-      r.buffers.push_back({"bucket", "one packed bucket for reduce-scatter and all-gather", staging_.size() * sizeof(float), true});
+      r.buffers.push_back({"bucket", Partition::sharded ? "one packed bucket for reduce-scatter (" + sent + ") and all-gather"
+                                                        : "gradients converted to " + sent + " for the all-reduce",
+                           staging_.size(), true});
     if (received_.size())
-      r.buffers.push_back({"received piece", "my piece of a bucket before it joins the gradient shard",
-                           received_.size() * sizeof(float), true});
+      r.buffers.push_back({"received piece", "my piece of a reduced bucket (" + sent + ") before it joins the " +
+                                                 (shard_in_grads ? "gradient tensors" : "gradient shard"),
+                           received_.size() * sizeof(communicate_type), true});
     std::size_t buckets = buckets_.capacity() * sizeof(detail::bucket) + flat_work_.bytes();
     for (const auto& k : buckets_)
       buckets += k.pieces.bytes() + k.mine.bytes() + k.counts.capacity() * sizeof(std::size_t) +
@@ -632,6 +673,7 @@ class optimizer {
     if (o.accumulation_steps < 1) detail::fail("accumulation_steps must be >= 1, got ", o.accumulation_steps);
     if (o.bucket_elements < 1 || o.bucket_elements > (std::size_t{1} << 30))
       detail::fail("bucket_elements must be in [1, 2^30], got ", o.bucket_elements);
+    detail::require_positive("gradient_predivide", o.gradient_predivide);
     if (!o.skip_nonfinite && !unscaled)
       detail::fail("skip_nonfinite = false needs mpopt::no_scaling: a loss-scaled step must skip on overflow");
     return o;
@@ -730,29 +772,56 @@ class optimizer {
       } else {
         for (const auto& k : buckets_) reduce_bucket(k, accumulated ? flat_accum_.data() : nullptr, true);
       }
+      if constexpr (shard_in_grads) return data();  // my reduced shard is in the gradient tensors
     } else {
       if (comm_.size() == 1) return data(accumulated);
-      Backend::accumulate(data(true), !accumulated);
-      comm_.all_reduce(accum_.span(), reduce_op::sum);
+      Backend::accumulate(data(true), !accumulated, send_scale());
+      all_reduce_accumulator();
     }
     auto d = data(true);
     d.grads_reduced = true;
     return d;
   }
 
-  /// Packs bucket k's gradients (plus the flat accumulator, if given), reduce-scatters them and folds
-  /// my piece into the shard's gradient: assigned when `first`, added otherwise.
-  void reduce_bucket(const detail::bucket& k, const float* flat, bool first) {
-    float* packed = staging_.data();
-    Backend::pack_gradients(data(), k.pieces, packed, flat ? flat + k.begin : nullptr, 1.0f);
-    for (const auto& [at, n] : k.gaps) std::fill_n(packed + at, n, 0.0f);
-    const std::size_t mine = k.my_count(comm_.rank());
-    float* shard = accum_.data() + k.my_state;
-    float* out = first ? shard : received_.data();
-    comm_.reduce_scatter(std::span<const float>(packed, k.size()), std::span<float>(out, mine),
-                         std::span<const std::size_t>(k.counts), reduce_op::sum);
-    if (!first) Backend::add_received(shard, out, mine, false);
+  /// Sums the accumulator over ranks, in the communication type: in place, or converted piece by piece.
+  void all_reduce_accumulator() {
+    if constexpr (same_types) {
+      comm_.all_reduce(accum_.span(), reduce_op::sum);
+    } else {
+      auto* sent = staging<communicate_type>();
+      const std::size_t piece = staging_.size() / sizeof(communicate_type);
+      for (std::size_t at = 0; at < accum_.size(); at += piece) {
+        const std::size_t n = std::min(piece, accum_.size() - at);
+        Backend::fold(sent, accum_.data() + at, n, false);
+        comm_.all_reduce(std::span<communicate_type>(sent, n), reduce_op::sum);
+        Backend::fold(accum_.data() + at, sent, n, false);
+      }
+    }
   }
+
+  /// Packs bucket k's gradients (plus the flat accumulator, if given) in the communication type,
+  /// reduce-scatters them and folds my piece into the shard's gradient (assigned when `first`, added
+  /// otherwise) or, under shard_in_grads, writes it back into the gradient tensors.
+  void reduce_bucket(const detail::bucket& k, const accumulate_type* flat, bool first) {
+    auto* packed = staging<communicate_type>();
+    Backend::pack_gradients(data(), k.pieces, packed, flat ? flat + k.begin : nullptr, send_scale());
+    for (const auto& [at, n] : k.gaps) std::fill_n(packed + at, n, communicate_type(0.0f));
+    const std::size_t mine = k.my_count(comm_.rank());
+    communicate_type* out = received_.data();
+    bool into_shard = false;  // straight into the shard: no conversion, nothing to add to
+    if constexpr (same_types && !shard_in_grads) {
+      into_shard = first;
+      if (first) out = accum_.data() + k.my_state;
+    }
+    comm_.reduce_scatter(std::span<const communicate_type>(packed, k.size()), std::span<communicate_type>(out, mine),
+                         std::span<const std::size_t>(k.counts), reduce_op::sum);
+    if (into_shard) return;
+    if constexpr (shard_in_grads) Backend::unpack_gradients(data(), k.mine, out, k.my_offset);
+    else Backend::fold(accum_.data() + k.my_state, out, mine, !first);
+  }
+
+  /// What gradients are multiplied by before they are summed across ranks.
+  float send_scale() const { return comm_.size() > 1 ? float(1.0 / options_.gradient_predivide) : 1.0f; }
 
   /// Runs f; if a collective in it fails, the window's gradients are lost on every rank (some were
   /// already combined), so the window starts over, and the error goes on.
@@ -789,7 +858,7 @@ class optimizer {
   /// After an update each rank holds the new parameters of its shards: all-gather them, bucket by bucket.
   void gather_params() {
     auto d = data();
-    auto* packed = reinterpret_cast<param_type*>(staging_.data());
+    auto* packed = staging<param_type>();
     for (const auto& k : buckets_) {
       Backend::pack_params(d, k.mine, packed);
       comm_.all_gather(std::span<param_type>(packed, k.size()), std::span<const std::size_t>(k.counts));
@@ -800,8 +869,9 @@ class optimizer {
   /// Every rank must register the same groups and tensors, with the options that shape the
   /// collectives; otherwise every rank throws before any gradient moves.
   void check_same_layout() {
-    std::string text = std::string(Partition::name) + "|" + std::to_string(options_.accumulation_steps) + "|" +
-                       std::to_string(options_.bucket_elements);
+    std::string text = std::string(Partition::name) + "|" + std::string(type_name<accumulate_type>) + "|" +
+                       std::string(type_name<communicate_type>) + "|" + std::to_string(options_.accumulation_steps) +
+                       "|" + std::to_string(options_.bucket_elements) + "|" + std::to_string(options_.gradient_predivide);
     for (const auto& g : groups_) {
       text += "|";
       for (const auto& e : g->entries_) text += e.name + ":" + std::to_string(e.size) + ";";
@@ -812,8 +882,8 @@ class optimizer {
     std::uint64_t seen[2] = {mine, ~mine};  // the largest and the smallest hash of any rank
     comm_.all_reduce(std::span<std::uint64_t>(seen), reduce_op::max);
     if (seen[0] != mine || seen[1] != ~mine)
-      detail::fail("the ranks registered different parameters (groups, tensor names or sizes, accumulation_steps or "
-                   "bucket_elements differ): every rank must register the same tensors in the same order");
+      detail::fail("the ranks registered different parameters (groups, tensor names or sizes, accumulation or "
+                   "communication types, accumulation_steps, bucket_elements or gradient_predivide differ): every rank must register the same tensors in the same order");
   }
 
   /// The sum of per-chunk partials over chunks [c0, c1), formed per owner and added in rank order:
@@ -824,6 +894,12 @@ class optimizer {
     double total = 0;
     for (double x : owner_sum_) total += x;
     return total;
+  }
+
+  /// The bucket buffer, as elements of T.
+  template <class T>
+  T* staging() {
+    return reinterpret_cast<T*>(staging_.data());
   }
 
   template <class T>
@@ -902,7 +978,8 @@ class optimizer {
   std::optional<detail::flat_layout> layout_;
   detail::work_list work_;                                // my elements, addressing the local state
   std::size_t state_elements_ = 0;
-  detail::aligned_buffer<float> master_, m_, v_, accum_;
+  detail::aligned_buffer<float> master_, m_, v_;
+  detail::aligned_buffer<accumulate_type> accum_;
   std::vector<float> chunk_sum_, chunk_sum2_;
   std::vector<std::uint8_t> chunk_nonfinite_;
   std::vector<double> owner_sum_;    // per rank: partial sums added in rank order
@@ -913,10 +990,10 @@ class optimizer {
 
   // Sharded partitions only.
   detail::work_list flat_work_;               // zero1 accumulation: every element, in flat order
-  detail::aligned_buffer<float> flat_accum_;  // zero1 accumulation over micro-steps (full size)
-  std::vector<detail::bucket> buckets_;     // in flat order
-  detail::aligned_buffer<float> staging_;   // one packed bucket (gradients, or parameters to gather)
-  detail::aligned_buffer<float> received_;  // zero2: my piece of a bucket, before it is added in
+  detail::aligned_buffer<accumulate_type> flat_accum_;  // zero1 accumulation over micro-steps (full size)
+  std::vector<detail::bucket> buckets_;                 // in flat order
+  detail::aligned_buffer<std::byte> staging_;           // one packed bucket (gradients, or parameters to gather)
+  detail::aligned_buffer<communicate_type> received_;   // my piece of a bucket, before it joins the shard
   struct bucket_range {
     std::uint32_t first, last;
   };

@@ -23,6 +23,7 @@ template <class Precision>
 struct step_data {
   using param_type = typename Precision::param_type;
   using grad_type = typename Precision::grad_type;
+  using accumulate_type = typename Precision::accumulate_type;
   static constexpr bool has_master = Precision::has_master;
 
   const tensor_slot<param_type, grad_type>* tensors = nullptr;
@@ -30,7 +31,7 @@ struct step_data {
   float* master = nullptr;        ///< null when the parameter is its own master (fp32)
   float* m = nullptr;             ///< first moment
   float* v = nullptr;             ///< second moment
-  float* accum = nullptr;         ///< gradient accumulator, null when not accumulating
+  accumulate_type* accum = nullptr;  ///< gradient accumulator, null when not accumulating
   float* chunk_sum = nullptr;     ///< per-chunk partial sums of squares
   float* chunk_sum2 = nullptr;    ///< a second per-chunk partial (LAMB: update norms)
   std::uint8_t* chunk_nonfinite = nullptr;
