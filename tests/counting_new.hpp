@@ -1,5 +1,6 @@
-// A replacement operator new that keeps the live heap bytes, for tests that check what the optimizer
-// reports against what it really allocates. Include it in exactly one file of a test program.
+// A replacement operator new that keeps the live heap bytes and their peak, for tests that check what
+// the optimizer reports against what it really allocates. Include it in exactly one file of a test
+// program.
 #pragma once
 
 #include <atomic>
@@ -9,6 +10,7 @@
 
 namespace {
 std::atomic<long long> live_bytes{0};
+std::atomic<long long> peak_bytes{0};
 
 // Each block carries its size and header length just before the pointer handed out.
 void* counted_new(std::size_t n, std::size_t align) {
@@ -18,7 +20,9 @@ void* counted_new(std::size_t n, std::size_t align) {
   char* p = base + header;
   reinterpret_cast<std::size_t*>(p)[-1] = n;
   reinterpret_cast<std::size_t*>(p)[-2] = header;
-  live_bytes += static_cast<long long>(n);
+  const long long now = live_bytes += static_cast<long long>(n);
+  for (long long seen = peak_bytes.load(); now > seen && !peak_bytes.compare_exchange_weak(seen, now);) {
+  }
   return p;
 }
 void counted_delete(void* p) noexcept {
@@ -46,5 +50,13 @@ long long live_bytes_added_by(F&& f) {
   const long long before = live_bytes.load();
   f();
   return live_bytes.load() - before;
+}
+/// The most f had allocated at once beyond what was live before it.
+template <class F>
+long long peak_bytes_added_by(F&& f) {
+  const long long before = live_bytes.load();
+  peak_bytes = before;
+  f();
+  return peak_bytes.load() - before;
 }
 }  // namespace

@@ -116,6 +116,37 @@ TEST_SUITE("mpi") {
     CHECK(bytes_of(r, "bucket") == (w > 1 && accum != sent ? sent << 16 : 0));
   }
 
+  TEST_CASE_TEMPLATE(
+      "save() under ZeRO holds one gathered tensor at a time and load() reads only its part: neither comes near the "
+      "12 bytes per parameter of the whole state",
+      Z, mpopt::zero1, mpopt::zero2) {
+    using D = mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, Z, mpopt::adam, mpopt::host, mpopt::mpi>;
+    const int w = world_size(), rank = world_rank();
+    CAPTURE(w);
+    std::size_t p = 0, largest = 0;
+    for (std::size_t n : model.all()) {
+      p += n;
+      largest = std::max(largest, n);
+    }
+    net<D> n(layout::unfused, model, 1, mpopt::mpi{MPI_COMM_WORLD}, mpopt::optimizer_options{.bucket_elements = 1 << 16},
+             mpopt::dynamic_scale_options{.init_scale = 1024});
+    const dataset ds{0x5A7E, model.all(), true};
+    n.write(ds.micro_batch(0, rank));
+    n.report_ready();
+    CHECK(n.opt.step().applied);
+    const shared_dir dir;
+    // The header (names, shapes, metadata) is a few KiB; the file reader checksums in 1 MiB blocks.
+    const long long slack = 256 << 10, whole_state = 12 * (long long)p;
+    const long long saving = peak_bytes_added_by([&] { n.opt.save(dir / "state.safetensors"); });
+    CAPTURE(saving);
+    CHECK(saving <= 4 * (long long)largest + slack);  // one fp32 tensor, gathered
+    CHECK(saving < whole_state / 3);
+    const long long loading = peak_bytes_added_by([&] { n.opt.load(dir / "state.safetensors"); });
+    CAPTURE(loading);
+    CHECK(loading <= (1 << 20) + slack);
+    CHECK(loading < whole_state / 3);
+  }
+
   TEST_CASE("the gradient memory per rank shrinks as the world grows (zero2), and zero1 accumulation is full-size") {
     using D2 = mpopt::optimizer<mpopt::bf16, mpopt::no_scaling, mpopt::zero2, mpopt::adam, mpopt::host, mpopt::mpi>;
     using D1 = mpopt::optimizer<mpopt::bf16, mpopt::no_scaling, mpopt::zero1, mpopt::adam, mpopt::host, mpopt::mpi>;

@@ -43,15 +43,20 @@ mpopt::step_status run_boundary(net<D>& n, const dataset& ds, int step, int a_st
   return st;
 }
 
-/// A communicator that fails, on every rank, at the n-th variable-count reduce-scatter or all-gather
-/// (as a broken network would be seen by all): the optimizer must throw everywhere and change nothing.
+/// A communicator that fails, on every rank, at the n-th variable-count reduce-scatter, all-gather or
+/// all-reduce of doubles (as a broken network would be seen by all).
 struct failing_mpi : mpopt::mpi {
   using mpopt::mpi::mpi;
   static constexpr std::string_view name = "failing_mpi";
-  int fail_reduce_at = -1, fail_gather_at = -1, reduces = 0, gathers = 0;
+  int fail_reduce_at = -1, fail_gather_at = -1, fail_sum_at = -1, reduces = 0, gathers = 0, sums = 0;
 
   using mpopt::mpi::all_gather;
+  using mpopt::mpi::all_reduce;
   using mpopt::mpi::reduce_scatter;
+  void all_reduce(std::span<double> data, mpopt::reduce_op op) {
+    if (sums++ == fail_sum_at) throw mpopt::error("failing_mpi: all_reduce failed");
+    mpopt::mpi::all_reduce(data, op);
+  }
   template <class T>
   void reduce_scatter(std::span<const T> in, std::span<T> out, std::span<const std::size_t> counts, mpopt::reduce_op op) {
     if (reduces++ == fail_reduce_at) throw mpopt::error("failing_mpi: reduce_scatter failed");
@@ -393,6 +398,61 @@ TEST_SUITE("mpi") {
       CHECK_FALSE(z1.opt.grad_consumed(i));
       CHECK_FALSE(rep.opt.grad_consumed(i));
     }
+  }
+
+  TEST_CASE_TEMPLATE(
+      "a collective failing after the update is committed (LAMB's tensor norms, the parameter all-gather): step() "
+      "throws on every rank, finish_step() or the next step() completes it, and the run equals one that never failed",
+      C, cfg<mpopt::fp16, mpopt::dynamic_scale, mpopt::adam, layout::unfused, mpopt::zero2>,
+      cfg<mpopt::bf16, mpopt::no_scaling, mpopt::lamb, layout::flat, mpopt::zero1>) {
+    using D = mpopt::optimizer<typename C::precision, typename C::scaler, typename C::partition, typename C::rule,
+                               mpopt::host, failing_mpi>;
+    constexpr bool is_lamb = std::is_same_v<typename C::rule, mpopt::lamb>;
+    const int w = world_size(), rank = world_rank();
+    const std::string what = C::describe();
+    CAPTURE(what);
+    CAPTURE(w);
+    const shape sh = random_shape(0xF1 + w);
+    const dataset ds{0xF1, sh.all(), true};
+    const auto so = C::scaler_options(3);
+    net<D> n(C::lay, sh, 5, failing_mpi{MPI_COMM_WORLD}, zero_options(), so);
+    net<D> clean(C::lay, sh, 5, failing_mpi{MPI_COMM_WORLD}, zero_options(), so);
+    auto step = [&](net<D>& x, int s) { return run_boundary(x, ds, s, 1, rank); };
+    enum class fault { lamb_norms, gather };
+    int s = 0;
+    for (fault f : {fault::lamb_norms, fault::gather, fault::gather}) {
+      if (f == fault::lamb_norms && !is_lamb) continue;
+      CAPTURE(s);
+      CHECK(step(clean, s).applied);
+      const snapshot before = take(n);
+      auto& comm = n.opt.communicator();
+      if (f == fault::gather) comm.fail_gather_at = comm.gathers + 1;  // the second bucket
+      else comm.fail_sum_at = comm.sums + 1;  // the first is the global norm, the second the tensor norms
+      std::string message;
+      try {
+        step(n, s);
+      } catch (const mpopt::error& e) {
+        message = e.what();
+      }
+      CHECK_MESSAGE(message.find("committed on every rank but unfinished") != std::string::npos, message);
+      CHECK(n.opt.group(0).step() == std::uint64_t(s + 1));  // the update counts
+      CHECK_FALSE(take(n).difference(before).empty());        // and it has begun
+      // The second gather failure is left for the next step() to finish; the others for finish_step().
+      if (s < 2) {
+        n.opt.finish_step();
+        n.opt.finish_step();  // nothing left: a no-op
+        const std::string diff = take(n).difference(take(clean));
+        CHECK_MESSAGE(diff.empty(), "finish_step() differs from a step that never failed: " << diff);
+      }
+      ++s;
+    }
+    for (; s < 5; ++s) {
+      CHECK(step(clean, s).applied);
+      CHECK(step(n, s).applied);
+    }
+    const std::string diff = take(n).difference(take(clean));
+    CHECK_MESSAGE(diff.empty(), "a run with failed collectives differs from a clean one: " << diff);
+    check_same_on_every_rank(n);
   }
 
   TEST_CASE(

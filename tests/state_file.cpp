@@ -220,8 +220,9 @@ TEST_CASE("round trip restores every tensor's dtype, shape, bytes and the metada
   std::vector<std::int32_t> i32(6);
   r.read<std::int32_t>("ids", i32);
   CHECK(i32 == s.i32);
-  CHECK(bytes(r.bytes("half").begin(), r.bytes("half").end()) == s.f16);
-  CHECK(bytes(r.bytes("bhalf").begin(), r.bytes("bhalf").end()) == s.bf16);
+  const auto f16 = r.bytes("half"), bf16 = r.bytes("bhalf");
+  CHECK(bytes(f16.begin(), f16.end()) == s.f16);
+  CHECK(bytes(bf16.begin(), bf16.end()) == s.bf16);
 }
 
 TEST_CASE("a checkpoint without tensors or metadata round trips to an empty object") {

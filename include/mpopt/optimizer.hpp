@@ -299,6 +299,7 @@ class optimizer {
     trust_ratio_.assign(tensors_.size(), 1.0);
     tensor_sums_.assign(2 * tensors_.size(), 0.0);
     alpha_.assign(tensors_.size(), 0.0f);
+    if constexpr (std::is_same_v<UpdateRule, lamb>) step_size_.assign(groups_.size(), 0.0);
     finalized_ = true;
     Backend::initialize_state(data());
   }
@@ -309,6 +310,7 @@ class optimizer {
   /// replicated and zero1 the gradients are reduced in step(), and this only checks i.
   void grad_ready(std::size_t i) {
     finalize();
+    finish_step();
     tensor_at(i);
     if constexpr (Partition::reduce_every_micro_step) {
       if (ready_[i]) detail::fail("grad_ready: tensor '", tensor_name(i), "' was already reported in this micro-step");
@@ -339,6 +341,7 @@ class optimizer {
   /// accumulator; at the boundary it checks, clips and applies the update. Never silent.
   step_status step() {
     finalize();
+    finish_step();
     step_status st;
     st.scale_before = st.scale_after = scaler_.scale();
     st.step = groups_.front()->step_;
@@ -374,13 +377,14 @@ class optimizer {
     const double norm = std::sqrt(sumsq);
     const double clip = options_.clip_grad > 0 ? std::min(1.0, options_.clip_grad / (norm + 1e-6)) : 1.0;
     d.grad_scale = float(unscale * clip);
+    // The step is committed here: the first pass below changes the moments. Counters advance now, and
+    // a collective that fails after it leaves the rest for finish_step().
     for (std::size_t g = 0; g < groups_.size(); ++g) ++groups_[g]->step_;
-    update(d);
-    if constexpr (Partition::sharded) gather_params();
     scaler_.update(false);
     micro_step_ = 0;
     ++applied_;
     consecutive_skips_ = 0;
+    update(d);
 
     st.result = step_result::applied;
     st.applied = true;
@@ -393,6 +397,28 @@ class optimizer {
     return st;
   }
 
+
+  /// Finishes a step whose last collectives failed. A step is committed once its first pass has
+  /// changed the moments (counters advance, the scaler updates); if a collective after that fails
+  /// (LAMB's per-tensor norms, the all-gather of updated parameters), step() throws with the
+  /// parameters not all updated yet. This runs what is left, on every rank; step(), grad_ready()
+  /// and save() call it first. Nothing pending: it does nothing.
+  void finish_step() {
+    if (pending_stage_ == stage::none) return;
+    try {
+      if (pending_stage_ == stage::lamb_norms) {
+        if constexpr (std::is_same_v<UpdateRule, lamb>) lamb_norms_and_apply();
+        pending_stage_ = Partition::sharded ? stage::gather : stage::none;
+      }
+      if (pending_stage_ == stage::gather) {
+        gather_params();
+        pending_stage_ = stage::none;
+      }
+    } catch (const error& e) {
+      detail::fail("step ", groups_.front()->step_, " is committed on every rank but unfinished: ", e.what(),
+                   "; the parameters are not all updated yet: step(), save() or finish_step() finishes it");
+    }
+  }
 
   /// Sets every gradient to zero (for backward passes that add into their gradients).
   void zero_grad() {
@@ -484,8 +510,9 @@ class optimizer {
         layout_->bytes() + (chunk_sum_.capacity() + chunk_sum2_.capacity()) * sizeof(float) +
         chunk_nonfinite_.capacity() + (owner_sum_.capacity() + tensor_sums_.capacity()) * sizeof(double) +
         coefficients_.capacity() * sizeof(coefficients_[0]) + trust_ratio_.capacity() * sizeof(double) +
-        alpha_.capacity() * sizeof(float) + buckets + tensor_buckets_.capacity() * sizeof(bucket_range) +
-        pending_.capacity() * sizeof(std::uint32_t) + ready_.capacity();
+        alpha_.capacity() * sizeof(float) + step_size_.capacity() * sizeof(double) + buckets +
+        tensor_buckets_.capacity() * sizeof(bucket_range) + pending_.capacity() * sizeof(std::uint32_t) +
+        ready_.capacity();
     r.buffers.push_back({"work list", "tensor table, layout, chunks, buckets, partial sums, per-group scalars", bookkeeping, true});
     if constexpr (requires { comm_.workspace_bytes(); })
       if (comm_.workspace_bytes())
@@ -495,43 +522,50 @@ class optimizer {
 
   /// Writes every parameter, master and moment by tensor name, with the scaler, counters and group
   /// options, to a safetensors file (format: README, "Checkpoints"). Every rank calls it; rank 0
-  /// writes, and a failure there throws on every rank.
+  /// writes, tensor by tensor as the sharded ones are gathered (it never holds more than one), and a
+  /// failure there throws on every rank.
   void save(const std::filesystem::path& path) {
     if (!finalized_) detail::fail("save(): nothing to save before the first step (or finalize())");
     if (micro_step_ != 0)
       detail::fail("save() at micro-step ", micro_step_, " of ", options_.accumulation_steps,
                    ": save after the accumulation boundary");
-    // Sharded state is gathered tensor by tensor (every rank takes part); rank 0 keeps it to write.
-    struct entry {
-      std::string key;
-      std::string_view dtype;
-      std::int64_t elements;
-      std::span<const std::byte> bytes;
-    };
-    std::vector<entry> entries;
-    std::vector<std::vector<float>> gathered;
+    finish_step();
     const bool writer = comm_.rank() == 0;
-    for_each_saved_tensor(*this, [&](std::string key, const saved_range& r, const auto* data) {
+    std::optional<detail::state_stream> out;
+    agree("save", [&] {
+      if (!writer) return;
+      std::vector<detail::state_stream::tensor> header;
+      for_each_saved_tensor(*this, [&](std::string key, const saved_range& r, const auto* data) {
+        using T = std::remove_cv_t<std::remove_pointer_t<decltype(data)>>;
+        header.push_back({std::move(key), std::string(detail::state_dtype<T>::value), {std::int64_t(r.elements)}});
+      });
+      out.emplace(path, describe(), std::move(header));
+    });
+    // Every rank takes part in every gather, even after rank 0 failed to write: no rank leaves a
+    // collective alone. The failure is agreed on at the end.
+    std::optional<error> failed;
+    std::vector<float> whole_tensor;
+    for_each_saved_tensor(*this, [&](const std::string&, const saved_range& r, const auto* data) {
       using T = std::remove_cv_t<std::remove_pointer_t<decltype(data)>>;
       std::span<const T> whole(data, r.count);
       if constexpr (std::is_same_v<T, float>)
         if (r.sharded) {
-          std::vector<float> all(r.elements, 0.0f);
-          std::copy_n(data, r.count, all.begin() + std::ptrdiff_t(r.first));
+          whole_tensor.assign(r.elements, 0.0f);
+          std::copy_n(data, r.count, whole_tensor.begin() + std::ptrdiff_t(r.first));
           const std::vector<std::size_t> counts = layout_->counts(r.tensor);
-          comm_.all_gather(std::span<float>(all), std::span<const std::size_t>(counts));
-          if (!writer) return;
-          gathered.push_back(std::move(all));
-          whole = gathered.back();
+          comm_.all_gather(std::span<float>(whole_tensor), std::span<const std::size_t>(counts));
+          whole = whole_tensor;
         }
-      if (writer) entries.push_back({std::move(key), detail::state_dtype<T>::value, std::int64_t(r.elements), std::as_bytes(whole)});
+      if (!writer || failed) return;
+      try {
+        out->append(std::as_bytes(whole));
+      } catch (const error& e) {
+        failed = e;
+      }
     });
     agree("save", [&] {
-      if (!writer) return;
-      detail::state_writer w;
-      w.set_metadata(describe());
-      for (auto& e : entries) w.add(std::move(e.key), e.dtype, {e.elements}, e.bytes);
-      w.write(path);
+      if (failed) throw *failed;
+      if (writer) out->finish();
     });
   }
 
@@ -550,6 +584,7 @@ class optimizer {
       file->read(key, r.first, std::span(dst, r.count));
     });
     micro_step_ = 0;  // the saved state sits at an accumulation boundary
+    pending_stage_ = stage::none;  // every parameter was just read
     scaler_ = saved.scaler;
     for (std::size_t g = 0; g < groups_.size(); ++g) {
       groups_[g]->options_ = saved.groups[g];
@@ -944,27 +979,39 @@ class optimizer {
     ++consecutive_skips_;
   }
 
+  /// The update's first pass, then what follows it (finish_step). Coefficients are fixed here, so a
+  /// step finished later is the step that was committed.
   void update(detail::step_data<Precision>& d) {
-    for (std::size_t g = 0; g < groups_.size(); ++g)
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
       coefficients_[g] = UpdateRule::coefficients(groups_[g]->options_, groups_[g]->step_);
+      if constexpr (std::is_same_v<UpdateRule, lamb>)
+        step_size_[g] = UpdateRule::step_size(groups_[g]->options_, groups_[g]->step_);
+    }
     if constexpr (std::is_same_v<UpdateRule, adam>) {
       Backend::adam_update(d, coefficients_.data());
+      pending_stage_ = Partition::sharded ? stage::gather : stage::none;
     } else {
       Backend::lamb_moments(d, coefficients_.data());
-      // Per-tensor norms; a tensor can straddle shards, so the partial sums are all-reduced.
-      for (std::size_t t = 0; t < tensors_.size(); ++t) {
-        tensor_sums_[2 * t] = rank_ordered_sum(chunk_sum_, work_.first_chunk(t), work_.first_chunk(t + 1));
-        tensor_sums_[2 * t + 1] = rank_ordered_sum(chunk_sum2_, work_.first_chunk(t), work_.first_chunk(t + 1));
-      }
-      if constexpr (Partition::sharded) comm_.all_reduce(std::span<double>(tensor_sums_), reduce_op::sum);
-      for (std::size_t t = 0; t < tensors_.size(); ++t) {
-        const auto& o = groups_[tensors_[t].group]->options_;
-        trust_ratio_[t] = detail::lamb_trust_ratio(std::sqrt(tensor_sums_[2 * t]), std::sqrt(tensor_sums_[2 * t + 1]),
-                                                   o.min_coeff, o.max_coeff);
-        alpha_[t] = float(UpdateRule::step_size(o, groups_[tensors_[t].group]->step_) * trust_ratio_[t]);
-      }
-      Backend::lamb_apply(d, coefficients_.data(), alpha_.data());
+      pending_stage_ = stage::lamb_norms;
     }
+    finish_step();
+  }
+
+  /// LAMB: the per-tensor norms (a tensor can straddle shards, so the partial sums are all-reduced),
+  /// trust ratios and the second pass, which needs only the moments and masters.
+  void lamb_norms_and_apply() {
+    for (std::size_t t = 0; t < tensors_.size(); ++t) {
+      tensor_sums_[2 * t] = rank_ordered_sum(chunk_sum_, work_.first_chunk(t), work_.first_chunk(t + 1));
+      tensor_sums_[2 * t + 1] = rank_ordered_sum(chunk_sum2_, work_.first_chunk(t), work_.first_chunk(t + 1));
+    }
+    if constexpr (Partition::sharded) comm_.all_reduce(std::span<double>(tensor_sums_), reduce_op::sum);
+    for (std::size_t t = 0; t < tensors_.size(); ++t) {
+      const auto& o = groups_[tensors_[t].group]->options_;
+      trust_ratio_[t] = detail::lamb_trust_ratio(std::sqrt(tensor_sums_[2 * t]), std::sqrt(tensor_sums_[2 * t + 1]),
+                                                 o.min_coeff, o.max_coeff);
+      alpha_[t] = float(step_size_[tensors_[t].group] * trust_ratio_[t]);
+    }
+    Backend::lamb_apply(data(), coefficients_.data(), alpha_.data());
   }
 
   options options_;
@@ -987,6 +1034,10 @@ class optimizer {
   std::vector<decltype(UpdateRule::coefficients(group_options{}, 1))> coefficients_;
   std::vector<double> trust_ratio_;
   std::vector<float> alpha_;
+  std::vector<double> step_size_;  // LAMB: per group, lr with bias correction, fixed at commit
+  /// What a committed step has left to do (finish_step).
+  enum class stage : std::uint8_t { none, lamb_norms, gather };
+  stage pending_stage_ = stage::none;
 
   // Sharded partitions only.
   detail::work_list flat_work_;               // zero1 accumulation: every element, in flat order

@@ -24,6 +24,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <span>
 #include <string>
@@ -37,7 +38,7 @@
 #include "../error.hpp"
 
 #if __has_include(<unistd.h>)
-#include <unistd.h>  // fsync
+#include <unistd.h>  // fsync, fseeko
 #define MPOPT_STATE_FILE_HAVE_FSYNC 1
 #else
 #define MPOPT_STATE_FILE_HAVE_FSYNC 0
@@ -166,6 +167,148 @@ inline std::string state_errno_message(const std::filesystem::path& path, const 
 inline constexpr std::string_view state_format = "mpopt-state";
 inline constexpr std::string_view state_format_version = "1";
 
+/// Rejects a tensor a state file cannot hold: a reserved or empty name, an unknown dtype, a shape
+/// that does not match its byte count.
+inline void check_state_tensor(const std::string& name, std::string_view dtype, const std::vector<std::int64_t>& shape,
+                               std::size_t bytes) {
+  if (name.empty() || name.starts_with("__"))
+    throw error("state file: invalid tensor name '" + name + "' (empty or starting with \"__\")");
+  const std::size_t elem = state_dtype_size(dtype);
+  if (elem == 0) throw error("state file: tensor '" + name + "': unknown dtype '" + std::string(dtype) + "'");
+  std::uint64_t expected = 0;
+  if (!state_tensor_bytes(shape, elem, expected))
+    throw error("state file: tensor '" + name + "': invalid shape " + state_shape_string(shape));
+  if (expected != bytes)
+    throw error("state file: tensor '" + name + "': shape " + state_shape_string(shape) + " of " + std::string(dtype) +
+                " needs " + std::to_string(expected) + " bytes, data has " + std::to_string(bytes));
+}
+
+/// Writes a state file tensor by tensor, holding none of them: the header (every tensor's name, dtype
+/// and shape) goes first, then each tensor's bytes in order, the checksum filled in at the end.
+/// finish() flushes the file to disk and renames path + ".tmp" over `path`: a crash or failure
+/// leaves either the old checkpoint or the new one under the real name, never a partial file.
+/// Destroyed unfinished, it removes the temporary file.
+class state_stream {
+ public:
+  struct tensor {
+    std::string name;
+    std::string dtype;
+    std::vector<std::int64_t> shape;
+  };
+
+  state_stream(const std::filesystem::path& path, const nlohmann::json& meta, std::vector<tensor> tensors)
+      : path_(path), tmp_(path.string() + ".tmp"), tensors_(std::move(tensors)) {
+    std::string meta_text;
+    try {
+      meta_text = meta.dump();
+    } catch (const nlohmann::json::exception& e) {
+      throw error(path.string() + ": cannot serialize metadata: " + e.what());
+    }
+    std::uint64_t data_size = 0;
+    std::set<std::string_view> names;
+    for (const auto& t : tensors_) {
+      check_state_tensor(t.name, t.dtype, t.shape, bytes_of(t));
+      if (!names.insert(t.name).second) throw error("state file: duplicate tensor name '" + t.name + "'");
+      data_size += bytes_of(t);
+    }
+    sum_.emplace(meta_text.size() + data_size);
+    sum_->update(std::as_bytes(std::span(meta_text)));
+
+    // ordered_json keeps __metadata__ first and the tensors in file order.
+    const std::string placeholder(16, '0');
+    nlohmann::ordered_json header;
+    header["__metadata__"] = {{"format", state_format},
+                              {"format_version", state_format_version},
+                              {"mpopt", meta_text},
+                              {"checksum", placeholder}};
+    std::uint64_t offset = 0;
+    for (const auto& t : tensors_) {
+      const std::uint64_t end = offset + bytes_of(t);
+      header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, end}}};
+      offset = end;
+    }
+    std::string text = header.dump();
+    text.append((8 - text.size() % 8) % 8, ' ');  // 8 + N stays a multiple of 8
+    // The first occurrence is the field itself: inside the "mpopt" string quotes are escaped.
+    checksum_at_ = 8 + text.find("\"checksum\":\"" + placeholder + "\"") + 12;
+
+    std::array<std::byte, 8> prefix{};
+    for (std::size_t i = 0, n = text.size(); i < 8; ++i, n >>= 8) prefix[i] = static_cast<std::byte>(n & 0xff);
+    file_ = std::fopen(tmp_.c_str(), "wb");
+    if (!file_) throw error(state_errno_message(tmp_, "cannot open for writing"));
+    put(prefix.data(), prefix.size());
+    put(text.data(), text.size());
+  }
+
+  state_stream(const state_stream&) = delete;
+  state_stream& operator=(const state_stream&) = delete;
+  ~state_stream() {
+    if (!file_) return;
+    std::fclose(file_);
+    std::error_code ec;
+    std::filesystem::remove(tmp_, ec);
+  }
+
+  /// The next tensor's bytes, whole.
+  void append(std::span<const std::byte> data) {
+    if (next_ == tensors_.size()) throw error(path_.string() + ": more tensors than the header lists");
+    const tensor& t = tensors_[next_++];
+    if (data.size() != bytes_of(t))
+      throw error(path_.string() + ": tensor '" + t.name + "' has " + std::to_string(data.size()) + " bytes, its header " +
+                  std::to_string(bytes_of(t)));
+    sum_->update(data);
+    put(data.data(), data.size());
+  }
+
+  void finish() {
+    if (next_ != tensors_.size())
+      throw error(path_.string() + ": " + std::to_string(tensors_.size() - next_) + " tensors were not written");
+    const std::string sum = checksum64::hex(sum_->finish());
+    if (std::fseek(file_, long(checksum_at_), SEEK_SET) != 0) fail("seek failed");
+    put(sum.data(), sum.size());
+    if (std::fflush(file_) != 0) fail("flush failed");
+#if MPOPT_STATE_FILE_HAVE_FSYNC
+    if (::fsync(::fileno(file_)) != 0) fail("fsync failed");
+#endif
+    const int rc = std::fclose(file_);
+    file_ = nullptr;
+    if (rc != 0) fail("close failed");
+    std::error_code ec;
+    std::filesystem::rename(tmp_, path_, ec);
+    if (ec) {
+      const std::string msg = path_.string() + ": cannot rename " + tmp_.string() + " into place: " + ec.message();
+      std::filesystem::remove(tmp_, ec);
+      throw error(msg);
+    }
+  }
+
+ private:
+  static std::uint64_t bytes_of(const tensor& t) {
+    std::uint64_t n = 0;
+    state_tensor_bytes(t.shape, state_dtype_size(t.dtype), n);
+    return n;
+  }
+  [[noreturn]] void fail(const char* what) {
+    const std::string msg = state_errno_message(tmp_, what);
+    if (file_) std::fclose(file_);
+    file_ = nullptr;
+    std::error_code ec;
+    std::filesystem::remove(tmp_, ec);
+    throw error(msg);
+  }
+  void put(const void* p, std::size_t n) {
+    if (n != 0 && std::fwrite(p, 1, n, file_) != n) fail("write failed");
+  }
+
+  std::filesystem::path path_, tmp_;
+  std::vector<tensor> tensors_;
+  std::size_t next_ = 0;
+  std::optional<checksum64> sum_;
+  std::size_t checksum_at_ = 0;
+  std::FILE* file_ = nullptr;
+};
+
+/// Collects tensors held elsewhere and writes them as one state file.
 class state_writer {
  public:
   /// The optimizer's own metadata; stored serialized as __metadata__["mpopt"].
@@ -174,20 +317,11 @@ class state_writer {
   /// Records a tensor without copying: `data` must stay alive until write().
   void add(std::string name, std::string_view dtype, std::vector<std::int64_t> shape,
            std::span<const std::byte> data) {
-    if (name.empty() || name.starts_with("__"))
-      throw error("state file: invalid tensor name '" + name + "' (empty or starting with \"__\")");
+    check_state_tensor(name, dtype, shape, data.size());
     if (names_.contains(name)) throw error("state file: duplicate tensor name '" + name + "'");
-    const std::size_t elem = state_dtype_size(dtype);
-    if (elem == 0) throw error("state file: tensor '" + name + "': unknown dtype '" + std::string(dtype) + "'");
-    std::uint64_t expected = 0;
-    if (!state_tensor_bytes(shape, elem, expected))
-      throw error("state file: tensor '" + name + "': invalid shape " + state_shape_string(shape));
-    if (expected != data.size())
-      throw error("state file: tensor '" + name + "': shape " + state_shape_string(shape) + " of " +
-                  std::string(dtype) + " needs " + std::to_string(expected) + " bytes, data has " +
-                  std::to_string(data.size()));
     names_.insert(name);
-    entries_.push_back({std::move(name), std::string(dtype), std::move(shape), data});
+    tensors_.push_back({std::move(name), std::string(dtype), std::move(shape)});
+    data_.push_back(data);
   }
 
   template <state_element T>
@@ -195,91 +329,26 @@ class state_writer {
     add(std::move(name), state_dtype<T>::value, std::move(shape), std::as_bytes(data));
   }
 
-  /// Writes path + ".tmp", flushes it to disk, then renames it over `path`: a crash or failure
-  /// leaves either the old checkpoint or the new one under the real name, never a partial file.
+  /// Writes every tensor (see state_stream).
   void write(const std::filesystem::path& path) const {
-    std::string meta_text;
-    try {
-      meta_text = meta_.dump();
-    } catch (const nlohmann::json::exception& e) {
-      throw error(path.string() + ": cannot serialize metadata: " + e.what());
-    }
-
-    std::uint64_t data_size = 0;
-    for (const auto& e : entries_) data_size += e.data.size();
-    checksum64 sum(meta_text.size() + data_size);
-    sum.update(std::as_bytes(std::span(meta_text)));
-    for (const auto& e : entries_) sum.update(e.data);
-
-    // ordered_json keeps __metadata__ first and the tensors in insertion (= file) order.
-    nlohmann::ordered_json header;
-    header["__metadata__"] = {{"format", state_format},
-                              {"format_version", state_format_version},
-                              {"mpopt", meta_text},
-                              {"checksum", checksum64::hex(sum.finish())}};
-    std::uint64_t offset = 0;
-    for (const auto& e : entries_) {
-      const std::uint64_t end = offset + e.data.size();
-      header[e.name] = {{"dtype", e.dtype}, {"shape", e.shape}, {"data_offsets", {offset, end}}};
-      offset = end;
-    }
-    std::string text = header.dump();
-    text.append((8 - text.size() % 8) % 8, ' ');  // 8 + N stays a multiple of 8
-
-    std::array<std::byte, 8> prefix{};
-    for (std::size_t i = 0, n = text.size(); i < 8; ++i, n >>= 8) prefix[i] = static_cast<std::byte>(n & 0xff);
-
-    std::filesystem::path tmp = path;
-    tmp += ".tmp";
-    std::FILE* f = std::fopen(tmp.c_str(), "wb");
-    if (!f) throw error(state_errno_message(tmp, "cannot open for writing"));
-    auto fail = [&](const char* what) {
-      const std::string msg = state_errno_message(tmp, what);
-      if (f) std::fclose(f);
-      std::error_code ec;
-      std::filesystem::remove(tmp, ec);
-      throw error(msg);
-    };
-    auto put = [&](const void* p, std::size_t n) {
-      if (n != 0 && std::fwrite(p, 1, n, f) != n) fail("write failed");
-    };
-    put(prefix.data(), prefix.size());
-    put(text.data(), text.size());
-    for (const auto& e : entries_) put(e.data.data(), e.data.size());
-    if (std::fflush(f) != 0) fail("flush failed");
-#if MPOPT_STATE_FILE_HAVE_FSYNC
-    if (::fsync(::fileno(f)) != 0) fail("fsync failed");
-#endif
-    const int rc = std::fclose(f);
-    f = nullptr;
-    if (rc != 0) fail("close failed");
-
-    std::error_code ec;
-    std::filesystem::rename(tmp, path, ec);
-    if (ec) {
-      const std::string msg = path.string() + ": cannot rename " + tmp.string() + " into place: " + ec.message();
-      std::filesystem::remove(tmp, ec);
-      throw error(msg);
-    }
+    state_stream out(path, meta_, tensors_);
+    for (const auto& d : data_) out.append(d);
+    out.finish();
   }
 
  private:
-  struct entry {
-    std::string name;
-    std::string dtype;
-    std::vector<std::int64_t> shape;
-    std::span<const std::byte> data;
-  };
   nlohmann::json meta_ = nlohmann::json::object();
-  std::vector<entry> entries_;
+  std::vector<state_stream::tensor> tensors_;
+  std::vector<std::span<const std::byte>> data_;
   std::set<std::string, std::less<>> names_;
 };
 
 class state_reader {
  public:
-  /// Reads the whole file and validates structure and checksum before returning.
+  /// Reads the header and validates structure and checksum (streaming through the data) before
+  /// returning. Tensors are read from the open file on demand: a rank reads only its part.
   explicit state_reader(const std::filesystem::path& path) : path_(path.string()) {
-    load(path);
+    open(path);
     parse();
   }
 
@@ -296,9 +365,11 @@ class state_reader {
   std::string_view dtype(std::string_view name) const { return find(name).dtype; }
   const std::vector<std::int64_t>& shape(std::string_view name) const { return find(name).shape; }
 
-  std::span<const std::byte> bytes(std::string_view name) const {
+  std::vector<std::byte> bytes(std::string_view name) const {
     const entry& e = find(name);
-    return {data_ + e.begin, static_cast<std::size_t>(e.end - e.begin)};
+    std::vector<std::byte> out(static_cast<std::size_t>(e.end - e.begin));
+    read_at(e.begin, out);
+    return out;
   }
 
   /// Copies tensor `name` into `out` after checking its dtype and element count.
@@ -324,7 +395,7 @@ class state_reader {
     if (first > count || out.size() > count - first)
       throw error(path_ + ": tensor '" + e.name + "': elements [" + std::to_string(first) + ", " +
                   std::to_string(first + out.size()) + ") are beyond its " + std::to_string(count));
-    if (!out.empty()) std::memcpy(out.data(), data_ + e.begin + first * sizeof(T), out.size_bytes());
+    read_at(e.begin + first * sizeof(T), std::as_writable_bytes(out));
   }
 
  private:
@@ -343,19 +414,28 @@ class state_reader {
     return entries_[it->second];
   }
 
-  void load(const std::filesystem::path& path) {
+  void open(const std::filesystem::path& path) {
     std::error_code ec;
     const std::uintmax_t size = std::filesystem::file_size(path, ec);
     if (ec) fail("cannot read: " + ec.message());
-    std::FILE* f = std::fopen(path.c_str(), "rb");
-    if (!f) fail(std::string("cannot open: ") + std::strerror(errno));
-    size_ = static_cast<std::size_t>(size);
-    file_ = std::make_unique_for_overwrite<std::byte[]>(size_);
+    file_.reset(std::fopen(path.c_str(), "rb"));
+    if (!file_) fail(std::string("cannot open: ") + std::strerror(errno));
+    size_ = static_cast<std::uint64_t>(size);
+  }
+
+  /// Reads out.size() bytes at `at` past the start of the data section (of the file until parse()
+  /// has found it).
+  void read_at(std::uint64_t at, std::span<std::byte> out) const {
+    if (out.empty()) return;
     errno = 0;
-    const std::size_t got = size_ ? std::fread(file_.get(), 1, size_, f) : 0;
-    const int err = errno;
-    std::fclose(f);
-    if (got != size_) fail(std::string("read failed: ") + (err ? std::strerror(err) : "short read"));
+#if MPOPT_STATE_FILE_HAVE_FSYNC
+    const bool moved = fseeko(file_.get(), off_t(data_start_ + at), SEEK_SET) == 0;  // 64-bit offsets
+#else
+    const bool moved = std::fseek(file_.get(), long(data_start_ + at), SEEK_SET) == 0;
+#endif
+    if (!moved ||
+        std::fread(out.data(), 1, out.size(), file_.get()) != out.size())
+      fail(std::string("read failed: ") + (errno ? std::strerror(errno) : "short read (the file shrank)"));
   }
 
   using header_json = nlohmann::ordered_json;  // keeps the header's key order
@@ -371,19 +451,22 @@ class state_reader {
   void parse() {
     if (size_ == 0) fail("empty file (truncated, not an mpopt state file)");
     if (size_ < 8) fail("truncated: " + std::to_string(size_) + " bytes, less than the 8-byte header length");
+    std::array<std::byte, 8> prefix{};
+    read_at(0, prefix);
     std::uint64_t n = 0;
-    for (std::size_t i = 8; i-- > 0;) n = (n << 8) | std::to_integer<std::uint64_t>(file_[i]);
+    for (std::size_t i = 8; i-- > 0;) n = (n << 8) | std::to_integer<std::uint64_t>(prefix[i]);
     if (n > 100'000'000) fail("header length " + std::to_string(n) + " exceeds 100 MB: not an mpopt state file");
     if (n > size_ - 8)
       fail("truncated: header length " + std::to_string(n) + " but only " + std::to_string(size_ - 8) +
            " bytes follow");
-    data_ = file_.get() + 8 + n;
+    std::string text(static_cast<std::size_t>(n), '\0');
+    read_at(8, std::as_writable_bytes(std::span(text)));
+    data_start_ = 8 + n;
     const std::uint64_t data_size = size_ - 8 - n;
 
     header_json header;
-    const auto* text = reinterpret_cast<const char*>(file_.get() + 8);
     try {
-      header = header_json::parse(text, text + n);
+      header = header_json::parse(text);
     } catch (const nlohmann::json::exception& e) {
       fail(std::string("header is not valid JSON: ") + e.what());
     }
@@ -428,7 +511,12 @@ class state_reader {
     const std::string& mpopt = mpopt_text->get_ref<const std::string&>();
     checksum64 sum(mpopt.size() + data_size);
     sum.update(std::as_bytes(std::span(mpopt)));
-    sum.update({data_, static_cast<std::size_t>(data_size)});
+    std::vector<std::byte> block(std::size_t(std::min<std::uint64_t>(data_size, 1 << 20)));
+    for (std::uint64_t at = 0; at < data_size; at += block.size()) {
+      const std::span<std::byte> piece(block.data(), std::size_t(std::min<std::uint64_t>(block.size(), data_size - at)));
+      read_at(at, piece);
+      sum.update(piece);
+    }
     const std::string actual = checksum64::hex(sum.finish());
     if (actual != stored_sum->get_ref<const std::string&>())
       fail("checksum mismatch: header says " + stored_sum->get<std::string>() + ", contents hash to " + actual +
@@ -475,10 +563,13 @@ class state_reader {
     return e;
   }
 
+  struct closer {
+    void operator()(std::FILE* f) const { std::fclose(f); }
+  };
   std::string path_;
-  std::unique_ptr<std::byte[]> file_;
-  std::size_t size_ = 0;
-  const std::byte* data_ = nullptr;
+  std::unique_ptr<std::FILE, closer> file_;
+  std::uint64_t size_ = 0;
+  std::uint64_t data_start_ = 0;  // where the data section begins (8 + header length)
   std::vector<entry> entries_;
   std::map<std::string, std::size_t, std::less<>> index_;
   nlohmann::json meta_;
