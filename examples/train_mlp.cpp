@@ -58,12 +58,19 @@ int world(int (*query)(MPI_Comm, int*)) {
 }
 int world_rank() { return world(MPI_Comm_rank); }
 int world_size() { return world(MPI_Comm_size); }
+/// Each rank's value, on rank 0 (empty elsewhere).
+std::vector<unsigned long long> gather_on_rank0(unsigned long long mine) {
+  std::vector<unsigned long long> all(world_rank() == 0 ? std::size_t(world_size()) : 0);
+  MPI_Gather(&mine, 1, MPI_UNSIGNED_LONG_LONG, all.data(), 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
+  return all;
+}
 #else
 constexpr bool with_mpi = false;
 using communicator = mpopt::single_process;
 communicator make_communicator() { return {}; }
 int world_rank() { return 0; }
 int world_size() { return 1; }
+std::vector<unsigned long long> gather_on_rank0(unsigned long long mine) { return {mine}; }
 #endif
 
 constexpr int n_inputs = 32;
@@ -522,6 +529,7 @@ struct run_result {
   std::uint64_t skipped = 0;
   double seconds = 0;  // the training loop only
   std::string memory;  // the optimizer's memory report on this rank
+  std::size_t memory_total = 0;  // the bytes it holds on this rank
 };
 
 std::string format(const char* spec, double v) {
@@ -614,6 +622,7 @@ run_result train(const config& c, const task& data, bool verbose) {
   r.final_loss = model.evaluate(data.train).loss;
   r.test_accuracy = model.evaluate(data.test).accuracy;
   r.memory = opt.memory_report().to_string();
+  r.memory_total = opt.memory_report().owned_bytes();
   return r;
 }
 
@@ -661,7 +670,16 @@ int run(const config& c, const task& data) {
     const run_result fp32 = train<reference>(fc, data, false);
     if (printer) print_comparison(c, r, fp32);
   }
-  if (printer && with_mpi) std::printf("\noptimizer memory on each rank (rank 0 shown):\n%s", r.memory.c_str());
+  if (with_mpi) {
+    const auto totals = gather_on_rank0(r.memory_total);
+    if (printer) {
+      std::printf("\noptimizer memory on rank 0 (%s over %d ranks):\n%s", std::string(Opt::partition::name).c_str(),
+                  world_size(), r.memory.c_str());
+      std::printf("optimizer total per rank:");
+      for (std::size_t k = 0; k < totals.size(); ++k) std::printf("  rank %zu %llu B", k, totals[k]);
+      std::printf("\n");
+    }
+  }
 
   if (!(r.final_loss < r.initial_loss)) {  // also catches a NaN loss
     std::fprintf(stderr, "train_mlp: training did not reduce the loss (%.4f -> %.4f)\n", r.initial_loss, r.final_loss);
