@@ -49,6 +49,20 @@ inline ref::hyper to_ref(const mpopt::lamb::options& o) {
   h.max_coeff = o.max_coeff;
   return h;
 }
+/// 1-bit LAMB's warm-up is LAMB without bias correction, eps outside the square root.
+inline ref::hyper to_ref(const mpopt::onebit_lamb::options& o) {
+  ref::hyper h;
+  h.lr = o.lr;
+  h.beta1 = o.beta1;
+  h.beta2 = o.beta2;
+  h.eps = o.eps;
+  h.weight_decay = o.weight_decay;
+  h.bias_correction = false;
+  h.eps_inside_sqrt = false;
+  h.min_coeff = o.min_coeff;
+  h.max_coeff = o.max_coeff;
+  return h;
+}
 inline ref::scaler to_ref(const mpopt::no_scaling::options&) { return ref::scaler::none(); }
 inline ref::scaler to_ref(const mpopt::static_scale_options& o) { return ref::scaler::fixed(o.scale); }
 inline ref::scaler to_ref(const mpopt::dynamic_scale_options& o) {
@@ -412,7 +426,7 @@ class rig {
 
   double coeff_error() const {
     double worst = 0;
-    if constexpr (std::is_same_v<rule, mpopt::lamb>) {
+    if constexpr (!std::is_same_v<rule, mpopt::adam>) {
       const auto c = opt.lamb_coeffs();
       REQUIRE(c.size() == model.coeffs.size());
       for (std::size_t i = 0; i < c.size(); ++i) worst = std::max(worst, ratio(c[i], model.coeffs[i], err.coeff[i], tol.safety));
@@ -553,7 +567,7 @@ run_stats run_against_reference(layout lay, typename Opt::scaler_options so, con
     if (res.ref.result == ref::outcome::applied) {
       ++applied;
       (res.ref.clip_coef < 1 ? clipped : unclipped) += 1;
-      if (std::is_same_v<typename Opt::rule, mpopt::lamb>)
+      if (!std::is_same_v<typename Opt::rule, mpopt::adam>)
         for (std::size_t i = 0; i < r.model.coeffs.size(); ++i) {
           const auto& h = r.model.groups[r.model.group_of[i]].h;
           at_min += r.model.coeffs[i] == h.min_coeff;

@@ -19,8 +19,8 @@ enum class reduce_op { sum, max };
 /// The collective vocabulary, for each element type the optimizer communicates.
 template <class C>
 concept communicator = requires(C& c, const C& cc, std::span<float> f, std::span<const float> cf,
-                                std::span<double> d, std::span<std::uint8_t> u, std::span<std::uint64_t> w,
-                                std::span<const std::size_t> counts) {
+                                std::span<double> d, std::span<std::uint8_t> u, std::span<const std::uint8_t> cu,
+                                std::span<std::uint64_t> w, std::span<const std::size_t> counts) {
   { cc.rank() } -> std::convertible_to<int>;
   { cc.size() } -> std::convertible_to<int>;
   { C::name } -> std::convertible_to<std::string_view>;
@@ -33,6 +33,8 @@ concept communicator = requires(C& c, const C& cc, std::span<float> f, std::span
   c.all_gather(cf, f);
   c.all_gather(f, counts);
   c.all_to_all(cf, f);
+  c.all_to_all(cu, u);  // 1-bit compression: sign bits
+  c.all_gather(u, counts);
   c.broadcast(f, 0);
   c.barrier();
 };

@@ -16,6 +16,8 @@
 #include "detail/config.hpp"
 #include "detail/lamb_math.hpp"
 #include "detail/lanes.hpp"
+#include "detail/onebit_lamb_math.hpp"
+#include "detail/sign_compression.hpp"
 #include "detail/square_sum.hpp"
 #include "detail/step_data.hpp"
 #include "tensor.hpp"
@@ -213,6 +215,150 @@ struct host {
     for_each_chunk(pieces, [&](std::size_t ci) {
       const detail::chunk& c = pieces[ci];
       std::copy_n(in + c.state, c.size, d.tensors[c.tensor].param + c.begin);
+    });
+  }
+
+  // ---- 1-bit LAMB, compression stage. `fused[t]` is tensor t's first element in the compressed
+  // vector (tensors back to back), `scaling[t]` its momentum scaling coefficient.
+
+  /// worker[fused] += onebit_local_momentum (the error feedback: the worker buffer holds the last
+  /// round's error); per chunk, the sum of squares of the new worker values, in double.
+  template <class P>
+  static void onebit_feed(const detail::step_data<P>& d, const detail::lamb_coefficients* k, const float* scaling,
+                          const std::size_t* fused, float* worker, double* partial) {
+    for_each_chunk(*d.work, [&](std::size_t ci) {
+      const auto s = slice(d, ci);
+      const detail::chunk& c = (*d.work)[ci];
+      float* w = worker + fused[c.tensor] + c.begin;
+      const typename lanes::vec scale(d.grad_scale), sc(scaling[c.tensor]);
+      detail::square_sum64<lanes> sum;
+      detail::for_each_vector<lanes>(s.n, [&](std::size_t i, auto tail) {
+        const auto m = lanes::load(s.m + i, tail);
+        const auto x = lanes::load(w + i, tail) + detail::onebit_local_momentum(true_gradient(s, i, tail, scale), m, sc, k[s.group]);
+        lanes::store(w + i, x, tail);
+        sum.add(i, x, tail);
+      });
+      partial[ci] = sum.total();
+    });
+  }
+
+  /// The momentum update once the averaged momentum is known: from `code` (m = code / scaling) or,
+  /// with one rank and no code, from the gradient. Writes m and v_fresh; per chunk, the sums of
+  /// squares of u (chunk_sum) and u0 (chunk_sum2) and the largest ratio (chunk_max).
+  template <class P>
+  static void onebit_momentum(const detail::step_data<P>& d, const detail::lamb_coefficients* k, const float* scaling,
+                              const std::size_t* fused, const detail::sign_code* code, float* v_fresh,
+                              float* chunk_max) {
+    for_each_chunk(*d.work, [&](std::size_t ci) {
+      const auto s = slice(d, ci);
+      const detail::chunk& c = (*d.work)[ci];
+      const auto& coef = k[s.group];
+      float* vf = v_fresh + c.state;
+      const std::size_t f = fused[c.tensor] + c.begin;
+      const typename lanes::vec scale(d.grad_scale), sc(scaling[c.tensor]);
+      detail::square_sum<lanes> updates, prelims;
+      typename lanes::vec largest(0.0f);
+      detail::for_each_vector<lanes>(s.n, [&](std::size_t i, auto tail) {
+        const auto m = lanes::load(s.m + i, tail);
+        const auto m_new = code ? code->template load<lanes>(f + i, tail) / sc
+                                : detail::lamb_first_moment(true_gradient(s, i, tail, scale), m, coef);
+        auto fresh = lanes::load(vf + i, tail);
+        typename lanes::vec u0, ratio;
+        const auto u = detail::onebit_lamb_direction(m_new, m, fresh, lanes::load(s.v + i, tail),
+                                                     lanes::load(s.master + i, tail), coef, u0, ratio);
+        lanes::store(s.m + i, m_new, tail);
+        lanes::store(vf + i, fresh, tail);
+        updates.add(i, u, tail);
+        prelims.add(i, u0, tail);
+        largest = detail::max(largest, lanes::keep(ratio, largest, tail));
+      });
+      d.chunk_sum[ci] = updates.total();
+      d.chunk_sum2[ci] = prelims.total();
+      chunk_max[ci] = lanes::max_lane(largest);
+    });
+  }
+
+  /// Per chunk of `w`, the sum of squares of x[c.state ..] in double (the momentum, for the scaling
+  /// coefficients).
+  static void sum_squares(const detail::work_list& w, const float* x, double* partial) {
+    for_each_chunk(w, [&](std::size_t ci) {
+      const detail::chunk& c = w[ci];
+      detail::square_sum64<lanes> sum;
+      detail::for_each_vector<lanes>(c.size, [&](std::size_t i, auto tail) { sum.add(i, lanes::load(x + c.state + i, tail), tail); });
+      partial[ci] = sum.total();
+    });
+  }
+
+  /// dst[c.state ..] = src[c.state ..] over the chunks of `w`.
+  static void copy(const detail::work_list& w, float* dst, const float* src) {
+    for_each_chunk(w, [&](std::size_t ci) { std::copy_n(src + w[ci].state, w[ci].size, dst + w[ci].state); });
+  }
+
+  // ---- the compressed all-reduce (compressed_allreduce.hpp) on flat buffers: `w` covers [0, n) with
+  // state = index, chunks starting at multiples of 16.
+
+  /// e += x; per chunk, the sum of squares of the new e, in double.
+  static void add_into(const detail::work_list& w, float* e, const float* x, double* partial) {
+    for_each_chunk(w, [&](std::size_t ci) {
+      const detail::chunk& c = w[ci];
+      detail::square_sum64<lanes> sum;
+      detail::for_each_vector<lanes>(c.size, [&](std::size_t i, auto tail) {
+        const auto v = lanes::load(e + c.state + i, tail) + lanes::load(x + c.state + i, tail);
+        lanes::store(e + c.state + i, v, tail);
+        sum.add(i, v, tail);
+      });
+      partial[ci] = sum.total();
+    });
+  }
+
+  /// Compresses x in place with scale s (compress_sign): the sign of element i goes to bit i of
+  /// `bits`, its residual stays in x. Sizes are multiples of 8.
+  static void compress_signs(const detail::work_list& w, float* x, float s, std::uint8_t* bits) {
+    for_each_chunk(w, [&](std::size_t ci) {
+      const detail::chunk& c = w[ci];
+      for (std::size_t g = 0; g < c.size; g += 16) {
+        const std::size_t count = std::min<std::size_t>(16, c.size - g), at = c.state + g;
+        std::uint32_t b = 0;
+        detail::for_each_vector<lanes>(count, [&](std::size_t j, auto tail) {
+          auto v = lanes::load(x + at + j, tail);
+          b |= (lanes::bits_of(detail::compress_sign(v, typename lanes::vec(s))) & lanes::bits_of(tail)) << j;
+          lanes::store(x + at + j, v, tail);
+        });
+        bits[at / 8] = std::uint8_t(b);
+        if (count > 8) bits[at / 8 + 1] = std::uint8_t(b >> 8);
+      }
+    });
+  }
+
+  /// The server's average: c[i] += sum over ranks r of ±weight[r], the sign being bit i of block r
+  /// (blocks of block_bytes, in rank order); c holds the server error before. Per chunk, sum c^2
+  /// in double.
+  static void combine_signs(const detail::work_list& w, const std::uint8_t* blocks, std::size_t block_bytes,
+                            const float* weight, int ranks, float* c, double* partial) {
+    for_each_chunk(w, [&](std::size_t ci) {
+      const detail::chunk& k = w[ci];
+      detail::square_sum64<lanes> sum;
+      detail::for_each_vector<lanes>(k.size, [&](std::size_t i, auto tail) {
+        typename lanes::vec acc(0.0f);
+        for (int r = 0; r < ranks; ++r) {
+          const auto positive = lanes::mask_of(detail::sign_bits_at(blocks + std::size_t(r) * block_bytes, k.state + i));
+          acc = acc + detail::signed_scale(positive, typename lanes::vec(weight[r]));
+        }
+        const auto v = acc + lanes::load(c + k.state + i, tail);
+        lanes::store(c + k.state + i, v, tail);
+        sum.add(i, v, tail);
+      });
+      partial[ci] = sum.total();
+    });
+  }
+
+  /// out[i] = element i of the code.
+  static void decode_signs(const detail::work_list& w, const detail::sign_code& code, float* out) {
+    for_each_chunk(w, [&](std::size_t ci) {
+      const detail::chunk& c = w[ci];
+      detail::for_each_vector<lanes>(c.size, [&](std::size_t i, auto tail) {
+        lanes::store(out + c.state + i, code.template load<lanes>(c.state + i, tail), tail);
+      });
     });
   }
 

@@ -3,6 +3,7 @@
 
 #include "adam.hpp"           // IWYU pragma: export
 #include "communicator.hpp"   // IWYU pragma: export
+#include "compressed_allreduce.hpp"  // IWYU pragma: export
 #include "convert.hpp"        // IWYU pragma: export
 #include "error.hpp"          // IWYU pragma: export
 #include "host.hpp"           // IWYU pragma: export
@@ -10,6 +11,7 @@
 #include "loss_scale.hpp"     // IWYU pragma: export
 #include "memory_report.hpp"  // IWYU pragma: export
 #include "numeric.hpp"        // IWYU pragma: export
+#include "onebit_lamb.hpp"    // IWYU pragma: export
 #include "optimizer.hpp"      // IWYU pragma: export
 #include "partition.hpp"      // IWYU pragma: export
 #include "precision.hpp"      // IWYU pragma: export

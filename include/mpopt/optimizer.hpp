@@ -16,8 +16,11 @@
 
 #include "adam.hpp"
 #include "communicator.hpp"
+#include "compressed_allreduce.hpp"
 #include "detail/aligned_buffer.hpp"
 #include "detail/flat_layout.hpp"
+#include "detail/metered.hpp"
+#include "detail/onebit_state.hpp"
 #include "detail/state_file.hpp"
 #include "detail/step_data.hpp"
 #include "detail/validate.hpp"
@@ -27,6 +30,7 @@
 #include "loss_scale.hpp"
 #include "memory_report.hpp"
 #include "numeric.hpp"
+#include "onebit_lamb.hpp"
 #include "partition.hpp"
 #include "precision.hpp"
 #include "status.hpp"
@@ -45,6 +49,14 @@ struct state_dtype<bfloat16> : dtype_name<bfloat16> {};
 struct tensor_spec {
   std::string name;
   std::size_t size;
+};
+
+/// What load() does with state that cannot carry over.
+struct load_options {
+  /// 1-bit LAMB: a file saved in the compression stage by W > 1 ranks holds their error-feedback
+  /// buffers, which belong to those ranks. Loading on another number of ranks (above 1) throws
+  /// unless this is set; then the errors start at zero, as DeepSpeed always does on load.
+  bool reset_compression_errors = false;
 };
 
 /// How micro-step gradients are combined at the accumulation boundary.
@@ -79,8 +91,12 @@ class optimizer {
   static_assert(std::is_same_v<Partition, replicated> || std::is_same_v<Partition, zero1> ||
                     std::is_same_v<Partition, zero2>,
                 "Partition must be mpopt::replicated, mpopt::zero1 or mpopt::zero2");
-  static_assert(std::is_same_v<UpdateRule, adam> || std::is_same_v<UpdateRule, lamb>,
-                "UpdateRule must be mpopt::adam or mpopt::lamb");
+  static_assert(std::is_same_v<UpdateRule, adam> || std::is_same_v<UpdateRule, lamb> ||
+                    std::is_same_v<UpdateRule, onebit_lamb>,
+                "UpdateRule must be mpopt::adam, mpopt::lamb or mpopt::onebit_lamb");
+  static_assert(!std::is_same_v<UpdateRule, onebit_lamb> || std::is_same_v<Partition, replicated>,
+                "mpopt::onebit_lamb keeps the whole momentum on every rank (its compressed all-reduce averages it): "
+                "use mpopt::replicated");
 
  public:
   using precision = Precision;
@@ -96,6 +112,9 @@ class optimizer {
   using options = optimizer_options;
 
  private:
+  static constexpr bool is_onebit = std::is_same_v<UpdateRule, onebit_lamb>;
+  /// The rules that take LAMB's two passes and per-tensor trust ratios.
+  static constexpr bool lamb_like = std::is_same_v<UpdateRule, lamb> || is_onebit;
   static constexpr bool same_types = std::is_same_v<accumulate_type, communicate_type>;
   /// zero1 with gradients accumulated in their own type writes my reduced shard back into the
   /// gradient tensors, as DeepSpeed does: no shard buffer, 4P + 12P/N for fp16 Adam.
@@ -175,8 +194,11 @@ class optimizer {
     detail::aligned_buffer<grad_type> flat_grad_;
   };
 
+  /// Under onebit_lamb the constructor is collective: it checks the communicator (preflight).
   explicit optimizer(options o = {}, scaler_options s = {}, Communicator comm = {})
-      : options_(validated(o, std::is_same_v<LossScaler, no_scaling>)), scaler_(s), comm_(std::move(comm)) {}
+      : options_(validated(o, std::is_same_v<LossScaler, no_scaling>)), scaler_(s), comm_(std::move(comm)) {
+    if constexpr (is_onebit) preflight();
+  }
   /// With the communicator first: optimizer opt{mpopt::mpi{MPI_COMM_WORLD}, {.clip_grad = 1}, {...}}.
   template <class C>
     requires std::same_as<std::remove_cvref_t<C>, Communicator>
@@ -228,8 +250,8 @@ class optimizer {
   double loss_scale() const { return scaler_.scale(); }
   const LossScaler& scaler() const { return scaler_; }
   const options& config() const { return options_; }
-  Communicator& communicator() { return comm_; }
-  const Communicator& communicator() const { return comm_; }
+  Communicator& communicator() { return comm_.inner(); }
+  const Communicator& communicator() const { return comm_.inner(); }
 
   /// Allocates the optimizer state and copies parameters into the masters. step() does this on its
   /// first call; calling it earlier fixes the parameter set and surfaces layout errors early. It is
@@ -240,6 +262,11 @@ class optimizer {
       if (groups_.empty()) detail::fail("no parameter groups: add a group before the first step");
       for (const auto& g : groups_)
         if (g->entries_.empty()) detail::fail(g->label_, " has no parameters");
+      if constexpr (is_onebit)
+        for (const auto& g : groups_)
+          if (g->options_.freeze_step != groups_.front()->options_.freeze_step)
+            detail::fail(g->label_, ".freeze_step (", g->options_.freeze_step, ") differs from group 0's (",
+                         groups_.front()->options_.freeze_step, "): the compression stage starts for every group at once");
     });
     check_same_layout();
     std::vector<std::uint32_t> tensor_groups;
@@ -299,9 +326,22 @@ class optimizer {
     trust_ratio_.assign(tensors_.size(), 1.0);
     tensor_sums_.assign(2 * tensors_.size(), 0.0);
     alpha_.assign(tensors_.size(), 0.0f);
-    if constexpr (std::is_same_v<UpdateRule, lamb>) step_size_.assign(groups_.size(), 0.0);
+    if constexpr (lamb_like) step_size_.assign(groups_.size(), 0.0);
+    if constexpr (is_onebit) onebit_.allocate(sizes, state_elements_, work_.size(), comm_.size(), comm_.rank());
+    parameters_ = layout.parameters();
     finalized_ = true;
     Backend::initialize_state(data());
+    if constexpr (is_onebit)
+      if (comm_.size() > 1) {
+        // Preflight at the real size: one exchange of zeros leaves the errors at zero.
+        try {
+          onebit_.exchange.exchange(comm_, 0.0);
+        } catch (const error& e) {
+          onebit_.exchange = compressed_allreduce<Backend>(parameters_, comm_.size(), comm_.rank());
+          detail::fail("1-bit LAMB preflight: a compressed all-reduce of ", parameters_, " elements failed: ", e.what());
+        }
+      }
+    comm_.take_bytes();  // setup traffic is not a step's
   }
 
   /// Under zero2: tensor i's gradient for this micro-step is complete (call it during backward, as each
@@ -352,29 +392,32 @@ class optimizer {
     if (micro_step_ + 1 < options_.accumulation_steps) {
       abandon_window_on_error([&] { accumulate(); });
       st.micro_step = ++micro_step_;
-      return st;
+      return reported(st);
     }
 
     detail::step_data<Precision> d;
     abandon_window_on_error([&] { d = boundary_gradients(); });
     const double scale = scaler_.scale();
+    // 1-bit LAMB's compression stage keeps gradients local: each rank's stands for the combined one
+    // (times W for a sum), and its norm is the root mean square of the ranks' norms.
+    const double world = comm_.size(), local = compressing() ? world : 1.0;
     const double divisor =
-        options_.combine == accumulation::mean ? double(options_.accumulation_steps) * comm_.size() : 1.0;
+        (options_.combine == accumulation::mean ? double(options_.accumulation_steps) * world : 1.0) / local;
     const double unscale = 1.0 / (scale * divisor * double(send_scale()));
     d.grad_scale = float(unscale);
     const auto [nonfinite, sumsq] = check_gradients(d);
 
     if (options_.skip_nonfinite && (nonfinite || !std::isfinite(sumsq))) {
       st.result = nonfinite ? step_result::skipped_nonfinite : step_result::skipped_norm_overflow;
-      st.grad_norm = st.grad_norm_clipped = std::sqrt(sumsq);
+      st.grad_norm = st.grad_norm_clipped = std::sqrt(sumsq / local);
       skip(scale);
       st.scale_after = scaler_.scale();
       st.skipped_steps = skipped_;
       st.consecutive_skips = consecutive_skips_;
-      return st;
+      return reported(st);
     }
 
-    const double norm = std::sqrt(sumsq);
+    const double norm = std::sqrt(sumsq / local);
     const double clip = options_.clip_grad > 0 ? std::min(1.0, options_.clip_grad / (norm + 1e-6)) : 1.0;
     d.grad_scale = float(unscale * clip);
     // The step is committed here: the first pass below changes the moments. Counters advance now, and
@@ -394,7 +437,7 @@ class optimizer {
     st.scale_after = scaler_.scale();
     st.step = groups_.front()->step_;
     st.consecutive_skips = 0;
-    return st;
+    return reported(st);
   }
 
 
@@ -407,11 +450,19 @@ class optimizer {
     if (pending_stage_ == stage::none) return;
     try {
       if (pending_stage_ == stage::lamb_norms) {
-        if constexpr (std::is_same_v<UpdateRule, lamb>) lamb_norms_and_apply();
+        if constexpr (lamb_like) lamb_norms_and_apply();
         pending_stage_ = Partition::sharded ? stage::gather : stage::none;
       }
       if (pending_stage_ == stage::gather) {
         gather_params();
+        pending_stage_ = stage::none;
+      }
+      if (pending_stage_ == stage::onebit_exchange) {
+        if constexpr (is_onebit) {
+          onebit_.exchange.finish(comm_);
+          const detail::sign_code averaged = onebit_.exchange.result();
+          onebit_momentum_and_apply(data(), &averaged);
+        }
         pending_stage_ = stage::none;
       }
     } catch (const error& e) {
@@ -426,9 +477,10 @@ class optimizer {
     Backend::zero_grad(data());
   }
 
-  /// Per-tensor trust ratios of the last applied LAMB step, in registration order.
+  /// Per-tensor trust ratios of the last applied LAMB step, in registration order (1-bit LAMB's
+  /// compression stage: the frozen coefficient times the factor).
   std::span<const double> lamb_coeffs() const
-    requires std::is_same_v<UpdateRule, lamb>
+    requires lamb_like
   {
     return trust_ratio_;
   }
@@ -450,11 +502,23 @@ class optimizer {
     if constexpr (Precision::has_master) return {master_.data() + o.state, o.count};
     else return {t.param + o.first, o.count};
   }
-  /// Moment k (0: exp_avg, 1: exp_avg_sq) of tensor i, the owned elements.
+  /// Moment k (0: exp_avg, 1: exp_avg_sq; 1-bit LAMB also 2: exp_avg_sq_fresh) of tensor i, the
+  /// owned elements.
   std::span<const float> moment(std::size_t k, std::size_t i) const {
     tensor_at(i);
+    const std::size_t moments = is_onebit ? 3 : 2;
+    if (k >= moments) detail::fail("moment ", k, ": ", UpdateRule::name, " keeps moments 0 to ", moments - 1);
     const auto o = layout_->owned(i);
+    if constexpr (is_onebit)
+      if (k == 2) return {onebit_.v_fresh.data() + o.state, o.count};
     return {(k == 0 ? m_ : v_).data() + o.state, o.count};
+  }
+
+  /// 1-bit LAMB with more than one rank: the compressed all-reduce, with this rank's error buffers.
+  const compressed_allreduce<Backend>& compression() const
+    requires is_onebit
+  {
+    return onebit_.exchange;
   }
   std::size_t tensor_count() const { return tensors_.size(); }
 
@@ -481,6 +545,19 @@ class optimizer {
     if constexpr (Precision::has_master) r.buffers.push_back({"master", "fp32 master weights", state, true});
     r.buffers.push_back({std::string(UpdateRule::moment_names[0]), "first moment (fp32)", state, true});
     r.buffers.push_back({std::string(UpdateRule::moment_names[1]), "second moment (fp32)", state, true});
+    std::size_t onebit_bookkeeping = 0;
+    if constexpr (is_onebit) {
+      r.buffers.push_back({std::string(onebit_lamb::fresh_variance_name), "fresh second moment (fp32), from step freeze_step on", state, true});
+      if (comm_.size() > 1) {
+        const auto use = onebit_.exchange.memory_use();
+        r.buffers.push_back({"worker error", "compression error fed back into this rank's momentum (fp32, padded to 8 W)",
+                             use.worker_error, true});
+        r.buffers.push_back({"server error", "compression error of the chunk this rank averages (fp32)", use.server_error, true});
+        r.buffers.push_back({"sign bits", "the momentum's signs: sent, received, averaged (1 bit each)", use.sign_bits, true});
+        onebit_bookkeeping += use.bookkeeping;
+      }
+      onebit_bookkeeping += onebit_.bookkeeping_bytes();
+    }
     const std::string accum = std::string(type_name<accumulate_type>), sent = std::string(type_name<communicate_type>);
     if (accum_.size()) {
       if (Partition::sharded)
@@ -512,11 +589,12 @@ class optimizer {
         coefficients_.capacity() * sizeof(coefficients_[0]) + trust_ratio_.capacity() * sizeof(double) +
         alpha_.capacity() * sizeof(float) + step_size_.capacity() * sizeof(double) + buckets +
         tensor_buckets_.capacity() * sizeof(bucket_range) + pending_.capacity() * sizeof(std::uint32_t) +
-        ready_.capacity();
+        ready_.capacity() + onebit_bookkeeping;
     r.buffers.push_back({"work list", "tensor table, layout, chunks, buckets, partial sums, per-group scalars", bookkeeping, true});
-    if constexpr (requires { comm_.workspace_bytes(); })
-      if (comm_.workspace_bytes())
-        r.buffers.push_back({"communicator workspace", "rank-ordered sums (deterministic mode)", comm_.workspace_bytes(), true});
+    if constexpr (requires { comm_.inner().workspace_bytes(); })
+      if (comm_.inner().workspace_bytes())
+        r.buffers.push_back({"communicator workspace", "rank-ordered sums (deterministic mode)",
+                             comm_.inner().workspace_bytes(), true});
     return r;
   }
 
@@ -539,11 +617,22 @@ class optimizer {
         using T = std::remove_cv_t<std::remove_pointer_t<decltype(data)>>;
         header.push_back({std::move(key), std::string(detail::state_dtype<T>::value), {std::int64_t(r.elements)}});
       });
+      for_each_error_tensor([&](std::string key, std::size_t elements) {
+        header.push_back({std::move(key), "F32", {std::int64_t(elements)}});
+      });
       out.emplace(path, describe(), std::move(header));
     });
     // Every rank takes part in every gather, even after rank 0 failed to write: no rank leaves a
     // collective alone. The failure is agreed on at the end.
     std::optional<error> failed;
+    auto write = [&](std::span<const std::byte> bytes) {
+      if (!writer || failed) return;
+      try {
+        out->append(bytes);
+      } catch (const error& e) {
+        failed = e;
+      }
+    };
     std::vector<float> whole_tensor;
     for_each_saved_tensor(*this, [&](const std::string&, const saved_range& r, const auto* data) {
       using T = std::remove_cv_t<std::remove_pointer_t<decltype(data)>>;
@@ -556,13 +645,24 @@ class optimizer {
           comm_.all_gather(std::span<float>(whole_tensor), std::span<const std::size_t>(counts));
           whole = whole_tensor;
         }
-      if (!writer || failed) return;
-      try {
-        out->append(std::as_bytes(whole));
-      } catch (const error& e) {
-        failed = e;
-      }
+      write(std::as_bytes(whole));
     });
+    // 1-bit LAMB's error buffers: each rank's worker error in turn, the server errors gathered.
+    if constexpr (is_onebit)
+      if (saves_errors()) {
+        auto& ex = onebit_.exchange;
+        const std::size_t r = std::size_t(comm_.rank()), chunk = ex.chunk_size();
+        whole_tensor.resize(ex.padded_size());
+        for (int k = 0; k < comm_.size(); ++k) {
+          if (comm_.rank() == k) std::copy(ex.worker_error().begin(), ex.worker_error().end(), whole_tensor.begin());
+          comm_.broadcast(std::span<float>(whole_tensor), k);
+          write(std::as_bytes(std::span<const float>(whole_tensor)));
+        }
+        std::copy(ex.server_error().begin(), ex.server_error().end(), whole_tensor.begin() + std::ptrdiff_t(r * chunk));
+        const std::vector<std::size_t> counts(std::size_t(comm_.size()), chunk);
+        comm_.all_gather(std::span<float>(whole_tensor), std::span<const std::size_t>(counts));
+        write(std::as_bytes(std::span<const float>(whole_tensor)));
+      }
     agree("save", [&] {
       if (failed) throw *failed;
       if (writer) out->finish();
@@ -572,17 +672,32 @@ class optimizer {
   /// Restores a save()d state. The file must come from an optimizer of the same policies and the same
   /// tensors (names, sizes, groups), saved at any world size. Every rank reads and checks it; only
   /// when all ranks found it good does anything change, otherwise every rank throws.
-  void load(const std::filesystem::path& path) {
+  void load(const std::filesystem::path& path, load_options o = {}) {
     std::optional<detail::state_reader> file;
     saved_header saved;
     agree("load", [&] {
       file.emplace(path);
-      saved = check_saved(*file, path.string() + ": ");
+      saved = check_saved(*file, path.string() + ": ", o);
     });
     finalize();
     for_each_saved_tensor(*this, [&](const std::string& key, const saved_range& r, auto* dst) {
       file->read(key, r.first, std::span(dst, r.count));
     });
+    if constexpr (is_onebit) {
+      onebit_.scaling_ready = saved.scaling_ready;
+      onebit_.compression_step = saved.compression_step;
+      if (comm_.size() > 1) {
+        auto& ex = onebit_.exchange;
+        ex.cancel();
+        if (saved.errors_world == comm_.size()) {
+          file->read(error_key(comm_.rank()), 0, ex.worker_error());
+          file->read(error_key(-1), std::size_t(comm_.rank()) * ex.chunk_size(), ex.server_error());
+        } else {
+          ex.reset_errors();  // none saved (warm-up, one rank), or reset_compression_errors
+        }
+      }
+    }
+    comm_.take_bytes();
     micro_step_ = 0;  // the saved state sits at an accumulation boundary
     pending_stage_ = stage::none;  // every parameter was just read
     scaler_ = saved.scaler;
@@ -602,11 +717,14 @@ class optimizer {
     std::vector<group_options> groups;
     std::vector<std::uint64_t> group_steps;
     std::uint64_t applied = 0, skipped = 0, consecutive = 0;
+    bool scaling_ready = false;         // 1-bit LAMB
+    std::uint64_t compression_step = 0;
+    int errors_world = 0;               // ranks whose error buffers the file holds (0: none)
   };
 
   /// Checks a state file against this optimizer (policies, groups, tensor names, sizes, dtypes) and
   /// parses its header, changing nothing.
-  saved_header check_saved(const detail::state_reader& r, const std::string& where) {
+  saved_header check_saved(const detail::state_reader& r, const std::string& where, const load_options& lo = {}) {
     saved_header h{scaler_, {}, {}};
     try {
       const nlohmann::json& meta = r.metadata();
@@ -629,6 +747,24 @@ class optimizer {
       h.applied = meta.at("applied_steps").template get<std::uint64_t>();
       h.skipped = meta.at("skipped_steps").template get<std::uint64_t>();
       h.consecutive = meta.at("consecutive_skips").template get<std::uint64_t>();
+      if constexpr (is_onebit) {
+        const auto& c = meta.at("compression");
+        h.scaling_ready = c.at("scaling_ready").template get<bool>();
+        h.compression_step = c.at("compression_step").template get<std::uint64_t>();
+        h.errors_world = c.at("errors_saved").template get<bool>() ? c.at("world_size").template get<int>() : 0;
+        if (h.errors_world > 1 && h.errors_world != comm_.size() && comm_.size() > 1 && !lo.reset_compression_errors)
+          detail::fail(where, "saved by ", h.errors_world, " ranks in 1-bit LAMB's compression stage, whose error-feedback "
+                       "buffers belong to those ranks: load it on ", h.errors_world, " ranks to resume exactly, or pass "
+                       "load_options{.reset_compression_errors = true} to continue on ", comm_.size(), " with zero errors");
+        if (h.errors_world != comm_.size()) h.errors_world = 0;  // not loaded
+        std::size_t elements = 0;  // the compressed vector: every tensor, padded to a multiple of 8 W
+        for (const auto& g : groups_)
+          for (const auto& e : g->entries_) elements += e.size;
+        const std::size_t unit = 8 * std::size_t(comm_.size()), padded = (elements + unit - 1) / unit * unit;
+        for (int k = -1; h.errors_world && k < comm_.size(); ++k)
+          if (!r.contains(error_key(k)) || r.shape(error_key(k)) != std::vector<std::int64_t>{std::int64_t(padded)})
+            detail::fail(where, "tensor '", error_key(k), "' is missing or not [", padded, "]");
+      }
     } catch (const nlohmann::json::exception& e) {
       detail::fail(where, "malformed optimizer metadata: ", e.what());
     }
@@ -641,6 +777,38 @@ class optimizer {
                      "-d shape, expected ", detail::state_dtype<T>::value, " [", n, "]");
     });
     return h;
+  }
+
+  /// 1-bit LAMB checks, before anything else, that the communicator delivers what the compressed
+  /// all-reduce needs: bytes to the right rank in an all-to-all, bytes and floats in the right place
+  /// in all-gathers. Every rank throws if any found a fault. Collective.
+  void preflight() {
+    const std::size_t w = std::size_t(comm_.size()), r = std::size_t(comm_.rank());
+    auto code = [](std::size_t from, std::size_t to) { return std::uint8_t(from * 31 + to * 7 + 1); };
+    std::vector<std::uint8_t> sent(w), received(w), gathered(w, 0);
+    std::vector<float> ranks(w, -1.0f);
+    const std::vector<std::size_t> ones(w, 1);
+    std::string problem;
+    try {
+      for (std::size_t j = 0; j < w; ++j) sent[j] = code(r, j);
+      comm_.all_to_all(std::span<const std::uint8_t>(sent), std::span<std::uint8_t>(received));
+      gathered[r] = std::uint8_t(r + 1);
+      comm_.all_gather(std::span<std::uint8_t>(gathered), std::span<const std::size_t>(ones));
+      const float mine = float(r);
+      comm_.all_gather(std::span<const float>(&mine, 1), std::span<float>(ranks));
+      for (std::size_t i = 0; i < w && problem.empty(); ++i) {
+        if (received[i] != code(i, r)) problem = "all_to_all of bytes delivered the wrong block from rank " + std::to_string(i);
+        else if (gathered[i] != std::uint8_t(i + 1)) problem = "all_gather of bytes put rank " + std::to_string(i) + "'s piece elsewhere";
+        else if (ranks[i] != float(i)) problem = "all_gather of floats put rank " + std::to_string(i) + "'s value elsewhere";
+      }
+    } catch (const error& e) {
+      problem = e.what();
+    }
+    agree("1-bit LAMB preflight", [&] {
+      if (!problem.empty())
+        detail::fail("1-bit LAMB preflight on ", Communicator::name, " (rank ", r, " of ", w, "): ", problem);
+    });
+    comm_.take_bytes();
   }
 
   /// Runs f on every rank and agrees on the outcome: if it threw mpopt::error anywhere, it throws on
@@ -667,11 +835,36 @@ class optimizer {
       for (const auto& e : g->entries_) tensors.push_back({{"name", e.name}, {"size", e.size}});
       groups.push_back({{"options", UpdateRule::to_json(g->options_)}, {"step", g->step_}, {"tensors", tensors}});
     }
-    return {{"precision", Precision::name},     {"loss_scaler", LossScaler::name},
-            {"partition", Partition::name},     {"rule", UpdateRule::name},
-            {"scaler", scaler_.save()},         {"applied_steps", applied_},
-            {"skipped_steps", skipped_},        {"consecutive_skips", consecutive_skips_},
-            {"groups", groups}};
+    nlohmann::json d = {{"precision", Precision::name},     {"loss_scaler", LossScaler::name},
+                        {"partition", Partition::name},     {"rule", UpdateRule::name},
+                        {"scaler", scaler_.save()},         {"applied_steps", applied_},
+                        {"skipped_steps", skipped_},        {"consecutive_skips", consecutive_skips_},
+                        {"groups", groups}};
+    if constexpr (is_onebit)
+      d["compression"] = {{"scaling_ready", onebit_.scaling_ready},
+                          {"compression_step", onebit_.compression_step},
+                          {"world_size", comm_.size()},
+                          {"errors_saved", saves_errors()}};
+    return d;
+  }
+
+  /// 1-bit LAMB on several ranks, once compression has begun: the error buffers go into the file.
+  bool saves_errors() const {
+    if constexpr (is_onebit) return comm_.size() > 1 && onebit_.compression_step > 0;
+    else return false;
+  }
+  /// The file's name of rank k's worker error, or (k = -1) of the server errors of all ranks.
+  static std::string error_key(int k) {
+    return k < 0 ? "compression/server_error" : "compression/worker_error/" + std::to_string(k);
+  }
+  /// Calls f(key, elements) for the error tensors save() writes after the per-parameter ones.
+  template <class F>
+  void for_each_error_tensor(F&& f) const {
+    if constexpr (is_onebit)
+      if (saves_errors()) {
+        for (int k = 0; k < comm_.size(); ++k) f(error_key(k), onebit_.exchange.padded_size());
+        f(error_key(-1), onebit_.exchange.padded_size());
+      }
   }
 
   /// Which part of a saved tensor a pointer holds: elements [first, first + count) of `elements`.
@@ -697,10 +890,19 @@ class optimizer {
         if constexpr (Precision::has_master) f("master/" + e.name, held, state(self.master_));
         f(std::string(UpdateRule::moment_names[0]) + "/" + e.name, held, state(self.m_));
         f(std::string(UpdateRule::moment_names[1]) + "/" + e.name, held, state(self.v_));
+        if constexpr (is_onebit) f(std::string(onebit_lamb::fresh_variance_name) + "/" + e.name, held, state(self.onebit_.v_fresh));
         ++t;
       }
-    if constexpr (std::is_same_v<UpdateRule, lamb>)
-      f(std::string("lamb_coeffs"), saved_range{t, t, 0, t}, self.finalized_ ? self.trust_ratio_.data() : nullptr);
+    if constexpr (lamb_like) {
+      const saved_range per_tensor{t, t, 0, t};
+      auto at = [&](auto& v) { return self.finalized_ ? v.data() : nullptr; };
+      f(std::string("lamb_coeffs"), per_tensor, at(self.trust_ratio_));
+      if constexpr (is_onebit) {
+        f(std::string("lamb_coeff_freeze"), per_tensor, at(self.onebit_.coeff_freeze));
+        f(std::string("last_factor"), per_tensor, at(self.onebit_.last_factor));
+        f(std::string("scaling_coeff"), per_tensor, at(self.onebit_.scaling));
+      }
+    }
   }
 
   static options validated(options o, bool unscaled) {
@@ -809,7 +1011,7 @@ class optimizer {
       }
       if constexpr (shard_in_grads) return data();  // my reduced shard is in the gradient tensors
     } else {
-      if (comm_.size() == 1) return data(accumulated);
+      if (comm_.size() == 1 || compressing()) return data(accumulated);
       Backend::accumulate(data(true), !accumulated, send_scale());
       all_reduce_accumulator();
     }
@@ -856,7 +1058,23 @@ class optimizer {
   }
 
   /// What gradients are multiplied by before they are summed across ranks.
-  float send_scale() const { return comm_.size() > 1 ? float(1.0 / options_.gradient_predivide) : 1.0f; }
+  float send_scale() const {
+    return comm_.size() > 1 && !compressing() ? float(1.0 / options_.gradient_predivide) : 1.0f;
+  }
+
+  /// 1-bit LAMB's compression stage: the step being taken comes after freeze_step.
+  bool compressing() const {
+    if constexpr (is_onebit) return groups_.front()->step_ >= groups_.front()->options_.freeze_step;
+    else return false;
+  }
+
+  /// The status's communication fields: what this call handed the communicator.
+  step_status& reported(step_status& st) {
+    st.comm_bytes = comm_.take_bytes();
+    st.comm_ratio = double(st.comm_bytes) / (4.0 * double(parameters_));
+    if constexpr (is_onebit) st.compression_step = onebit_.compression_step;
+    return st;
+  }
 
   /// Runs f; if a collective in it fails, the window's gradients are lost on every rank (some were
   /// already combined), so the window starts over, and the error goes on.
@@ -956,7 +1174,7 @@ class optimizer {
     std::uint8_t nonfinite = std::any_of(chunk_nonfinite_.begin(), chunk_nonfinite_.end(), [](auto b) { return b != 0; });
     double sumsq = rank_ordered_sum(chunk_sum_, 0, work_.size());  // the same for any thread count
     comm_.all_reduce(std::span<std::uint8_t>(&nonfinite, 1), reduce_op::max);
-    if constexpr (Partition::sharded) comm_.all_reduce(std::span<double>(&sumsq, 1), reduce_op::sum);
+    if (Partition::sharded || compressing()) comm_.all_reduce(std::span<double>(&sumsq, 1), reduce_op::sum);
     return {nonfinite != 0, sumsq};
   }
 
@@ -984,17 +1202,85 @@ class optimizer {
   void update(detail::step_data<Precision>& d) {
     for (std::size_t g = 0; g < groups_.size(); ++g) {
       coefficients_[g] = UpdateRule::coefficients(groups_[g]->options_, groups_[g]->step_);
-      if constexpr (std::is_same_v<UpdateRule, lamb>)
-        step_size_[g] = UpdateRule::step_size(groups_[g]->options_, groups_[g]->step_);
+      if constexpr (lamb_like) step_size_[g] = UpdateRule::step_size(groups_[g]->options_, groups_[g]->step_);
     }
     if constexpr (std::is_same_v<UpdateRule, adam>) {
       Backend::adam_update(d, coefficients_.data());
       pending_stage_ = Partition::sharded ? stage::gather : stage::none;
-    } else {
+    } else if constexpr (std::is_same_v<UpdateRule, lamb>) {
       Backend::lamb_moments(d, coefficients_.data());
       pending_stage_ = stage::lamb_norms;
+    } else {
+      onebit_update(d);
     }
     finish_step();
+  }
+
+  /// 1-bit LAMB. Warm-up (steps 1..freeze_step): LAMB's passes; the last one freezes the variance.
+  /// Compression: the local momentum goes into the worker error and is compressed (the commit
+  /// point: the error changed), the exchange runs in finish_step(), then the update.
+  void onebit_update(const detail::step_data<Precision>& d) {
+    const std::uint64_t t = groups_.front()->step_, freeze = groups_.front()->options_.freeze_step;
+    if (t <= freeze) {
+      Backend::lamb_moments(d, coefficients_.data());
+      if (t == freeze) Backend::copy(work_, onebit_.v_fresh.data(), v_.data());
+      pending_stage_ = stage::lamb_norms;
+      return;
+    }
+    if (!onebit_.scaling_ready) momentum_scaling(t);
+    if (comm_.size() == 1) {  // nothing to average: the momentum stays exact
+      onebit_momentum_and_apply(d, nullptr);
+      pending_stage_ = stage::none;
+      return;
+    }
+    Backend::onebit_feed(d, coefficients_.data(), onebit_.scaling.data(), onebit_.fused.data(),
+                         onebit_.exchange.worker_error().data(), onebit_.chunk_sum.data());
+    double sumsq = 0;
+    for (double x : onebit_.chunk_sum) sumsq += x;
+    onebit_.exchange.compress_worker(sumsq);
+    pending_stage_ = stage::onebit_exchange;
+  }
+
+  /// At the first compressed step: each tensor's momentum scale ||m|| / sqrt(n), and the
+  /// coefficient that brings it to the mean scale (1 for a zero momentum; DeepSpeed divides by 0).
+  void momentum_scaling(std::uint64_t t) {
+    if constexpr (is_onebit) {
+      Backend::sum_squares(work_, m_.data(), onebit_.chunk_sum.data());
+      std::vector<double>& scale = tensor_sums_;  // free until the update's norms
+      double mean = 0;
+      for (std::size_t k = 0; k < tensors_.size(); ++k) {
+        double sumsq = 0;
+        for (std::size_t c = work_.first_chunk(k); c < work_.first_chunk(k + 1); ++c) sumsq += onebit_.chunk_sum[c];
+        scale[k] = std::sqrt(sumsq / double(tensors_[k].size));
+        mean += scale[k] / double(tensors_.size());
+      }
+      for (std::size_t k = 0; k < tensors_.size(); ++k) onebit_.scaling[k] = scale[k] > 0 ? float(mean / scale[k]) : 1.0f;
+      onebit_.scaling_ready = true;
+      onebit_.compression_step = t;
+    }
+  }
+
+  /// The compression stage's update once the averaged momentum is known (`averaged`; null with one
+  /// rank, where it comes from d's gradients): momentum and fresh variance, then per tensor the
+  /// factor on the frozen coefficient, then LAMB's second pass.
+  void onebit_momentum_and_apply(const detail::step_data<Precision>& d, const detail::sign_code* averaged) {
+    if constexpr (is_onebit) {
+      Backend::onebit_momentum(d, coefficients_.data(), onebit_.scaling.data(), onebit_.fused.data(), averaged,
+                               onebit_.v_fresh.data(), onebit_.chunk_max.data());
+      for (std::size_t t = 0; t < tensors_.size(); ++t) {
+        const std::size_t c0 = work_.first_chunk(t), c1 = work_.first_chunk(t + 1);
+        const auto& o = groups_[tensors_[t].group]->options_;
+        const double largest = *std::max_element(onebit_.chunk_max.begin() + std::ptrdiff_t(c0),
+                                                 onebit_.chunk_max.begin() + std::ptrdiff_t(c1));
+        const double factor = onebit_lamb::compression_factor(largest, std::sqrt(rank_ordered_sum(chunk_sum2_, c0, c1)),
+                                                              std::sqrt(rank_ordered_sum(chunk_sum_, c0, c1)),
+                                                              onebit_.last_factor[t], o);
+        onebit_.last_factor[t] = factor;
+        trust_ratio_[t] = onebit_.coeff_freeze[t] * factor;
+        alpha_[t] = float(step_size_[tensors_[t].group] * trust_ratio_[t]);
+      }
+      Backend::lamb_apply(data(), coefficients_.data(), alpha_.data());
+    }
   }
 
   /// LAMB: the per-tensor norms (a tensor can straddle shards, so the partial sums are all-reduced),
@@ -1010,13 +1296,14 @@ class optimizer {
       trust_ratio_[t] = detail::lamb_trust_ratio(std::sqrt(tensor_sums_[2 * t]), std::sqrt(tensor_sums_[2 * t + 1]),
                                                  o.min_coeff, o.max_coeff);
       alpha_[t] = float(step_size_[tensors_[t].group] * trust_ratio_[t]);
+      if constexpr (is_onebit) onebit_.coeff_freeze[t] = onebit_lamb::freeze_coefficient(onebit_.coeff_freeze[t], trust_ratio_[t], o);
     }
     Backend::lamb_apply(data(), coefficients_.data(), alpha_.data());
   }
 
   options options_;
   LossScaler scaler_;
-  Communicator comm_;
+  detail::metered<Communicator> comm_;
   std::vector<std::unique_ptr<param_group>> groups_;
 
   // Fixed at finalize().
@@ -1035,8 +1322,9 @@ class optimizer {
   std::vector<double> trust_ratio_;
   std::vector<float> alpha_;
   std::vector<double> step_size_;  // LAMB: per group, lr with bias correction, fixed at commit
+  [[no_unique_address]] std::conditional_t<is_onebit, detail::onebit_state<Backend>, detail::no_onebit_state> onebit_;
   /// What a committed step has left to do (finish_step).
-  enum class stage : std::uint8_t { none, lamb_norms, gather };
+  enum class stage : std::uint8_t { none, lamb_norms, gather, onebit_exchange };
   stage pending_stage_ = stage::none;
 
   // Sharded partitions only.
@@ -1055,6 +1343,7 @@ class optimizer {
 
   int micro_step_ = 0;
   std::uint64_t applied_ = 0, skipped_ = 0, consecutive_skips_ = 0;
+  std::size_t parameters_ = 0;  // elements of all tensors
 };
 
 }  // namespace mpopt

@@ -35,6 +35,13 @@ struct step_status {
   std::uint64_t skipped_steps = 0; ///< skipped steps since construction (or load)
   std::uint64_t consecutive_skips = 0;
   int micro_step = 0;              ///< micro-steps accumulated so far (accumulating only)
+  /// Bytes this rank handed the communicator for this call (its whole input to an all-reduce,
+  /// reduce-scatter or all-to-all, its own piece of an all-gather), including grad_ready's.
+  std::uint64_t comm_bytes = 0;
+  /// comm_bytes / (4 bytes x parameters): about 1 for an fp32 all-reduce of every gradient.
+  double comm_ratio = 0;
+  /// 1-bit LAMB: the first step whose momentum was averaged compressed (0 while warming up).
+  std::uint64_t compression_step = 0;
 
   bool skipped() const { return result == step_result::skipped_nonfinite || result == step_result::skipped_norm_overflow; }
   std::string_view reason() const { return to_string(result); }

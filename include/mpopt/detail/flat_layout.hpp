@@ -63,6 +63,12 @@ class flat_layout {
   }
 
   std::size_t flat_elements() const { return flat_elements_; }
+  /// Elements of all tensors, without padding.
+  std::size_t parameters() const {
+    std::size_t n = 0;
+    for (std::size_t s : sizes_) n += s;
+    return n;
+  }
   /// Elements of each state buffer on this rank (my shards, or everything when replicated).
   std::size_t local_elements() const { return local_elements_; }
   /// Heap bytes the layout holds.

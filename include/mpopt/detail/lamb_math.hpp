@@ -25,10 +25,16 @@ MPOPT_HOST_DEVICE V lamb_direction(V m, V v, V p, const lamb_coefficients& c) {
   return fma(V(c.weight_decay), p, m / den);
 }
 
+/// beta1 m + (1 - beta1) g: the first moment after gradient g.
+template <class V>
+MPOPT_HOST_DEVICE V lamb_first_moment(V g, V m, const lamb_coefficients& c) {
+  return fma(V(c.beta1), m, V(c.one_minus_beta1) * g);
+}
+
 /// Advances the moments with the true gradient g; returns the direction u.
 template <class V>
 MPOPT_HOST_DEVICE V lamb_moments(V g, V& m, V& v, V p, const lamb_coefficients& c) {
-  m = fma(V(c.beta1), m, V(c.one_minus_beta1) * g);
+  m = lamb_first_moment(g, m, c);
   v = fma(V(c.beta2), v, (V(c.one_minus_beta2) * g) * g);
   return lamb_direction(m, v, p, c);
 }

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 
 #include "config.hpp"
 #include "simd_convert.hpp"
@@ -28,6 +29,10 @@ MPOPT_HOST_DEVICE float sqrt(float a) {
 }
 MPOPT_HOST_DEVICE float max(float a, float b) { return a > b ? a : b; }
 MPOPT_HOST_DEVICE float min(float a, float b) { return a < b ? a : b; }
+/// x >= 0, -0 included, NaN not.
+MPOPT_HOST_DEVICE bool nonnegative(float x) { return x >= 0.0f; }
+/// a where m holds, else b.
+MPOPT_HOST_DEVICE float select(bool m, float a, float b) { return m ? a : b; }
 
 /// Marks a full vector (no tail): loads and stores are unmasked.
 struct full_t {};
@@ -41,6 +46,14 @@ struct scalar_lanes {
   static float load(const T* p, full_t) { return static_cast<float>(*p); }
   template <class T>
   static void store(T* p, float x, full_t) { *p = static_cast<T>(x); }
+  /// A lane mask as bits (bit j: lane j) and back.
+  using mask = bool;
+  static std::uint32_t bits_of(bool m) { return m ? 1u : 0u; }
+  static bool mask_of(std::uint32_t bits) { return (bits & 1u) != 0; }
+  static std::uint32_t bits_of(full_t) { return 1u; }
+  /// x in the lanes of the tail, fallback in the others; the largest lane.
+  static float keep(float x, float, full_t) { return x; }
+  static float max_lane(float x) { return x; }
 };
 
 #if MPOPT_HAVE_AVX512
@@ -62,6 +75,8 @@ inline f32x16 sqrt(f32x16 a) { return f32x16(_mm512_sqrt_ps(a.r)); }
 // Same operand order as the scalar max/min above, so NaN handling agrees lane for lane.
 inline f32x16 max(f32x16 a, f32x16 b) { return f32x16(_mm512_mask_blend_ps(_mm512_cmp_ps_mask(a.r, b.r, _CMP_GT_OQ), b.r, a.r)); }
 inline f32x16 min(f32x16 a, f32x16 b) { return f32x16(_mm512_mask_blend_ps(_mm512_cmp_ps_mask(a.r, b.r, _CMP_LT_OQ), b.r, a.r)); }
+inline __mmask16 nonnegative(f32x16 x) { return _mm512_cmp_ps_mask(x.r, _mm512_setzero_ps(), _CMP_GE_OQ); }
+inline f32x16 select(__mmask16 m, f32x16 a, f32x16 b) { return f32x16(_mm512_mask_blend_ps(m, b.r, a.r)); }
 
 struct avx512_lanes {
   using vec = f32x16;
@@ -77,6 +92,13 @@ struct avx512_lanes {
   static void store(T* p, f32x16 x, full_t) { simd::store16(p, x.r); }
   template <class T>
   static void store(T* p, f32x16 x, tail m) { simd::store16(p, x.r, m); }
+  using mask = __mmask16;
+  static std::uint32_t bits_of(__mmask16 m) { return m; }
+  static __mmask16 mask_of(std::uint32_t bits) { return static_cast<__mmask16>(bits); }
+  static std::uint32_t bits_of(full_t) { return 0xFFFFu; }
+  static f32x16 keep(f32x16 x, f32x16, full_t) { return x; }
+  static f32x16 keep(f32x16 x, f32x16 fallback, tail m) { return f32x16(_mm512_mask_blend_ps(m, fallback.r, x.r)); }
+  static float max_lane(f32x16 x) { return _mm512_reduce_max_ps(x.r); }
 };
 MPOPT_INTRINSICS_END
 using host_lanes = avx512_lanes;

@@ -27,6 +27,25 @@ struct square_sum<scalar_lanes> {
   float total() { return lane_tree_sum(lanes); }
 };
 
+/// The same lane layout with double lanes: for scales that must not depend on how the sum was cut
+/// (1-bit compression), where fp32 partials over 64 Ki elements would differ by ~1e-6 relative.
+/// Squares of floats are exact in double, so fma or not gives the same bits.
+inline double lane_tree_sum(double (&a)[sum_lanes]) {
+  for (std::size_t w = sum_lanes / 2; w > 0; w /= 2)
+    for (std::size_t j = 0; j < w; ++j) a[j] = a[j] + a[j + w];
+  return a[0];
+}
+
+template <class L>
+struct square_sum64;
+
+template <>
+struct square_sum64<scalar_lanes> {
+  double lanes[sum_lanes] = {};
+  void add(std::size_t i, float x, full_t) { lanes[i % sum_lanes] += double(x) * double(x); }
+  double total() { return lane_tree_sum(lanes); }
+};
+
 /// True if any active lane is NaN or infinite.
 inline bool any_nonfinite(float x, full_t) { return !(std::fabs(x) <= 3.40282347e+38f); }
 
@@ -40,6 +59,24 @@ struct square_sum<avx512_lanes> {
   float total() {
     alignas(64) float a[sum_lanes];
     _mm512_store_ps(a, acc);
+    return lane_tree_sum(a);
+  }
+};
+
+template <>
+struct square_sum64<avx512_lanes> {
+  __m512d lo = _mm512_setzero_pd(), hi = _mm512_setzero_pd();  // lanes 0..7 and 8..15
+  void add(std::size_t i, f32x16 x, full_t) { add(i, x, __mmask16(0xFFFF)); }
+  void add(std::size_t, f32x16 x, __mmask16 m) {
+    const __m512d a = _mm512_cvtps_pd(_mm512_castps512_ps256(x.r));
+    const __m512d b = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x.r), 1)));
+    lo = _mm512_mask3_fmadd_pd(a, a, lo, __mmask8(m & 0xFF));
+    hi = _mm512_mask3_fmadd_pd(b, b, hi, __mmask8(m >> 8));
+  }
+  double total() {
+    alignas(64) double a[sum_lanes];
+    _mm512_store_pd(a, lo);
+    _mm512_store_pd(a + 8, hi);
     return lane_tree_sum(a);
   }
 };

@@ -1,0 +1,133 @@
+// mpopt — the 1-bit LAMB update rule (Li et al. 2021, arXiv:2104.06069; DeepSpeed OnebitLamb).
+//
+// Warm-up: for the first freeze_step applied steps, plain LAMB on gradients averaged over ranks,
+// without bias correction and with eps outside the square root (lamb_math.hpp), while a running
+// average of each tensor's LAMB coefficient is kept. At the last warm-up step the variance is
+// frozen (and copied as a "fresh" one). Compression stage: gradients stay on their rank; each rank
+// advances its momentum locally, the momentum is averaged by the error-compensated 1-bit all-reduce
+// (compressed_allreduce.hpp), the frozen variance preconditions it, and the frozen coefficient is
+// scaled by a factor that tracks how far the fresh variance has drifted from the frozen one.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "detail/lamb_math.hpp"
+#include "detail/validate.hpp"
+
+namespace mpopt {
+
+struct onebit_lamb {
+  /// Per parameter group. Defaults are DeepSpeed's OnebitLamb's. DeepSpeed counts its first call,
+  /// which only sets up state, as a step: its freeze_step F gives F - 1 warm-up updates, ours F.
+  struct options {
+    double lr = 1e-3;
+    double beta1 = 0.9;
+    double beta2 = 0.999;
+    double eps = 1e-8;
+    double weight_decay = 0.0;
+    double min_coeff = 0.01;  ///< clamp of the warm-up LAMB coefficient
+    double max_coeff = 10.0;
+    /// Warm-up steps of full LAMB before compressed communication starts (DeepSpeed's tutorial:
+    /// 15-25% of training). The same for every group: the compression stage starts for all at once.
+    std::uint64_t freeze_step = 100000;
+    /// Running average of the warm-up coefficient; 1 / (1 - coeff_beta) should not exceed freeze_step.
+    double coeff_beta = 0.9;
+    double factor_max = 4.0;        ///< clamp of the compression-stage factor
+    double factor_min = 0.5;
+    double factor_threshold = 0.1;  ///< the factor moves at most this fraction per step
+
+    void validate(std::string_view group) const {
+      const std::string g(group);
+      detail::require_non_negative(g + ".lr", lr);
+      detail::require_beta(g + ".beta1", beta1);
+      detail::require_beta(g + ".beta2", beta2);
+      detail::require_positive(g + ".eps", eps);
+      detail::require_non_negative(g + ".weight_decay", weight_decay);
+      detail::require_non_negative(g + ".min_coeff", min_coeff);
+      detail::require_positive(g + ".max_coeff", max_coeff);
+      if (min_coeff > max_coeff) detail::fail(g, ".min_coeff (", min_coeff, ") must be <= max_coeff (", max_coeff, ")");
+      if (freeze_step < 1)
+        detail::fail(g, ".freeze_step must be >= 1, got 0: the frozen variance and coefficient come from warm-up");
+      detail::require_beta(g + ".coeff_beta", coeff_beta);
+      detail::require_positive(g + ".factor_min", factor_min);
+      detail::require_positive(g + ".factor_max", factor_max);
+      if (factor_min > factor_max)
+        detail::fail(g, ".factor_min (", factor_min, ") must be <= factor_max (", factor_max, ")");
+      detail::require_non_negative(g + ".factor_threshold", factor_threshold);
+      if (!(factor_threshold < 1)) detail::fail(g, ".factor_threshold must be < 1, got ", factor_threshold);
+    }
+  };
+
+  static constexpr std::string_view name = "onebit_lamb";
+  static constexpr std::array<std::string_view, 2> moment_names = {"exp_avg", "exp_avg_sq"};
+  static constexpr std::string_view fresh_variance_name = "exp_avg_sq_fresh";
+
+  /// LAMB's element coefficients: eps outside the square root (DeepSpeed ignores eps_inside_sqrt).
+  static detail::lamb_coefficients coefficients(const options& o, std::uint64_t) {
+    return {float(o.beta1), float(o.beta2), float(1.0 - o.beta1), float(1.0 - o.beta2), float(o.eps),
+            float(o.weight_decay), false};
+  }
+  /// No bias correction (DeepSpeed ignores bias_correction).
+  static double step_size(const options& o, std::uint64_t) { return o.lr; }
+
+  /// Warm-up: the running average of the LAMB coefficient, left alone when the coefficient is
+  /// exactly 1 (a zero norm), as DeepSpeed does.
+  static double freeze_coefficient(double frozen, double coeff, const options& o) {
+    return coeff != 1.0 ? o.coeff_beta * frozen + (1.0 - o.coeff_beta) * coeff : frozen;
+  }
+
+  /// Compression stage: the factor on the frozen coefficient. max_ratio is the largest
+  /// (sqrt(v) + eps) / (sqrt(v_fresh) + eps) of the tensor; with weight decay it is pulled toward 1
+  /// by r = min(1, ||u0|| / ||u||) (u0 the update without decay; r = 1 when ||u|| = 0), clamped to
+  /// [factor_min, factor_max], then to within factor_threshold of the last factor.
+  static double compression_factor(double max_ratio, double prelim_norm, double update_norm, double last,
+                                   const options& o) {
+    double f = max_ratio;
+    if (o.weight_decay > 0) {
+      const double r = update_norm > 0 ? std::min(1.0, prelim_norm / update_norm) : 1.0;
+      f = f * r + (1.0 - r);
+    }
+    f = std::clamp(f, o.factor_min, o.factor_max);
+    return std::clamp(f, last * (1.0 - o.factor_threshold), last * (1.0 + o.factor_threshold));
+  }
+
+  static nlohmann::json to_json(const options& o) {
+    return {{"lr", o.lr},
+            {"beta1", o.beta1},
+            {"beta2", o.beta2},
+            {"eps", o.eps},
+            {"weight_decay", o.weight_decay},
+            {"min_coeff", o.min_coeff},
+            {"max_coeff", o.max_coeff},
+            {"freeze_step", o.freeze_step},
+            {"coeff_beta", o.coeff_beta},
+            {"factor_max", o.factor_max},
+            {"factor_min", o.factor_min},
+            {"factor_threshold", o.factor_threshold}};
+  }
+  static options from_json(const nlohmann::json& j) {
+    options o;
+    o.lr = j.at("lr").get<double>();
+    o.beta1 = j.at("beta1").get<double>();
+    o.beta2 = j.at("beta2").get<double>();
+    o.eps = j.at("eps").get<double>();
+    o.weight_decay = j.at("weight_decay").get<double>();
+    o.min_coeff = j.at("min_coeff").get<double>();
+    o.max_coeff = j.at("max_coeff").get<double>();
+    o.freeze_step = j.at("freeze_step").get<std::uint64_t>();
+    o.coeff_beta = j.at("coeff_beta").get<double>();
+    o.factor_max = j.at("factor_max").get<double>();
+    o.factor_min = j.at("factor_min").get<double>();
+    o.factor_threshold = j.at("factor_threshold").get<double>();
+    return o;
+  }
+};
+
+}  // namespace mpopt

@@ -1,0 +1,190 @@
+// The error-compensated 1-bit all-reduce (mpopt::compressed_allreduce) on W MPI ranks, against the
+// float64 simulation of onebit_reference.hpp (written from deepspeed-semantics.md §7, not from the
+// library): W workers and W servers in one process, rounding to float where the algorithm keeps
+// fp32 buffers. Several rounds, so the error feedback is exercised; sizes 0, 1,
+// and ones that are not multiples of 8 W or that span several 64 Ki-element chunks.
+#include <doctest/doctest.h>
+
+#include "mpi_harness.hpp"
+#include "onebit_reference.hpp"
+
+namespace {
+
+/// Rank r's vector in round k: uniform noise whose amplitude differs per rank and along the vector.
+std::vector<float> input(std::size_t n, int round, int r, std::uint64_t seed) {
+  std::vector<float> x(n);
+  for (std::size_t i = 0; i < n; ++i)
+    x[i] = float(unit(key(seed, std::uint64_t(round), std::uint64_t(r), i)) * (1.0 + r) * (i % 3 == 0 ? 4.0 : 0.5));
+  return x;
+}
+
+/// Forwards to MPI and counts the bytes handed to the all-to-all and all-gathers; can throw once
+/// at the n-th all-gather (on every rank, as a broken network would be seen by all).
+struct counting_mpi : mpopt::mpi {
+  using mpopt::mpi::mpi;
+  static constexpr std::string_view name = "counting_mpi";
+  std::size_t bytes = 0;
+  int gathers = 0, fail_gather_at = -1;
+
+  using mpopt::mpi::all_gather;
+  using mpopt::mpi::all_to_all;
+  template <class T>
+  void all_to_all(std::span<const T> in, std::span<T> out) {
+    bytes += in.size_bytes();
+    mpopt::mpi::all_to_all(in, out);
+  }
+  template <class T>
+  void all_gather(std::span<const T> in, std::span<T> out) {
+    if (gathers++ == fail_gather_at) throw mpopt::error("counting_mpi: all_gather failed");
+    bytes += in.size_bytes();
+    mpopt::mpi::all_gather(in, out);
+  }
+  template <class T>
+  void all_gather(std::span<T> data, std::span<const std::size_t> counts) {
+    if (gathers++ == fail_gather_at) throw mpopt::error("counting_mpi: all_gather failed");
+    bytes += counts[std::size_t(rank())] * sizeof(T);
+    mpopt::mpi::all_gather(data, counts);
+  }
+};
+static_assert(mpopt::communicator<counting_mpi>);
+
+/// Every rank's copy of a per-rank vector.
+std::vector<std::vector<double>> gather_all(std::span<const float> mine) {
+  const int w = world_size();
+  std::vector<float> all(mine.size() * std::size_t(w));
+  MPI_Allgather(mine.data(), int(mine.size()), MPI_FLOAT, all.data(), int(mine.size()), MPI_FLOAT, MPI_COMM_WORLD);
+  std::vector<std::vector<double>> out(static_cast<std::size_t>(w));
+  for (int r = 0; r < w; ++r) out[std::size_t(r)].assign(all.begin() + std::ptrdiff_t(r * mine.size()),
+                                                          all.begin() + std::ptrdiff_t((r + 1) * mine.size()));
+  return out;
+}
+
+}  // namespace
+
+TEST_SUITE("mpi") {
+  TEST_CASE(
+      "the compressed all-reduce equals a float64 simulation of the algorithm over several rounds: the average, "
+      "every rank's worker error and its server error; sizes 0, 1, odd, and beyond one 64 Ki chunk") {
+    const int w = world_size(), rank = world_rank();
+    CAPTURE(w);
+    for (std::size_t n : {std::size_t(0), std::size_t(1), std::size_t(7), std::size_t(8), std::size_t(13),
+                          std::size_t(1001), std::size_t(70001)}) {
+      CAPTURE(n);
+      counting_mpi comm{MPI_COMM_WORLD};
+      mpopt::compressed_allreduce<> ar(n, w, rank);
+      ref::compressed_sim sim(std::size_t(w), n);
+      CHECK(ar.padded_size() == sim.padded);
+      CHECK(ar.padded_size() % (8 * std::size_t(w)) == 0);
+      CHECK(ar.padded_size() - n < 8 * std::size_t(w));
+      std::size_t compared = 0, mismatched = 0, result_errors = 0, error_errors = 0;
+      for (int round = 0; round < 5; ++round) {
+        CAPTURE(round);
+        std::vector<std::vector<double>> xs;
+        for (int r = 0; r < w; ++r) {
+          const auto xr = input(n, round, r, 0xC0DE + n);
+          xs.emplace_back(xr.begin(), xr.end());
+        }
+        std::vector<float> x = input(n, round, rank, 0xC0DE + n);
+        const std::size_t before = comm.bytes;
+        ar.average(comm, x);
+        CHECK(comm.bytes - before == ar.bytes_per_exchange());
+        sim.run(xs);
+        double largest = 0;
+        for (double v : sim.result) largest = std::max(largest, std::fabs(v));
+        // Scales come from sums of squares the library forms in fp32 lanes over 64 Ki-element chunks
+        // (relative error ~1e-6 at this size, against the simulation's double); the errors inherit it
+        // round by round.
+        const double rel = 2e-5, tol = rel * largest * (round + 1);
+        for (std::size_t i = 0; i < n; ++i) {
+          if (sim.tie[i]) continue;
+          ++compared;
+          if (std::fabs(double(x[i]) - sim.result[i]) > rel * std::fabs(sim.result[i])) ++result_errors;
+          if ((x[i] >= 0) != (sim.result[i] >= 0)) ++mismatched;
+        }
+        for (std::size_t i = 0; i < sim.padded; ++i)
+          if (!sim.tie[i] && std::fabs(double(ar.worker_error()[i]) - sim.worker_error[std::size_t(rank)][i]) > tol)
+            ++error_errors;
+        for (std::size_t i = 0; i < sim.chunk; ++i)
+          if (!sim.tie[std::size_t(rank) * sim.chunk + i] &&
+              std::fabs(double(ar.server_error()[i]) - sim.server_error[std::size_t(rank)][i]) > tol)
+            ++error_errors;
+      }
+      // Signs decided within float rounding of zero are left out of the comparison; the padding's
+      // first signs are such (zeros), real data's are rare.
+      const auto ties = std::size_t(std::count(sim.tie.begin(), sim.tie.begin() + std::ptrdiff_t(n), char(1)));
+      CHECK(mismatched == 0);
+      CHECK(result_errors == 0);
+      CHECK(error_errors == 0);
+      CHECK(ties * 1000 <= n);
+      if (n > 0) CHECK(compared > 0);
+    }
+  }
+
+  TEST_CASE(
+      "error feedback keeps the sum exact: over K rounds, the sum of the results equals the sum of the true "
+      "averages minus the mean worker error and the server error left at the end") {
+    const int w = world_size(), rank = world_rank();
+    CAPTURE(w);
+    const std::size_t n = 5003;
+    mpopt::mpi comm{MPI_COMM_WORLD};
+    mpopt::compressed_allreduce<> ar(n, w, rank);
+    std::vector<double> results(n, 0.0), averages(n, 0.0);
+    double scales = 0;
+    for (int round = 0; round < 12; ++round) {
+      std::vector<float> x = input(n, round, rank, 0xFEED);
+      for (int r = 0; r < w; ++r) {
+        const auto xr = input(n, round, r, 0xFEED);
+        for (std::size_t i = 0; i < n; ++i) averages[i] += double(xr[i]) / w;
+      }
+      ar.average(comm, x);
+      double largest = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        results[i] += x[i];
+        largest = std::max(largest, std::fabs(double(x[i])));
+      }
+      scales += largest;
+    }
+    const auto worker = gather_all(ar.worker_error());
+    const auto server = gather_all(ar.server_error());
+    std::size_t off = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      double mean_worker = 0;
+      for (const auto& e : worker) mean_worker += e[i] / w;
+      const double left = mean_worker + server[i / ar.chunk_size()][i % ar.chunk_size()];
+      if (std::fabs(results[i] - (averages[i] - left)) > 1e-5 * scales) ++off;
+    }
+    CHECK(off == 0);
+  }
+
+  TEST_CASE("an exchange whose all-gather fails resumes with finish() and gives the uninterrupted result") {
+    const int w = world_size(), rank = world_rank();
+    const std::size_t n = 3000;
+    counting_mpi broken{MPI_COMM_WORLD}, clean{MPI_COMM_WORLD};
+    mpopt::compressed_allreduce<> a(n, w, rank), b(n, w, rank);
+    for (int round = 0; round < 3; ++round) {
+      CAPTURE(round);
+      const std::vector<float> x = input(n, round, rank, 0xABC);
+      for (std::size_t i = 0; i < n; ++i) {
+        a.worker_error()[i] += x[i];
+        b.worker_error()[i] += x[i];
+      }
+      double sumsq = 0;
+      for (std::size_t i = 0; i < n; ++i) sumsq += double(a.worker_error()[i]) * a.worker_error()[i];
+      a.compress_worker(sumsq);
+      broken.fail_gather_at = broken.gathers + (round == 1 ? 2 : 0);  // phase 2, or phase 1
+      CHECK_THROWS_AS(a.finish(broken), mpopt::error);
+      CHECK(a.pending());
+      a.finish(broken);
+      CHECK_FALSE(a.pending());
+      b.exchange(clean, sumsq);
+      std::vector<float> ra(n), rb(n);
+      for (std::size_t i = 0; i < n; ++i) {
+        ra[i] = a.result().scale_of(i) * ((a.result().bits[i / 8] >> (i % 8)) & 1 ? 1.0f : -1.0f);
+        rb[i] = b.result().scale_of(i) * ((b.result().bits[i / 8] >> (i % 8)) & 1 ? 1.0f : -1.0f);
+      }
+      CHECK(ra == rb);
+      CHECK(std::equal(a.worker_error().begin(), a.worker_error().end(), b.worker_error().begin()));
+      CHECK(std::equal(a.server_error().begin(), a.server_error().end(), b.server_error().begin()));
+    }
+  }
+}

@@ -1,0 +1,375 @@
+// 1-bit LAMB on W MPI ranks: warm-up equals replicated LAMB; the compression stage follows the
+// float64 reference of W ranks (onebit_reference.hpp: local momenta, the compressed all-reduce with
+// its error feedback, frozen variance, factors); checkpoints carry the error buffers and resume bit
+// for bit; the momentum all-reduce hands the communicator at most 1/16 of an fp32 all-reduce's
+// bytes; an overflow on one rank skips the step everywhere without touching the errors; the
+// preflight catches a communicator that misdelivers.
+#include <doctest/doctest.h>
+
+#include "mpi_harness.hpp"
+#include "onebit_reference.hpp"
+
+namespace {
+
+const std::vector<std::size_t> onebit_sizes{1, 13, 70001, 2000};
+
+mpopt::onebit_lamb::options onebit_options(std::uint64_t freeze, double wd = 0.01) {
+  mpopt::onebit_lamb::options o;
+  o.lr = 2e-3;
+  o.weight_decay = wd;
+  o.freeze_step = freeze;
+  o.beta2 = 0.9;  // the fresh variance drifts within a short test
+  return o;
+}
+ref::onebit_hyper to_ref(const mpopt::onebit_lamb::options& o) {
+  return {.lr = o.lr, .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps, .weight_decay = o.weight_decay,
+          .min_coeff = o.min_coeff, .max_coeff = o.max_coeff, .freeze_step = o.freeze_step, .coeff_beta = o.coeff_beta,
+          .factor_max = o.factor_max, .factor_min = o.factor_min, .factor_threshold = o.factor_threshold};
+}
+
+/// Rank r's true gradient at step s: a part all ranks share plus noise of their own.
+grads_t local_gradient(int step, int rank) {
+  grads_t g;
+  for (std::size_t i = 0; i < onebit_sizes.size(); ++i) {
+    g.emplace_back();
+    const double f = i == 2 ? 0.01 : 0.1;
+    for (std::size_t k = 0; k < onebit_sizes[i]; ++k)
+      g.back().push_back(f * (unit(key(0x1B, std::uint64_t(step), 0, k + 7 * i)) +
+                              0.7 * unit(key(0x1B, std::uint64_t(step), std::uint64_t(rank) + 1, k + 7 * i))));
+  }
+  return g;
+}
+
+/// An optimizer over one group of onebit_sizes tensors, parameters from a fixed seed.
+template <class Opt>
+struct model {
+  using P = typename Opt::param_type;
+  using G = typename Opt::grad_type;
+  Opt opt;
+  std::vector<std::vector<P>> p;
+  std::vector<std::vector<G>> g;
+
+  template <class... A>
+  model(const typename Opt::group_options& o, A&&... args) : opt(std::forward<A>(args)...) {
+    auto& group = opt.add_group(o);
+    for (std::size_t i = 0; i < onebit_sizes.size(); ++i) {
+      p.emplace_back(onebit_sizes[i]);
+      g.emplace_back(onebit_sizes[i]);
+      for (std::size_t k = 0; k < p[i].size(); ++k) p[i][k] = to<P>(0.5 * unit(key(0xA1, i, k, 3)));
+    }
+    for (std::size_t i = 0; i < p.size(); ++i) group.add(p[i], g[i], "t" + std::to_string(i));
+  }
+  /// Writes the gradient (times the loss scale) and returns what the optimizer reads, unscaled.
+  grads_t write(const grads_t& truth) {
+    grads_t seen;
+    const double s = opt.loss_scale();
+    for (std::size_t i = 0; i < truth.size(); ++i) {
+      seen.emplace_back();
+      for (std::size_t k = 0; k < truth[i].size(); ++k) {
+        g[i][k] = to<G>(truth[i][k] * s);
+        seen.back().push_back(double(float(g[i][k])) / s);
+      }
+    }
+    return seen;
+  }
+  std::vector<std::vector<double>> initial() const {
+    std::vector<std::vector<double>> out;
+    for (const auto& t : p) {
+      out.emplace_back();
+      for (auto x : t) out.back().push_back(double(float(x)));
+    }
+    return out;
+  }
+  /// Masters, moments (with the fresh variance), parameters, coefficients and this rank's errors, as bits.
+  std::vector<std::uint32_t> state_bits() const {
+    std::vector<std::uint32_t> out;
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      for (auto x : p[i]) out.push_back(bits(x));
+      for (float x : opt.master(i)) out.push_back(bits(x));
+      for (std::size_t k = 0; k < 3; ++k)
+        for (float x : opt.moment(k, i)) out.push_back(bits(x));
+    }
+    for (double c : opt.lamb_coeffs()) out.push_back(std::uint32_t(std::bit_cast<std::uint64_t>(c) >> 20));
+    if (world_size() > 1) {
+      for (float x : opt.compression().worker_error()) out.push_back(bits(x));
+      for (float x : opt.compression().server_error()) out.push_back(bits(x));
+    }
+    return out;
+  }
+};
+
+/// Counts what the optimizer hands MPI, collective by collective.
+struct counting_mpi : mpopt::mpi {
+  using mpopt::mpi::mpi;
+  static constexpr std::string_view name = "counting_mpi";
+  std::size_t bytes = 0;
+  using mpopt::mpi::all_gather;
+  using mpopt::mpi::all_reduce;
+  using mpopt::mpi::all_to_all;
+  template <class T>
+  void all_reduce(std::span<T> d, mpopt::reduce_op op) {
+    bytes += d.size_bytes();
+    mpopt::mpi::all_reduce(d, op);
+  }
+  template <class T>
+  void all_to_all(std::span<const T> in, std::span<T> out) {
+    bytes += in.size_bytes();
+    mpopt::mpi::all_to_all(in, out);
+  }
+  template <class T>
+  void all_gather(std::span<const T> in, std::span<T> out) {
+    bytes += in.size_bytes();
+    mpopt::mpi::all_gather(in, out);
+  }
+  template <class T>
+  void all_gather(std::span<T> data, std::span<const std::size_t> counts) {
+    bytes += counts[std::size_t(rank())] * sizeof(T);
+    mpopt::mpi::all_gather(data, counts);
+  }
+};
+static_assert(mpopt::communicator<counting_mpi>);
+
+/// Delivers the all-to-all's blocks to the wrong ranks (rotated by one).
+struct misdelivering_mpi : mpopt::mpi {
+  using mpopt::mpi::mpi;
+  static constexpr std::string_view name = "misdelivering_mpi";
+  using mpopt::mpi::all_to_all;
+  void all_to_all(std::span<const std::uint8_t> in, std::span<std::uint8_t> out) {
+    mpopt::mpi::all_to_all(in, out);
+    std::rotate(out.begin(), out.begin() + 1, out.end());
+  }
+};
+static_assert(mpopt::communicator<misdelivering_mpi>);
+
+template <class P>
+using onebit_opt = mpopt::optimizer<P, mpopt::no_scaling, mpopt::replicated, mpopt::onebit_lamb, mpopt::host, mpopt::mpi>;
+
+}  // namespace
+
+TEST_SUITE("mpi") {
+  TEST_CASE_TEMPLATE(
+      "1-bit LAMB on W ranks: warm-up equals replicated LAMB bit for bit; the compression stage follows the float64 "
+      "reference of W ranks (masters, momentum, fresh variance, coefficients); params agree on every rank",
+      P, mpopt::fp32, mpopt::bf16) {
+    using lamb_opt = mpopt::optimizer<P, mpopt::no_scaling, mpopt::replicated, mpopt::lamb, mpopt::host, mpopt::mpi>;
+    const int w = world_size(), rank = world_rank();
+    CAPTURE(w);
+    const std::uint64_t freeze = 5;
+    const auto o = onebit_options(freeze);
+    // No clipping: a clip coefficient from fp32 norm sums would differ from the reference's by ~1e-6
+    // relative, and the error feedback would carry that into signs near zero round after round.
+    const mpopt::optimizer_options no_clip{.clip_grad = 0};
+    model<onebit_opt<P>> one(o, mpopt::mpi{MPI_COMM_WORLD}, no_clip);
+    mpopt::lamb::options lo;
+    lo.lr = o.lr;
+    lo.beta2 = o.beta2;
+    lo.weight_decay = o.weight_decay;
+    lo.bias_correction = false;
+    model<lamb_opt> plain(lo, mpopt::mpi{MPI_COMM_WORLD}, no_clip);
+    ref::onebit_model ref(std::size_t(w), to_ref(o), one.initial());
+    ref.clip_grad = 0;
+    double worst_p = 0, worst_m = 0, worst_c = 0;
+    std::size_t compared = 0;
+    std::vector<std::vector<double>> path;
+    for (std::size_t n : onebit_sizes) path.emplace_back(n, 0.0);
+    for (int s = 0; s < 18; ++s) {
+      CAPTURE(s);
+      std::vector<grads_t> seen;
+      for (int r = 0; r < w; ++r) seen.push_back(one.write(local_gradient(s, r)));  // what rank r reads
+      one.write(local_gradient(s, rank));
+      const auto st = one.opt.step();
+      CHECK(st.applied);
+      CHECK(st.compression_step == (std::uint64_t(s) >= freeze ? freeze + 1 : 0));
+      const auto before = ref.p;
+      ref.step(seen);
+      for (std::size_t i = 0; i < path.size(); ++i)
+        for (std::size_t k = 0; k < path[i].size(); ++k) path[i][k] += std::abs(ref.p[i][k] - before[i][k]);
+      if (std::uint64_t(s) < freeze) {
+        plain.write(local_gradient(s, rank));
+        const auto sp = plain.opt.step();
+        CHECK(st.grad_norm == sp.grad_norm);
+        CHECK(one.state_bits().size() > 0);
+        for (std::size_t i = 0; i < onebit_sizes.size(); ++i)
+          CHECK(std::equal(one.p[i].begin(), one.p[i].end(), plain.p[i].begin(), [](auto a, auto b) { return bits(a) == bits(b); }));
+        CHECK(std::equal(one.opt.lamb_coeffs().begin(), one.opt.lamb_coeffs().end(), plain.opt.lamb_coeffs().begin()));
+      }
+      CHECK(std::abs(st.grad_norm - ref.grad_norm) <= 1e-5 * ref.grad_norm);
+      // Against the reference, leaving out elements whose sign the reference decided within float
+      // rounding of zero (there the fp32 library may rightly decide the other way).
+      for (std::size_t i = 0; i < onebit_sizes.size(); ++i) {
+        const auto ms = one.opt.master(i), m = one.opt.moment(0, i), fresh = one.opt.moment(2, i);
+        for (std::size_t k = 0; k < onebit_sizes[i]; ++k) {
+          if (ref.tied(i, k)) continue;
+          ++compared;
+          const double tol_p = (s + 1) * 0x1p-23 * std::abs(ref.p[i][k]) + 1e-4 * path[i][k];
+          worst_p = std::max(worst_p, std::abs(ms[k] - ref.p[i][k]) / (tol_p + 1e-30));
+          // momentum: relative, with a floor for values that cancelled to ~0 (float rounding of
+          // terms ~0.1: gradients are ~0.01..0.1)
+          worst_m = std::max(worst_m, std::abs(m[k] - ref.m[i][k]) / (1e-5 * std::abs(ref.m[i][k]) + 5e-8));
+          worst_m = std::max(worst_m, std::abs(fresh[k] - ref.v_fresh[i][k]) / (1e-3 * ref.v_fresh[i][k] + 1e-16));
+        }
+        worst_c = std::max(worst_c, std::abs(one.opt.lamb_coeffs()[i] - ref.coeffs[i]) / (1e-4 * ref.coeffs[i] + 1e-12));
+      }
+    }
+    std::size_t ties = 0;
+    for (char t : ref.sim.tie) ties += t != 0;
+    CHECK(ties * 1000 <= ref.sim.padded + 1000);
+    CHECK(compared > 0);
+    CHECK_MESSAGE(worst_p <= 1.0, "masters off the reference: worst error / tolerance = " << worst_p);
+    CHECK_MESSAGE(worst_m <= 1.0, "moments off the reference: worst error / tolerance = " << worst_m);
+    CHECK_MESSAGE(worst_c <= 1.0, "coefficients off the reference: worst error / tolerance = " << worst_c);
+    if (rank == 0)
+      MESSAGE("W " << w << ": worst error / tolerance: masters " << worst_p << ", moments " << worst_m
+                   << ", coefficients " << worst_c << "; " << ties << " tied signs left out");
+    // The momentum, and with it every parameter, is the same on every rank.
+    std::vector<std::uint32_t> mine;
+    for (const auto& t : one.p)
+      for (auto x : t) mine.push_back(bits(x));
+    std::vector<std::uint32_t> first = mine;
+    MPI_Bcast(first.data(), int(first.size()), MPI_UINT32_T, 0, MPI_COMM_WORLD);
+    CHECK(first == mine);
+  }
+
+  TEST_CASE(
+      "in the compression stage the momentum all-reduce hands the communicator at most 1/16 of the bytes of an fp32 "
+      "all-reduce of it; step_status reports the ratio and the step compression started") {
+    using opt_t = mpopt::optimizer<mpopt::bf16, mpopt::no_scaling, mpopt::replicated, mpopt::onebit_lamb, mpopt::host,
+                                   counting_mpi>;
+    const int w = world_size(), rank = world_rank();
+    CAPTURE(w);
+    model<opt_t> m(onebit_options(3), counting_mpi{MPI_COMM_WORLD});
+    m.opt.finalize();  // its own collectives (layout check, preflight) are not a step's
+    std::size_t params = 0;
+    for (std::size_t n : onebit_sizes) params += n;
+    const double fp32_allreduce = 4.0 * double(params);
+    for (int s = 0; s < 6; ++s) {
+      CAPTURE(s);
+      m.write(local_gradient(s, rank));
+      auto& comm = m.opt.communicator();
+      const std::size_t before = comm.bytes;
+      const auto st = m.opt.step();
+      const std::size_t bytes = comm.bytes - before;
+      CHECK(st.comm_bytes == bytes);
+      CHECK(st.comm_ratio == doctest::Approx(double(bytes) / fp32_allreduce));
+      if (s < 3) {
+        CHECK(st.compression_step == 0);
+        if (w > 1) CHECK(double(bytes) >= fp32_allreduce);  // warm-up: the fp32 gradient all-reduce
+      } else {
+        CHECK(st.compression_step == 4);
+        CHECK(double(bytes) <= fp32_allreduce / 16);
+        if (w > 1) CHECK(bytes == m.opt.compression().bytes_per_exchange() + 1 + 8);  // + overflow flag and norm
+        if (rank == 0 && s == 5)
+          MESSAGE("W " << w << ": compression stage hands " << bytes << " bytes per step, " << st.comm_ratio
+                       << " of an fp32 all-reduce (" << fp32_allreduce << " bytes); the bound is 1/16 = 0.0625");
+      }
+    }
+  }
+
+  TEST_CASE_TEMPLATE(
+      "a checkpoint saved in the compression stage resumes bit for bit at the same world size (error buffers "
+      "included); another world size above 1 needs reset_compression_errors; one rank loads it",
+      P, mpopt::fp32, mpopt::bf16) {
+    const int w = world_size(), rank = world_rank();
+    CAPTURE(w);
+    const shared_dir dir;
+    const auto path = dir / "onebit.safetensors";
+    const auto o = onebit_options(3);
+    model<onebit_opt<P>> a(o, mpopt::mpi{MPI_COMM_WORLD});
+    for (int s = 0; s < 6; ++s) {
+      a.write(local_gradient(s, rank));
+      a.opt.step();
+    }
+    a.opt.save(path);
+    std::vector<std::vector<float>> saved_masters;
+    for (std::size_t i = 0; i < onebit_sizes.size(); ++i)
+      saved_masters.emplace_back(a.opt.master(i).begin(), a.opt.master(i).end());
+    model<onebit_opt<P>> b(onebit_options(99, 0.0), mpopt::mpi{MPI_COMM_WORLD});
+    b.opt.load(path);
+    CHECK(b.state_bits() == a.state_bits());
+    for (int s = 6; s < 10; ++s) {
+      CAPTURE(s);
+      a.write(local_gradient(s, rank));
+      b.write(local_gradient(s, rank));
+      const auto sa = a.opt.step(), sb = b.opt.step();
+      CHECK(sa.compression_step == sb.compression_step);
+      CHECK(b.state_bits() == a.state_bits());
+    }
+    // Half the ranks (when that is still more than one): refused, then accepted with the reset.
+    if (w >= 4) {
+      MPI_Comm sub;
+      MPI_Comm_split(MPI_COMM_WORLD, rank % 2, rank, &sub);
+      {
+        model<onebit_opt<P>> c(o, mpopt::mpi{sub});
+        c.opt.finalize();
+        const auto before = c.state_bits();
+        std::string message;
+        try {
+          c.opt.load(path);
+        } catch (const mpopt::error& e) {
+          message = e.what();
+        }
+        CHECK(message.find("reset_compression_errors") != std::string::npos);
+        CHECK(c.state_bits() == before);
+        c.opt.load(path, {.reset_compression_errors = true});
+        for (float e : c.opt.compression().worker_error()) CHECK(e == 0.0f);
+        c.write(local_gradient(10, rank));
+        CHECK(c.opt.step().applied);
+      }
+      MPI_Comm_free(&sub);
+    }
+    // One rank has no compressed communication: nothing of the errors is needed.
+    MPI_Comm self;
+    MPI_Comm_split(MPI_COMM_WORLD, rank, 0, &self);
+    {
+      model<onebit_opt<P>> solo(o, mpopt::mpi{self});
+      solo.opt.load(path);
+      for (std::size_t i = 0; i < onebit_sizes.size(); ++i)
+        CHECK(std::equal(saved_masters[i].begin(), saved_masters[i].end(), solo.opt.master(i).begin()));
+      solo.write(local_gradient(6, rank));
+      CHECK(solo.opt.step().applied);
+    }
+    MPI_Comm_free(&self);
+  }
+
+  TEST_CASE(
+      "fp16 with the dynamic scaler: an overflow on one rank in the compression stage skips the step on every rank; "
+      "parameters, moments and error buffers stay bit-identical") {
+    using opt_t = mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, mpopt::onebit_lamb,
+                                   mpopt::host, mpopt::mpi>;
+    const int w = world_size(), rank = world_rank();
+    CAPTURE(w);
+    model<opt_t> m(onebit_options(2), mpopt::mpi{MPI_COMM_WORLD}, mpopt::optimizer_options{},
+                   mpopt::dynamic_scale_options{.init_scale = 1024, .hysteresis = 1});
+    for (int s = 0; s < 4; ++s) {
+      m.write(local_gradient(s, rank));
+      CHECK(m.opt.step().applied);
+    }
+    const auto before = m.state_bits();
+    const double scale = m.opt.loss_scale();
+    auto g = local_gradient(4, rank);
+    if (rank == w - 1) g[2][12345] = 1e5 / scale;  // overflows fp16 on this rank only
+    m.write(g);
+    const auto st = m.opt.step();
+    CHECK(st.result == mpopt::step_result::skipped_nonfinite);
+    CHECK(st.compression_step == 3);
+    CHECK(m.opt.loss_scale() == scale / 2);
+    CHECK(m.state_bits() == before);
+    m.write(local_gradient(5, rank));
+    CHECK(m.opt.step().applied);
+  }
+
+  TEST_CASE("the preflight: a communicator that delivers all-to-all blocks to the wrong ranks fails construction on "
+            "every rank") {
+    using opt_t = mpopt::optimizer<mpopt::bf16, mpopt::no_scaling, mpopt::replicated, mpopt::onebit_lamb, mpopt::host,
+                                   misdelivering_mpi>;
+    const int w = world_size();
+    std::string message;
+    try {
+      opt_t opt{misdelivering_mpi{MPI_COMM_WORLD}};
+    } catch (const mpopt::error& e) {
+      message = e.what();
+    }
+    if (w > 1) CHECK(message.find("1-bit LAMB preflight") != std::string::npos);
+    else CHECK(message.empty());  // one rank's single block cannot go astray
+  }
+}

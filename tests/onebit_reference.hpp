@@ -1,0 +1,226 @@
+// A float64 reference of 1-bit LAMB and its compressed all-reduce, written from
+// reference/deepspeed-semantics.md §7 and DESIGN.md §3 (and the decisions in README), NOT from the
+// library's code. It includes nothing from mpopt. W ranks are simulated in one process.
+//
+// Arithmetic is double; values are rounded to float only where the algorithm keeps them in fp32
+// buffers and where a sign is taken from them (the worker's compensated vector, the errors, the
+// scales, the server's sums), so that the reference decides the same signs as any fp32
+// implementation except within float rounding of zero. Such elements are recorded (`tie`).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace ref {
+
+inline double f32(double x) { return double(float(x)); }
+
+/// The error-compensated 1-bit all-reduce (DeepSpeed compressed_allreduce), all ranks at once.
+struct compressed_sim {
+  std::size_t w = 1, n = 0, padded = 0, chunk = 0;
+  std::vector<std::vector<double>> worker_error, server_error;  // per rank: padded, chunk elements
+  std::vector<double> result;                                    // the average every rank gets
+  std::vector<char> tie;  // elements whose sign was ever decided within float rounding of zero
+
+  compressed_sim() = default;
+  compressed_sim(std::size_t ranks, std::size_t elements)
+      : w(ranks), n(elements), padded((elements + 8 * ranks - 1) / (8 * ranks) * (8 * ranks)), chunk(padded / ranks),
+        worker_error(ranks, std::vector<double>(padded, 0.0)),
+        server_error(ranks, std::vector<double>(chunk, 0.0)),
+        result(padded, 0.0),
+        tie(padded, 0) {}
+
+  /// One round: x[r] is rank r's vector (n elements); result = the compressed average.
+  void run(const std::vector<std::vector<double>>& x) {
+    const double near_zero = 1e-6;  // relative to the scale
+    std::vector<std::vector<int>> sign(w, std::vector<int>(padded));
+    std::vector<double> scale(w);
+    for (std::size_t r = 0; r < w; ++r) {
+      // worker: y = x + e (kept in the fp32 error buffer), s = ||y|| / sqrt(N), e = y - s sign(y)
+      std::vector<double> y(padded);
+      double sumsq = 0;
+      for (std::size_t i = 0; i < padded; ++i) {
+        y[i] = f32((i < n ? x[r][i] : 0.0) + worker_error[r][i]);
+        sumsq += y[i] * y[i];
+      }
+      scale[r] = f32(std::sqrt(sumsq / double(padded)));
+      for (std::size_t i = 0; i < padded; ++i) {
+        sign[r][i] = y[i] >= 0 ? 1 : -1;  // zero counts as positive
+        if (std::fabs(y[i]) <= near_zero * scale[r]) tie[i] = 1;
+        worker_error[r][i] = f32(y[i] - scale[r] * sign[r][i]);
+      }
+    }
+    for (std::size_t j = 0; j < w; ++j) {  // server j: chunk j, c = sum_r sign * s_r / W + e_s
+      std::vector<double> c(chunk);
+      double sumsq = 0;
+      for (std::size_t i = 0; i < chunk; ++i) {
+        double sum = 0;
+        for (std::size_t r = 0; r < w; ++r) sum += sign[r][j * chunk + i] * f32(scale[r] * f32(1.0 / double(w)));
+        c[i] = f32(sum + server_error[j][i]);
+        sumsq += c[i] * c[i];
+      }
+      const double s = f32(std::sqrt(sumsq / double(chunk)));
+      for (std::size_t i = 0; i < chunk; ++i) {
+        const int b = c[i] >= 0 ? 1 : -1;
+        if (std::fabs(c[i]) <= near_zero * s) tie[j * chunk + i] = 1;
+        server_error[j][i] = f32(c[i] - s * b);
+        result[j * chunk + i] = s * b;
+      }
+    }
+  }
+};
+
+struct onebit_hyper {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+  double min_coeff = 0.01, max_coeff = 10.0;
+  std::uint64_t freeze_step = 100000;
+  double coeff_beta = 0.9, factor_max = 4.0, factor_min = 0.5, factor_threshold = 0.1;
+};
+
+/// 1-bit LAMB over W ranks, one parameter group, no loss scaling, gradients clipped by the global
+/// norm (warm-up: of the average over ranks; compression stage: the root mean square of the ranks'
+/// local norms, the same on every rank).
+struct onebit_model {
+  std::size_t world = 1;
+  double clip_grad = 1.0;
+  onebit_hyper h;
+  std::vector<std::vector<double>> p, m, v, v_fresh;  // per tensor
+  std::vector<double> coeff_freeze, last_factor, scaling, coeffs;
+  std::uint64_t t = 0, compression_step = 0;
+  double grad_norm = 0;
+  compressed_sim sim;
+
+  onebit_model(std::size_t ranks, const onebit_hyper& hyper, std::vector<std::vector<double>> init)
+      : world(ranks), h(hyper), p(std::move(init)) {
+    std::size_t total = 0;
+    for (const auto& x : p) {
+      m.emplace_back(x.size(), 0.0);
+      v.emplace_back(x.size(), 0.0);
+      v_fresh.emplace_back(x.size(), 0.0);
+      total += x.size();
+    }
+    coeff_freeze.assign(p.size(), 0.0);
+    last_factor.assign(p.size(), 1.0);
+    scaling.assign(p.size(), 1.0);
+    coeffs.assign(p.size(), 1.0);
+    sim = compressed_sim(ranks, total);
+  }
+
+  static double norm(const std::vector<double>& x) {
+    double s = 0;
+    for (double e : x) s += e * e;
+    return std::sqrt(s);
+  }
+
+  /// One applied step; g[r][i] is rank r's true gradient of tensor i.
+  void step(const std::vector<std::vector<std::vector<double>>>& g) {
+    ++t;
+    if (t <= h.freeze_step) warm_up(g);
+    else compress(g);
+  }
+
+  void warm_up(const std::vector<std::vector<std::vector<double>>>& g) {
+    std::vector<std::vector<double>> avg(p.size());
+    double ss = 0;
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      avg[i].assign(p[i].size(), 0.0);
+      for (std::size_t r = 0; r < world; ++r)
+        for (std::size_t k = 0; k < p[i].size(); ++k) avg[i][k] += g[r][i][k] / double(world);
+      for (double x : avg[i]) ss += x * x;
+    }
+    grad_norm = std::sqrt(ss);
+    const double clip = clip_factor();
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      std::vector<double> u(p[i].size());
+      for (std::size_t k = 0; k < p[i].size(); ++k) {
+        const double gk = avg[i][k] * clip;
+        m[i][k] = h.beta1 * m[i][k] + (1 - h.beta1) * gk;
+        v[i][k] = h.beta2 * v[i][k] + (1 - h.beta2) * gk * gk;
+        u[k] = m[i][k] / (std::sqrt(v[i][k]) + h.eps) + h.weight_decay * p[i][k];
+      }
+      if (t == h.freeze_step) v_fresh[i] = v[i];
+      const double wn = norm(p[i]), un = norm(u);
+      double coeff = 1.0;
+      if (wn != 0 && un != 0) coeff = std::clamp(wn / un, h.min_coeff, h.max_coeff);
+      if (coeff != 1.0) coeff_freeze[i] = h.coeff_beta * coeff_freeze[i] + (1 - h.coeff_beta) * coeff;
+      coeffs[i] = coeff;
+      for (std::size_t k = 0; k < p[i].size(); ++k) p[i][k] -= h.lr * coeff * u[k];
+    }
+  }
+
+  void compress(const std::vector<std::vector<std::vector<double>>>& g) {
+    if (compression_step == 0) {  // momentum scaling coefficients, once
+      compression_step = t;
+      std::vector<double> s(p.size());
+      double mean = 0;
+      for (std::size_t i = 0; i < p.size(); ++i) {
+        s[i] = norm(m[i]) / std::sqrt(double(p[i].size()));
+        mean += s[i] / double(p.size());
+      }
+      for (std::size_t i = 0; i < p.size(); ++i) scaling[i] = f32(s[i] > 0 ? mean / s[i] : 1.0);  // an fp32 multiplier
+    }
+    double ss = 0;
+    for (std::size_t r = 0; r < world; ++r)
+      for (std::size_t i = 0; i < p.size(); ++i)
+        for (double x : g[r][i]) ss += x * x;
+    grad_norm = std::sqrt(ss / double(world));
+    const double clip = clip_factor();
+    // The averaged momentum: exact with one rank, else the compressed average of the ranks' scaled ones.
+    std::vector<std::vector<double>> m_new(p.size());
+    if (world == 1) {
+      for (std::size_t i = 0; i < p.size(); ++i)
+        for (std::size_t k = 0; k < p[i].size(); ++k)
+          m_new[i].push_back(h.beta1 * m[i][k] + (1 - h.beta1) * g[0][i][k] * clip);
+    } else {
+      std::vector<std::vector<double>> x(world);
+      for (std::size_t r = 0; r < world; ++r)
+        for (std::size_t i = 0; i < p.size(); ++i)
+          for (std::size_t k = 0; k < p[i].size(); ++k)
+            x[r].push_back(scaling[i] * (h.beta1 * m[i][k] + (1 - h.beta1) * g[r][i][k] * clip));
+      sim.run(x);
+      // The momentum is an fp32 buffer: what the next round compresses starts from its float value.
+      std::size_t at = 0;
+      for (std::size_t i = 0; i < p.size(); ++i)
+        for (std::size_t k = 0; k < p[i].size(); ++k) m_new[i].push_back(f32(sim.result[at++] / scaling[i]));
+    }
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      const std::size_t n = p[i].size();
+      std::vector<double> u0(n), u(n);
+      double largest = 0;
+      for (std::size_t k = 0; k < n; ++k) {
+        const double rg = (m_new[i][k] - h.beta1 * m[i][k]) / (1 - h.beta1);  // reconstructed gradient
+        v_fresh[i][k] = h.beta2 * v_fresh[i][k] + (1 - h.beta2) * rg * rg;
+        const double den = std::sqrt(v[i][k]) + h.eps;  // v frozen
+        u0[k] = m_new[i][k] / den;
+        u[k] = u0[k] + h.weight_decay * p[i][k];
+        largest = std::max(largest, den / (std::sqrt(v_fresh[i][k]) + h.eps));
+        m[i][k] = m_new[i][k];
+      }
+      double f = largest;
+      if (h.weight_decay > 0) {
+        const double un = norm(u), r = un > 0 ? std::min(1.0, norm(u0) / un) : 1.0;
+        f = f * r + (1 - r);
+      }
+      f = std::clamp(f, h.factor_min, h.factor_max);
+      f = std::clamp(f, last_factor[i] * (1 - h.factor_threshold), last_factor[i] * (1 + h.factor_threshold));
+      last_factor[i] = f;
+      coeffs[i] = coeff_freeze[i] * f;
+      for (std::size_t k = 0; k < n; ++k) p[i][k] -= h.lr * coeffs[i] * u[k];
+    }
+  }
+
+  double clip_factor() const { return clip_grad > 0 ? std::min(1.0, clip_grad / (grad_norm + 1e-6)) : 1.0; }
+
+  /// Whether element k of tensor i has had a sign decided within rounding of zero.
+  bool tied(std::size_t i, std::size_t k) const {
+    if (world == 1) return false;
+    std::size_t at = k;
+    for (std::size_t j = 0; j < i; ++j) at += p[j].size();
+    return sim.tie[at] != 0;
+  }
+};
+
+}  // namespace ref
