@@ -3,6 +3,7 @@
 //   build/examples/train_mlp                                   # fp16 + dynamic loss scaling, Adam, fused layout
 //   build/examples/train_mlp --precision bf16 --rule lamb --layout unfused
 //   build/examples/train_mlp --steps 12 --print-every 1              # watch the loss scale come down
+//   mpirun -np 4 build/examples/train_mlp_mpi --rule onebit_lamb --csv loss.csv  # compressed momentum
 //   build/examples/train_mlp --help
 //
 // The task: 32-d Gaussian points labelled by a random "teacher" network (the argmax of its 10
@@ -38,6 +39,7 @@
 #include <exception>
 #include <numbers>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -64,6 +66,10 @@ std::vector<unsigned long long> gather_on_rank0(unsigned long long mine) {
   MPI_Gather(&mine, 1, MPI_UNSIGNED_LONG_LONG, all.data(), 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
   return all;
 }
+double mean_over_ranks(double x) {
+  MPI_Allreduce(MPI_IN_PLACE, &x, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  return x / world_size();
+}
 #else
 constexpr bool with_mpi = false;
 using communicator = mpopt::single_process;
@@ -71,6 +77,7 @@ communicator make_communicator() { return {}; }
 int world_rank() { return 0; }
 int world_size() { return 1; }
 std::vector<unsigned long long> gather_on_rank0(unsigned long long mine) { return {mine}; }
+double mean_over_ranks(double x) { return x; }
 #endif
 
 constexpr int n_inputs = 32;
@@ -354,7 +361,7 @@ class mlp {
 struct config {
   std::string precision = "fp16";  // fp16 | bf16 | fp32
   std::string scaler;              // dynamic | static | none; default: dynamic for fp16, else none
-  std::string rule = "adam";       // adam | lamb
+  std::string rule = "adam";       // adam | lamb | onebit_lamb
   std::string layout = "fused";    // fused | unfused
   int zero = -1;                   // -1: one process; 0: replicated over MPI ranks; 1, 2: ZeRO stage
   int steps = 600;
@@ -365,6 +372,11 @@ struct config {
   double loss_scale = 0;  // 0: 2^24 initial scale for dynamic, 1024 for static
   double weight_decay = 0.01;
   std::uint64_t seed = 1;
+  std::size_t train_samples = 8192;
+  std::uint64_t freeze_step = 0;  // onebit_lamb; 0: 20% of the steps
+  bool bias_correction = true;    // lamb
+  std::string schedule = "constant";  // constant | linear (decay to 0 over the steps)
+  std::string csv;                // write "step,loss" here (the batch loss averaged over ranks)
 };
 
 constexpr std::string_view usage = R"(usage: train_mlp [options]
@@ -377,14 +389,24 @@ run in fp32 without loss scaling for comparison.
                                 for fp16, none otherwise)
   --loss-scale S                initial scale (dynamic, default 2^24) or the scale (static,
                                 default 1024)
-  --rule adam|lamb              update rule (default adam; AdamW-style weight decay)
+  --rule adam|lamb|onebit_lamb  update rule (default adam; AdamW-style weight decay). onebit_lamb
+                                (1-bit LAMB) averages the momentum over ranks 1-bit compressed after
+                                --freeze-step warm-up steps of LAMB; replicated only (no --zero 1|2)
+  --freeze-step N               onebit_lamb's warm-up steps (default: 20% of --steps)
+  --bias-correction on|off      lamb's bias correction of the step size (default on; onebit_lamb
+                                has none, so compare it with off)
+  --csv FILE                    write "step,loss" per step, the batch loss averaged over ranks
+  --schedule constant|linear    learning rate over the steps: constant (default) or decaying
+                                linearly to 0 (group.set_lr before each step)
   --layout fused|unfused        optimizer-owned flat buffers (add_flat_group, default) or the
                                 model's own vectors (add_group + add)
   --steps N                     optimizer steps (default 600)
   --batch B                     samples per micro-batch (default 64)
   --accumulate K                micro-batches per optimizer step (default 1)
-  --lr X                        learning rate (default 3e-3 for adam, 1e-2 for lamb)
+  --lr X                        learning rate (default 3e-3 for adam, 1e-2 for lamb and onebit_lamb)
   --seed S                      seed of the data, the initial weights and the batches (default 1)
+  --train-samples N             training set size (default 8192: many passes over few samples;
+                                2^18: about one pass in 2000 steps on 4 ranks, like pretraining)
   --print-every N               progress line every N steps (default 100; 0: none)
   --zero 0|1|2                  train_mlp_mpi only (under mpirun): 0 replicated, 1 ZeRO-1, 2 ZeRO-2;
                                 each rank trains on its own shard of the data (default 0)
@@ -435,7 +457,14 @@ bool parse_args(int argc, char** argv, config& c) {
     }
     if (flag == "--precision") check_choice(flag, c.precision = value, {"fp16", "bf16", "fp32"});
     else if (flag == "--scaler") check_choice(flag, c.scaler = value, {"dynamic", "static", "none"});
-    else if (flag == "--rule") check_choice(flag, c.rule = value, {"adam", "lamb"});
+    else if (flag == "--rule") check_choice(flag, c.rule = value, {"adam", "lamb", "onebit_lamb"});
+    else if (flag == "--freeze-step") c.freeze_step = parse_number<std::uint64_t>(flag, value, 1);
+    else if (flag == "--csv") c.csv = value;
+    else if (flag == "--schedule") check_choice(flag, c.schedule = value, {"constant", "linear"});
+    else if (flag == "--bias-correction") {
+      check_choice(flag, value, {"on", "off"});
+      c.bias_correction = value == "on";
+    }
     else if (flag == "--layout") check_choice(flag, c.layout = value, {"fused", "unfused"});
     else if (flag == "--loss-scale") c.loss_scale = parse_number<double>(flag, value, 1);
     else if (flag == "--steps") c.steps = parse_number<int>(flag, value, 1);
@@ -443,6 +472,7 @@ bool parse_args(int argc, char** argv, config& c) {
     else if (flag == "--accumulate") c.accumulate = parse_number<int>(flag, value, 1);
     else if (flag == "--lr") c.lr = parse_number<double>(flag, value, 0);
     else if (flag == "--seed") c.seed = parse_number<std::uint64_t>(flag, value, 0);
+    else if (flag == "--train-samples") c.train_samples = parse_number<std::size_t>(flag, value, 1);
     else if (flag == "--print-every") c.print_every = parse_number<int>(flag, value, 0);
     else if (flag == "--zero") {
       check_choice(flag, value, {"0", "1", "2"});
@@ -458,7 +488,14 @@ bool parse_args(int argc, char** argv, config& c) {
                       c.precision + " has float's exponent range (use --scaler none)"};
   if (c.loss_scale != 0 && c.scaler == "none") throw usage_error{"--loss-scale needs --scaler dynamic or static"};
   if (c.loss_scale == 0) c.loss_scale = c.scaler == "dynamic" ? 0x1p24 : 1024;
-  if (c.lr < 0) c.lr = c.rule == "lamb" ? 1e-2 : 3e-3;
+  if (c.lr < 0) c.lr = c.rule == "adam" ? 3e-3 : 1e-2;
+  if (c.freeze_step != 0 && c.rule != "onebit_lamb") throw usage_error{"--freeze-step needs --rule onebit_lamb"};
+  if (!c.bias_correction && c.rule != "lamb") throw usage_error{"--bias-correction needs --rule lamb"};
+  if (c.freeze_step == 0) c.freeze_step = std::max(1, c.steps / 5);
+  if (c.train_samples < std::size_t(world_size()))
+    throw usage_error{"--train-samples must be at least the number of ranks (" + std::to_string(world_size()) + ")"};
+  if (c.rule == "onebit_lamb" && c.zero > 0)
+    throw usage_error{"--rule onebit_lamb keeps the whole momentum on every rank: use --zero 0"};
   return true;
 }
 
@@ -565,8 +602,12 @@ run_result train(const config& c, const task& data, bool verbose) {
   Opt opt(make_communicator(), {.clip_grad = 1.0, .accumulation_steps = c.accumulate, .max_consecutive_skips = 100},
           scaler_options<typename Opt::scaler_options>(c));
 
-  const typename Opt::group_options weights_options{.lr = c.lr, .weight_decay = c.weight_decay};
-  const typename Opt::group_options biases_options{.lr = c.lr, .weight_decay = 0.0};
+  typename Opt::group_options weights_options{.lr = c.lr, .weight_decay = c.weight_decay};
+  typename Opt::group_options biases_options{.lr = c.lr, .weight_decay = 0.0};
+  if constexpr (std::is_same_v<typename Opt::rule, mpopt::onebit_lamb>)
+    weights_options.freeze_step = biases_options.freeze_step = c.freeze_step;
+  if constexpr (std::is_same_v<typename Opt::rule, mpopt::lamb>)
+    weights_options.bias_correction = biases_options.bias_correction = c.bias_correction;
   mlp<P, G> model;
   if (c.layout == "fused") attach_fused(opt, model, weights_options, biases_options);
   else attach_unfused(opt, model, weights_options, biases_options, storage);
@@ -582,11 +623,22 @@ run_result train(const config& c, const task& data, bool verbose) {
   std::vector<int> y(c.batch);
   double loss_sum = 0, last_norm = -1;  // mean batch loss since the last progress line; last applied step's norm
   int loss_count = 0;
+  bool compressing = false;  // 1-bit LAMB past its warm-up
+  std::FILE* csv = nullptr;  // written by rank 0
+  if (verbose && !c.csv.empty()) {
+    if (world_rank() == 0) csv = std::fopen(c.csv.c_str(), "w");
+    // Every rank learns of rank 0's failure, or the others would wait for it in the first step.
+    if (mean_over_ranks(world_rank() == 0 && !csv ? 1 : 0) > 0) throw std::runtime_error("cannot write " + c.csv);
+    if (csv) std::fprintf(csv, "step,loss\n");
+  }
   mpopt::step_status status;
   const auto start = clock::now();
   auto last_print = start;
 
   for (int step = 1; step <= c.steps; ++step) {
+    if (c.schedule == "linear")
+      for (std::size_t g = 0; g < opt.group_count(); ++g) opt.group(g).set_lr(c.lr * (1.0 - double(step - 1) / c.steps));
+    double step_loss = 0;  // this rank's batch loss, averaged over the micro-batches
     for (int micro = 0; micro < c.accumulate; ++micro) {
       for (int n = 0; n < c.batch; ++n) {
         const std::size_t s = batches.below(data.train.size() / ranks) * ranks + rank;
@@ -594,29 +646,43 @@ run_result train(const config& c, const task& data, bool verbose) {
         y[n] = data.train.y[s];
       }
       // Tensors are registered as group 0 = the layers' weights, group 1 = their biases.
-      loss_sum += model.train_batch(x, y, float(opt.loss_scale()), [&](int l) {
+      const double loss = model.train_batch(x, y, float(opt.loss_scale()), [&](int l) {
         opt.grad_ready(std::size_t(l));
         opt.grad_ready(std::size_t(model.depth + l));
       });
+      loss_sum += loss;
+      step_loss += loss / c.accumulate;
       ++loss_count;
       // One call per backward: micro-steps 1..K-1 only accumulate, the K-th applies (or skips).
       status = opt.step();
     }
     if (status.applied) last_norm = status.grad_norm;
+    if (verbose && !c.csv.empty()) {  // every rank takes part in the average
+      const double global = mean_over_ranks(step_loss);
+      if (csv) std::fprintf(csv, "%d,%.6f\n", step, global);
+    }
+    if (verbose && rank == 0 && status.compression_step > 0 && !compressing)  // counts applied steps only
+      std::printf("step %5d  1-bit LAMB: warm-up done, variance frozen; %s\n", step,
+                  ranks > 1 ? "the momentum is averaged 1-bit compressed from here" : "one rank: nothing to compress");
+    compressing = status.compression_step > 0;
 
     if (verbose && rank == 0 && c.print_every > 0 && (step % c.print_every == 0 || step == c.steps)) {
       const auto now = clock::now();
       const double elapsed = std::chrono::duration<double>(now - last_print).count();
       const int since = step % c.print_every == 0 ? c.print_every : step % c.print_every;
       const std::string norm = last_norm < 0 ? "-" : format("%.3f", last_norm);  // "-": no step applied yet
-      std::printf("step %5d  loss %.4f  scale %-9.0f  grad-norm %6s  skipped %3llu  %5.0f steps/s\n", step,
+      std::printf("step %5d  loss %.4f  scale %-9.0f  grad-norm %6s  skipped %3llu  %5.0f steps/s", step,
                   loss_sum / loss_count, opt.loss_scale(), norm.c_str(),
                   static_cast<unsigned long long>(status.skipped_steps), since / elapsed);
+      // Bytes sent per step, as a fraction of an fp32 all-reduce of every gradient.
+      if (with_mpi) std::printf("  comm %.3f", status.comm_ratio);
+      std::printf("\n");
       loss_sum = 0;
       loss_count = 0;
       last_print = now;
     }
   }
+  if (csv) std::fclose(csv);
   r.seconds = std::chrono::duration<double>(clock::now() - start).count();
   r.skipped = status.skipped_steps;
   r.final_loss = model.evaluate(data.train).loss;
@@ -692,6 +758,9 @@ int run(const config& c, const task& data) {
 template <class Precision, class Scaler, class Partition>
 int run_with_rule(const config& c, const task& data) {
   if (c.rule == "lamb") return run<mpopt::optimizer<Precision, Scaler, Partition, mpopt::lamb, mpopt::host, communicator>>(c, data);
+  if constexpr (std::is_same_v<Partition, mpopt::replicated>)  // parse_args refuses it with ZeRO
+    if (c.rule == "onebit_lamb")
+      return run<mpopt::optimizer<Precision, Scaler, Partition, mpopt::onebit_lamb, mpopt::host, communicator>>(c, data);
   return run<mpopt::optimizer<Precision, Scaler, Partition, mpopt::adam, mpopt::host, communicator>>(c, data);
 }
 
@@ -725,7 +794,7 @@ int train_main(int argc, char** argv) {
   }
 
   try {
-    const task data = make_task(c.seed, 8192, 2048);
+    const task data = make_task(c.seed, c.train_samples, 2048);
     return dispatch(c, data);
   } catch (const mpopt::error& e) {  // invalid option, or training beyond what the scaler can rescue
     std::fprintf(stderr, "train_mlp: %s\n", e.what());

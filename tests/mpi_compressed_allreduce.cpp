@@ -91,9 +91,8 @@ TEST_SUITE("mpi") {
         sim.run(xs);
         double largest = 0;
         for (double v : sim.result) largest = std::max(largest, std::fabs(v));
-        // Scales come from sums of squares the library forms in fp32 lanes over 64 Ki-element chunks
-        // (relative error ~1e-6 at this size, against the simulation's double); the errors inherit it
-        // round by round.
+        // The library stores x + error, the errors and the scales in fp32 (the simulation keeps
+        // float64): values agree to float rounding, which the errors carry from round to round.
         const double rel = 2e-5, tol = rel * largest * (round + 1);
         for (std::size_t i = 0; i < n; ++i) {
           if (sim.tie[i]) continue;
