@@ -27,12 +27,13 @@ ref::onebit_hyper to_ref(const mpopt::onebit_lamb::options& o) {
           .factor_max = o.factor_max, .factor_min = o.factor_min, .factor_threshold = o.factor_threshold};
 }
 
-/// Rank r's true gradient at step s: a part all ranks share plus noise of their own.
-grads_t local_gradient(int step, int rank) {
+/// Rank r's true gradient at step s: a part all ranks share plus noise of their own. With
+/// `silent`, tensor 1's gradient is zero throughout (a frozen layer): its momentum stays zero.
+grads_t local_gradient(int step, int rank, bool silent = false) {
   grads_t g;
   for (std::size_t i = 0; i < onebit_sizes.size(); ++i) {
     g.emplace_back();
-    const double f = i == 2 ? 0.01 : 0.1;
+    const double f = silent && i == 1 ? 0.0 : i == 2 ? 0.01 : 0.1;
     for (std::size_t k = 0; k < onebit_sizes[i]; ++k)
       g.back().push_back(f * (unit(key(0x1B, std::uint64_t(step), 0, k + 7 * i)) +
                               0.7 * unit(key(0x1B, std::uint64_t(step), std::uint64_t(rank) + 1, k + 7 * i))));
@@ -149,8 +150,11 @@ using onebit_opt = mpopt::optimizer<P, mpopt::no_scaling, mpopt::replicated, mpo
 TEST_SUITE("mpi") {
   TEST_CASE_TEMPLATE(
       "1-bit LAMB on W ranks: warm-up equals replicated LAMB bit for bit; the compression stage follows the float64 "
-      "reference of W ranks (masters, momentum, fresh variance, coefficients); params agree on every rank",
+      "reference of W ranks (masters, momentum, fresh variance, coefficients); params agree on every rank; a tensor "
+      "whose gradient is always zero (momentum scaling 1) changes nothing else",
       P, mpopt::fp32, mpopt::bf16) {
+   for (bool silent : {false, true}) {
+    CAPTURE(silent);
     using lamb_opt = mpopt::optimizer<P, mpopt::no_scaling, mpopt::replicated, mpopt::lamb, mpopt::host, mpopt::mpi>;
     const int w = world_size(), rank = world_rank();
     CAPTURE(w);
@@ -175,8 +179,8 @@ TEST_SUITE("mpi") {
     for (int s = 0; s < 18; ++s) {
       CAPTURE(s);
       std::vector<grads_t> seen;
-      for (int r = 0; r < w; ++r) seen.push_back(one.write(local_gradient(s, r)));  // what rank r reads
-      one.write(local_gradient(s, rank));
+      for (int r = 0; r < w; ++r) seen.push_back(one.write(local_gradient(s, r, silent)));  // what rank r reads
+      one.write(local_gradient(s, rank, silent));
       const auto st = one.opt.step();
       CHECK(st.applied);
       CHECK(st.compression_step == (std::uint64_t(s) >= freeze ? freeze + 1 : 0));
@@ -185,7 +189,7 @@ TEST_SUITE("mpi") {
       for (std::size_t i = 0; i < path.size(); ++i)
         for (std::size_t k = 0; k < path[i].size(); ++k) path[i][k] += std::abs(ref.p[i][k] - before[i][k]);
       if (std::uint64_t(s) < freeze) {
-        plain.write(local_gradient(s, rank));
+        plain.write(local_gradient(s, rank, silent));
         const auto sp = plain.opt.step();
         CHECK(st.grad_norm == sp.grad_norm);
         CHECK(one.state_bits().size() > 0);
@@ -228,6 +232,16 @@ TEST_SUITE("mpi") {
     std::vector<std::uint32_t> first = mine;
     MPI_Bcast(first.data(), int(first.size()), MPI_UINT32_T, 0, MPI_COMM_WORLD);
     CHECK(first == mine);
+    if (silent) {  // DeepSpeed would divide by the zero momentum's norm; the checkpoint shows the 1
+      const shared_dir dir;
+      one.opt.save(dir / "silent.safetensors");
+      std::vector<float> scaling(onebit_sizes.size());
+      mpopt::detail::state_reader(dir / "silent.safetensors").read("scaling_coeff", std::span<float>(scaling));
+      CHECK(scaling[1] == 1.0f);
+      CHECK(scaling[0] != 1.0f);
+      for (const auto& t : one.p) CHECK(std::all_of(t.begin(), t.end(), [](auto x) { return std::isfinite(float(x)); }));
+    }
+   }
   }
 
   TEST_CASE(
