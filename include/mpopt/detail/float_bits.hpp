@@ -1,19 +1,25 @@
 // mpopt — scalar bit-level conversions between float/double and the 16-bit storage formats.
-// Pure integer arithmetic on std::bit_cast'ed bits: constexpr, no intrinsics, no CUDA headers, and
-// independent of the FP environment (MXCSR DAZ/FTZ, rounding mode).
+// Pure integer arithmetic on bit-cast bits: constexpr, no intrinsics, no CUDA headers, the same
+// code on the host and the device, and independent of the FP environment (MXCSR DAZ/FTZ, rounding
+// mode).
 #pragma once
 
-#include <bit>
 #include <cstdint>
 
 #include "config.hpp"
 
 namespace mpopt::detail {
 
+/// std::bit_cast for host and device code (nvcc does not let device code call std::bit_cast).
+template <class To, class From>
+constexpr MPOPT_HOST_DEVICE To bit_cast(const From& from) noexcept {
+  return __builtin_bit_cast(To, from);
+}
+
 /// float -> IEEE 754 binary16, round to nearest, ties to even; overflow -> ±inf; subnormals kept.
 /// NaN -> sign | 0x7E00 | (mantissa >> 13): quiet bit forced, upper payload kept (as x86 VCVTPS2PH).
 constexpr MPOPT_HOST_DEVICE std::uint16_t float_to_half_bits(float f) noexcept {
-  const std::uint32_t u = std::bit_cast<std::uint32_t>(f);
+  const std::uint32_t u = detail::bit_cast<std::uint32_t>(f);
   const auto sign = static_cast<std::uint16_t>((u >> 16) & 0x8000u);
   const std::uint32_t a = u & 0x7FFFFFFFu;
 
@@ -50,10 +56,10 @@ constexpr MPOPT_HOST_DEVICE float half_bits_to_float(std::uint16_t h) noexcept {
   std::uint32_t man = h & 0x03FFu;
 
   if (exp == 0x1Fu) {
-    return std::bit_cast<float>(man == 0 ? (sign | 0x7F800000u) : (sign | 0x7FC00000u | (man << 13)));
+    return detail::bit_cast<float>(man == 0 ? (sign | 0x7F800000u) : (sign | 0x7FC00000u | (man << 13)));
   }
   if (exp == 0) {
-    if (man == 0) return std::bit_cast<float>(sign);
+    if (man == 0) return detail::bit_cast<float>(sign);
     // Subnormal: normalize so the leading 1 lands on the implicit-bit position (bit 10).
     exp = 1;
     while ((man & 0x0400u) == 0) {
@@ -62,14 +68,14 @@ constexpr MPOPT_HOST_DEVICE float half_bits_to_float(std::uint16_t h) noexcept {
     }
     man &= 0x03FFu;
   }
-  return std::bit_cast<float>(sign | ((exp + 112u) << 23) | (man << 13));  // rebias 15 -> 127
+  return detail::bit_cast<float>(sign | ((exp + 112u) << 23) | (man << 13));  // rebias 15 -> 127
 }
 
 /// float -> bfloat16 (the top 16 bits of a float), round to nearest, ties to even; subnormals are
 /// rounded like any other value (no flush to zero), overflow gives ±inf.
 /// NaN -> (bits >> 16) | 0x0040: sign and upper payload kept, quiet bit forced.
 constexpr MPOPT_HOST_DEVICE std::uint16_t float_to_bfloat16_bits(float f) noexcept {
-  const std::uint32_t u = std::bit_cast<std::uint32_t>(f);
+  const std::uint32_t u = detail::bit_cast<std::uint32_t>(f);
   if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<std::uint16_t>((u >> 16) | 0x0040u);
   // RNE on the 16 dropped bits (same rule as IEEE 754 roundTiesToEven); carries propagate into the
   // exponent, so 0x7F7FFFFF correctly becomes inf (0x7F80). Cannot overflow 32 bits for non-NaN.
@@ -78,7 +84,7 @@ constexpr MPOPT_HOST_DEVICE std::uint16_t float_to_bfloat16_bits(float f) noexce
 
 /// bfloat16 -> float, exact (signalling NaNs stay signalling: it is a plain bit move).
 constexpr MPOPT_HOST_DEVICE float bfloat16_bits_to_float(std::uint16_t b) noexcept {
-  return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16);
+  return detail::bit_cast<float>(static_cast<std::uint32_t>(b) << 16);
 }
 
 /// double -> float bits, rounded to odd (truncate, then set the last bit if anything was dropped).
@@ -87,7 +93,7 @@ constexpr MPOPT_HOST_DEVICE float bfloat16_bits_to_float(std::uint16_t b) noexce
 /// rounding to odd", IEEE TC 2008); float's 24 bits cover half (11) and bfloat16 (8).
 /// Overflow gives FLT_MAX (odd, so it still rounds to inf below); NaN -> quiet NaN, upper payload.
 constexpr MPOPT_HOST_DEVICE std::uint32_t double_to_float_bits_round_to_odd(double d) noexcept {
-  const std::uint64_t u = std::bit_cast<std::uint64_t>(d);
+  const std::uint64_t u = detail::bit_cast<std::uint64_t>(d);
   const auto sign = static_cast<std::uint32_t>(u >> 32) & 0x80000000u;
   const auto exp = static_cast<std::int32_t>((u >> 52) & 0x7FFu);
   const std::uint64_t man = u & 0x000FFFFFFFFFFFFFull;
@@ -113,12 +119,12 @@ constexpr MPOPT_HOST_DEVICE std::uint32_t double_to_float_bits_round_to_odd(doub
 
 /// double -> binary16, correctly rounded (no double rounding through float). NaN as for float.
 constexpr MPOPT_HOST_DEVICE std::uint16_t double_to_half_bits(double d) noexcept {
-  return float_to_half_bits(std::bit_cast<float>(double_to_float_bits_round_to_odd(d)));
+  return float_to_half_bits(detail::bit_cast<float>(double_to_float_bits_round_to_odd(d)));
 }
 
 /// double -> bfloat16, correctly rounded (no double rounding through float). NaN as for float.
 constexpr MPOPT_HOST_DEVICE std::uint16_t double_to_bfloat16_bits(double d) noexcept {
-  return float_to_bfloat16_bits(std::bit_cast<float>(double_to_float_bits_round_to_odd(d)));
+  return float_to_bfloat16_bits(detail::bit_cast<float>(double_to_float_bits_round_to_odd(d)));
 }
 
 }  // namespace mpopt::detail
