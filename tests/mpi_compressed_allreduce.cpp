@@ -18,36 +18,6 @@ std::vector<float> input(std::size_t n, int round, int r, std::uint64_t seed) {
   return x;
 }
 
-/// Forwards to MPI and counts the bytes handed to the all-to-all and all-gathers; can throw once
-/// at the n-th all-gather (on every rank, as a broken network would be seen by all).
-struct counting_mpi : mpopt::mpi {
-  using mpopt::mpi::mpi;
-  static constexpr std::string_view name = "counting_mpi";
-  std::size_t bytes = 0;
-  int gathers = 0, fail_gather_at = -1;
-
-  using mpopt::mpi::all_gather;
-  using mpopt::mpi::all_to_all;
-  template <class T>
-  void all_to_all(std::span<const T> in, std::span<T> out) {
-    bytes += in.size_bytes();
-    mpopt::mpi::all_to_all(in, out);
-  }
-  template <class T>
-  void all_gather(std::span<const T> in, std::span<T> out) {
-    if (gathers++ == fail_gather_at) throw mpopt::error("counting_mpi: all_gather failed");
-    bytes += in.size_bytes();
-    mpopt::mpi::all_gather(in, out);
-  }
-  template <class T>
-  void all_gather(std::span<T> data, std::span<const std::size_t> counts) {
-    if (gathers++ == fail_gather_at) throw mpopt::error("counting_mpi: all_gather failed");
-    bytes += counts[std::size_t(rank())] * sizeof(T);
-    mpopt::mpi::all_gather(data, counts);
-  }
-};
-static_assert(mpopt::communicator<counting_mpi>);
-
 /// Every rank's copy of a per-rank vector.
 std::vector<std::vector<double>> gather_all(std::span<const float> mine) {
   const int w = world_size();

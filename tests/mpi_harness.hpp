@@ -28,6 +28,7 @@
 #include <span>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -612,6 +613,48 @@ std::string broadcast_string(std::string s) {
   MPI_Bcast(s.data(), n, MPI_CHAR, 0, MPI_COMM_WORLD);
   return s;
 }
+
+/// Forwards to MPI and counts the bytes this rank hands the all-reduces, all-to-alls and
+/// all-gathers (its own piece of each gather); can throw once, at the n-th all-gather, on every
+/// rank, as a broken network would be seen by all.
+struct counting_mpi : mpopt::mpi {
+  using mpopt::mpi::mpi;
+  static constexpr std::string_view name = "counting_mpi";
+  std::size_t bytes = 0;
+  int gathers = 0, fail_gather_at = -1;
+
+  using mpopt::mpi::all_gather;
+  using mpopt::mpi::all_reduce;
+  using mpopt::mpi::all_to_all;
+  template <class T>
+  void all_reduce(std::span<T> d, mpopt::reduce_op op) {
+    bytes += d.size_bytes();
+    mpopt::mpi::all_reduce(d, op);
+  }
+  template <class T>
+  void all_to_all(std::span<const T> in, std::span<T> out) {
+    bytes += in.size_bytes();
+    mpopt::mpi::all_to_all(in, out);
+  }
+  template <class T>
+  void all_gather(std::span<const T> in, std::span<T> out) {
+    gather_may_fail();
+    bytes += in.size_bytes();
+    mpopt::mpi::all_gather(in, out);
+  }
+  template <class T>
+  void all_gather(std::span<T> data, std::span<const std::size_t> counts) {
+    gather_may_fail();
+    bytes += counts[std::size_t(rank())] * sizeof(T);
+    mpopt::mpi::all_gather(data, counts);
+  }
+
+ private:
+  void gather_may_fail() {
+    if (gathers++ == fail_gather_at) throw mpopt::error("counting_mpi: all_gather failed");
+  }
+};
+static_assert(mpopt::communicator<counting_mpi>);
 
 /// A directory rank 0 creates (and removes at the end); every rank knows its name.
 struct shared_dir {

@@ -99,37 +99,6 @@ struct model {
   }
 };
 
-/// Counts what the optimizer hands MPI, collective by collective.
-struct counting_mpi : mpopt::mpi {
-  using mpopt::mpi::mpi;
-  static constexpr std::string_view name = "counting_mpi";
-  std::size_t bytes = 0;
-  using mpopt::mpi::all_gather;
-  using mpopt::mpi::all_reduce;
-  using mpopt::mpi::all_to_all;
-  template <class T>
-  void all_reduce(std::span<T> d, mpopt::reduce_op op) {
-    bytes += d.size_bytes();
-    mpopt::mpi::all_reduce(d, op);
-  }
-  template <class T>
-  void all_to_all(std::span<const T> in, std::span<T> out) {
-    bytes += in.size_bytes();
-    mpopt::mpi::all_to_all(in, out);
-  }
-  template <class T>
-  void all_gather(std::span<const T> in, std::span<T> out) {
-    bytes += in.size_bytes();
-    mpopt::mpi::all_gather(in, out);
-  }
-  template <class T>
-  void all_gather(std::span<T> data, std::span<const std::size_t> counts) {
-    bytes += counts[std::size_t(rank())] * sizeof(T);
-    mpopt::mpi::all_gather(data, counts);
-  }
-};
-static_assert(mpopt::communicator<counting_mpi>);
-
 /// Delivers the all-to-all's blocks to the wrong ranks (rotated by one).
 struct misdelivering_mpi : mpopt::mpi {
   using mpopt::mpi::mpi;

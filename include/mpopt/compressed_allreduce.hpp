@@ -45,11 +45,11 @@ class compressed_allreduce {
     const std::size_t unit = 8 * world_;
     padded_ = (size_ + unit - 1) / unit * unit;
     chunk_ = padded_ / world_;
-    worker_error_ = zeroed<float>(padded_);
-    server_error_ = zeroed<float>(chunk_);
-    sent_ = zeroed<std::uint8_t>(detail::sign_bytes(padded_));
-    received_ = zeroed<std::uint8_t>(detail::sign_bytes(padded_));
-    result_ = zeroed<std::uint8_t>(detail::sign_bytes(padded_));
+    worker_error_ = detail::aligned_buffer<float>::zeroed(padded_);
+    server_error_ = detail::aligned_buffer<float>::zeroed(chunk_);
+    sent_ = detail::aligned_buffer<std::uint8_t>::zeroed(detail::sign_bytes(padded_));
+    received_ = detail::aligned_buffer<std::uint8_t>::zeroed(detail::sign_bytes(padded_));
+    result_ = detail::aligned_buffer<std::uint8_t>::zeroed(detail::sign_bytes(padded_));
     worker_scales_.assign(world_, 0.0f);
     server_scales_.assign(world_, 0.0f);
     counts_.assign(world_, chunk_ / 8);
@@ -187,13 +187,6 @@ class compressed_allreduce {
     double s = 0;
     for (std::size_t c = 0; c < chunks; ++c) s += partial_[c];
     return s;
-  }
-
-  template <class T>
-  static detail::aligned_buffer<T> zeroed(std::size_t n) {
-    detail::aligned_buffer<T> b(n);
-    std::fill_n(b.data(), n, T{});
-    return b;
   }
 
   std::size_t size_ = 0, padded_ = 0, chunk_ = 0, world_ = 1, rank_ = 0;

@@ -228,10 +228,8 @@ class optimizer {
     }
     param_group& g = new_group(o);
     g.flat_ = true;
-    g.flat_param_ = detail::aligned_buffer<param_type>(total);
-    g.flat_grad_ = detail::aligned_buffer<grad_type>(total);
-    std::fill_n(g.flat_param_.data(), total, param_type(0.0f));
-    std::fill_n(g.flat_grad_.data(), total, grad_type(0.0f));
+    g.flat_param_ = detail::aligned_buffer<param_type>::zeroed(total);
+    g.flat_grad_ = detail::aligned_buffer<grad_type>::zeroed(total);
     for (std::size_t i = 0; i < tensors.size(); ++i)
       g.entries_.push_back({std::move(names[i]), g.flat_param_.data() + offsets[i], g.flat_grad_.data() + offsets[i], tensors[i].size});
     return g;
@@ -290,13 +288,14 @@ class optimizer {
     // ranks; sharded, the reduced gradient of my shard (unless the gradient tensors hold it).
     // Zeroed: padding travels in collectives too.
     if (Partition::sharded ? !shard_in_grads : options_.accumulation_steps > 1 || comm_.size() > 1)
-      accum_ = zeroed<accumulate_type>(state_elements_);
+      accum_ = detail::aligned_buffer<accumulate_type>::zeroed(state_elements_);
     if (!Partition::sharded && comm_.size() > 1 && !same_types)
-      staging_ = zeroed<std::byte>(std::min(options_.bucket_elements, state_elements_) * sizeof(communicate_type));
+      staging_ =
+          detail::aligned_buffer<std::byte>::zeroed(std::min(options_.bucket_elements, state_elements_) * sizeof(communicate_type));
     if constexpr (Partition::sharded) {
       if (!Partition::reduce_every_micro_step && options_.accumulation_steps > 1) {
         flat_work_ = layout.flat_work();
-        flat_accum_ = zeroed<accumulate_type>(layout.flat_elements());
+        flat_accum_ = detail::aligned_buffer<accumulate_type>::zeroed(layout.flat_elements());
       }
       buckets_ = layout.buckets(options_.bucket_elements);
       std::size_t widest = 0, mine = 0;
@@ -304,10 +303,10 @@ class optimizer {
         widest = std::max(widest, buckets_[b].size());
         mine = std::max(mine, buckets_[b].my_count(comm_.rank()));
       }
-      staging_ = zeroed<std::byte>(widest * std::max(sizeof(communicate_type), sizeof(param_type)));
+      staging_ = detail::aligned_buffer<std::byte>::zeroed(widest * std::max(sizeof(communicate_type), sizeof(param_type)));
       // A reduced piece lands in the shard directly only if it is the shard's type and not added in.
       const bool added = Partition::reduce_every_micro_step && options_.accumulation_steps > 1;
-      if (!same_types || shard_in_grads || added) received_ = zeroed<communicate_type>(mine);
+      if (!same_types || shard_in_grads || added) received_ = detail::aligned_buffer<communicate_type>::zeroed(mine);
       if constexpr (Partition::reduce_every_micro_step) {
         pending_.resize(buckets_.size());
         ready_.resize(tensors_.size());
@@ -1153,13 +1152,6 @@ class optimizer {
   template <class T>
   T* staging() {
     return reinterpret_cast<T*>(staging_.data());
-  }
-
-  template <class T>
-  static detail::aligned_buffer<T> zeroed(std::size_t n) {
-    detail::aligned_buffer<T> b(n);
-    std::fill_n(b.data(), n, T{});
-    return b;
   }
 
   struct gradient_check {

@@ -2,6 +2,7 @@
 // boundary, and are never reallocated (views into them stay valid).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstring>
 #include <memory>
@@ -18,6 +19,13 @@ class aligned_buffer {
   aligned_buffer() = default;
   explicit aligned_buffer(std::size_t n) : size_(n) {
     if (n) data_.reset(static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{alignment})));
+  }
+
+  /// n elements, all value-initialized (zero).
+  static aligned_buffer zeroed(std::size_t n) {
+    aligned_buffer b(n);
+    std::fill_n(b.data(), n, T{});
+    return b;
   }
 
   T* data() { return data_.get(); }

@@ -27,8 +27,7 @@ struct onebit_state {
   /// Allocates everything for `tensors` of the given sizes, `state_elements` of local state and
   /// `chunks` work chunks, on `world` ranks.
   void allocate(const std::vector<std::size_t>& sizes, std::size_t state_elements, std::size_t chunks, int world, int rank) {
-    v_fresh = aligned_buffer<float>(state_elements);
-    std::fill_n(v_fresh.data(), state_elements, 0.0f);
+    v_fresh = aligned_buffer<float>::zeroed(state_elements);
     coeff_freeze.assign(sizes.size(), 0.0);
     last_factor.assign(sizes.size(), 1.0);
     scaling.assign(sizes.size(), 1.0f);
