@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The public headers compile on their own with -Wall -Wextra -Wpedantic -Werror and no CUDA or MPI
-# directory on the include path (mpi.hpp gets MPI's, nothing more): mpopt.hpp with every given
+# directory on the include path (mpi.hpp and nccl.hpp get MPI's, nccl.hpp CUDA's, cuda.hpp CCCL's
+# for its Thrust-OMP build, nothing more): mpopt.hpp with every given
 # compiler, with and without -march=native; every other public header with the first compiler.
 set -u
 include_dir="$1"
@@ -16,11 +17,22 @@ check() {
   read -r cxx arch header <<<"$1"
   flags=(-std=c++20 -Wall -Wextra -Wpedantic -Werror -fsyntax-only -I"$include_dir")
   [ "$arch" = native ] && flags+=(-march=native)
-  if [ "$header" = mpi.hpp ]; then  # the one header that needs MPI's include path
-    command -v mpicxx >/dev/null || { echo "skip: mpi.hpp (no mpicxx)"; return 0; }
-    read -r -a mpi_flags <<<"$(mpicxx --showme:compile)"
-    flags+=("${mpi_flags[@]}")
-  fi
+  cuda=/usr/local/cuda/include
+  case "$header" in  # the headers that need another library's include path
+    mpi.hpp | nccl.hpp)
+      command -v mpicxx >/dev/null || { echo "skip: $header (no mpicxx)"; return 0; }
+      read -r -a mpi_flags <<<"$(mpicxx --showme:compile)"
+      flags+=("${mpi_flags[@]}")
+      if [ "$header" = nccl.hpp ]; then
+        [ -f "$cuda/nccl.h" ] || { echo "skip: nccl.hpp (no NCCL)"; return 0; }
+        flags+=(-I"$cuda")
+      fi
+      ;;
+    cuda.hpp)  # the Thrust-OMP build of the device backend
+      [ -d "$cuda/cccl" ] || { echo "skip: cuda.hpp (no CCCL)"; return 0; }
+      flags+=(-fopenmp -DTHRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_OMP -isystem "$cuda/cccl")
+      ;;
+  esac
   if ! echo "#include <mpopt/$header>" | "$cxx" "${flags[@]}" -x c++ - 2>&1; then
     echo "FAIL: $1"
     return 1

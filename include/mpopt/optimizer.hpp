@@ -970,6 +970,7 @@ class optimizer {
   detail::step_data<Precision> data(bool accumulated = false) {
     detail::step_data<Precision> d;
     d.tensors = tensors_.data();
+    d.tensor_count = tensors_.size();
     d.work = &work_;
     d.master = master_.data();
     d.m = m_.data();
@@ -985,6 +986,7 @@ class optimizer {
   detail::step_data<Precision> flat_data() {
     detail::step_data<Precision> d;
     d.tensors = tensors_.data();
+    d.tensor_count = tensors_.size();
     d.work = &flat_work_;
     d.accum = flat_accum_.data();
     return d;

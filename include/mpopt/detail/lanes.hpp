@@ -43,17 +43,17 @@ struct scalar_lanes {
   static constexpr std::size_t width = 1;
   static constexpr const char* name = "scalar";
   template <class T>
-  static float load(const T* p, full_t) { return static_cast<float>(*p); }
+  MPOPT_HOST_DEVICE static float load(const T* p, full_t) { return static_cast<float>(*p); }
   template <class T>
-  static void store(T* p, float x, full_t) { *p = static_cast<T>(x); }
+  MPOPT_HOST_DEVICE static void store(T* p, float x, full_t) { *p = static_cast<T>(x); }
   /// A lane mask as bits (bit j: lane j) and back.
   using mask = bool;
-  static std::uint32_t bits_of(bool m) { return m ? 1u : 0u; }
-  static bool mask_of(std::uint32_t bits) { return (bits & 1u) != 0; }
-  static std::uint32_t bits_of(full_t) { return 1u; }
+  MPOPT_HOST_DEVICE static std::uint32_t bits_of(bool m) { return m ? 1u : 0u; }
+  MPOPT_HOST_DEVICE static bool mask_of(std::uint32_t bits) { return (bits & 1u) != 0; }
+  MPOPT_HOST_DEVICE static std::uint32_t bits_of(full_t) { return 1u; }
   /// x in the lanes of the tail, fallback in the others; the largest lane.
-  static float keep(float x, float, full_t) { return x; }
-  static float max_lane(float x) { return x; }
+  MPOPT_HOST_DEVICE static float keep(float x, float, full_t) { return x; }
+  MPOPT_HOST_DEVICE static float max_lane(float x) { return x; }
 };
 
 #if MPOPT_HAVE_AVX512

@@ -38,7 +38,7 @@ constexpr std::size_t sign_bytes(std::size_t n) { return (n + 7) / 8 + 4; }
 
 /// Bits of elements [i, i + 32 - i % 8) starting at bit 0 (i arbitrary): the low 16 are those of
 /// elements i .. i + 15.
-inline std::uint32_t sign_bits_at(const std::uint8_t* bits, std::size_t i) {
+MPOPT_HOST_DEVICE std::uint32_t sign_bits_at(const std::uint8_t* bits, std::size_t i) {
   std::uint32_t w;
   std::memcpy(&w, bits + i / 8, sizeof w);  // little-endian hosts: byte k lands at bits 8k
   return w >> (i % 8);
@@ -52,11 +52,11 @@ struct sign_code {
   std::size_t chunk = 1;
   std::size_t chunks = 1;
 
-  float scale_of(std::size_t i) const { return scales[i / chunk < chunks ? i / chunk : chunks - 1]; }
+  MPOPT_HOST_DEVICE float scale_of(std::size_t i) const { return scales[i / chunk < chunks ? i / chunk : chunks - 1]; }
 
   /// Elements [i, i + L::width), the lanes `tail` keeps: ±the scale of each element's chunk.
   template <class L, class Tail>
-  typename L::vec load(std::size_t i, Tail tail) const {
+  MPOPT_HOST_DEVICE typename L::vec load(std::size_t i, Tail tail) const {
     const auto positive = L::mask_of(sign_bits_at(bits, i));
     if ((i + L::width - 1) / chunk == i / chunk) return signed_scale(positive, typename L::vec(scale_of(i)));
     alignas(64) float lane_scale[L::width];  // the vector straddles chunks (rare): a scale per lane

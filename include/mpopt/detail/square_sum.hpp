@@ -4,14 +4,16 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "lanes.hpp"
+#include "passes.hpp"
 
 namespace mpopt::detail {
 
 constexpr std::size_t sum_lanes = 16;
 
-inline float lane_tree_sum(float (&a)[sum_lanes]) {
+MPOPT_HOST_DEVICE float lane_tree_sum(float (&a)[sum_lanes]) {
   for (std::size_t w = sum_lanes / 2; w > 0; w /= 2)
     for (std::size_t j = 0; j < w; ++j) a[j] = a[j] + a[j + w];
   return a[0];
@@ -23,14 +25,14 @@ struct square_sum;
 template <>
 struct square_sum<scalar_lanes> {
   float lanes[sum_lanes] = {};
-  void add(std::size_t i, float x, full_t) { lanes[i % sum_lanes] = fma(x, x, lanes[i % sum_lanes]); }
-  float total() { return lane_tree_sum(lanes); }
+  MPOPT_HOST_DEVICE void add(std::size_t i, float x, full_t) { lanes[i % sum_lanes] = fma(x, x, lanes[i % sum_lanes]); }
+  MPOPT_HOST_DEVICE float total() { return lane_tree_sum(lanes); }
 };
 
 /// The same lane layout with double lanes: for scales that must not depend on how the sum was cut
 /// (1-bit compression), where fp32 partials over 64 Ki elements would differ by ~1e-6 relative.
 /// Squares of floats are exact in double, so fma or not gives the same bits.
-inline double lane_tree_sum(double (&a)[sum_lanes]) {
+MPOPT_HOST_DEVICE double lane_tree_sum(double (&a)[sum_lanes]) {
   for (std::size_t w = sum_lanes / 2; w > 0; w /= 2)
     for (std::size_t j = 0; j < w; ++j) a[j] = a[j] + a[j + w];
   return a[0];
@@ -42,12 +44,12 @@ struct square_sum64;
 template <>
 struct square_sum64<scalar_lanes> {
   double lanes[sum_lanes] = {};
-  void add(std::size_t i, float x, full_t) { lanes[i % sum_lanes] += double(x) * double(x); }
-  double total() { return lane_tree_sum(lanes); }
+  MPOPT_HOST_DEVICE void add(std::size_t i, float x, full_t) { lanes[i % sum_lanes] += double(x) * double(x); }
+  MPOPT_HOST_DEVICE double total() { return lane_tree_sum(lanes); }
 };
 
 /// True if any active lane is NaN or infinite.
-inline bool any_nonfinite(float x, full_t) { return !(std::fabs(x) <= 3.40282347e+38f); }
+MPOPT_HOST_DEVICE bool any_nonfinite(float x, full_t) { return !(x <= 3.40282347e+38f && x >= -3.40282347e+38f); }
 
 #if MPOPT_HAVE_AVX512
 MPOPT_INTRINSICS_BEGIN
@@ -88,5 +90,33 @@ inline bool any_nonfinite(f32x16 x, __mmask16 m) {
 inline bool any_nonfinite(f32x16 x, full_t) { return any_nonfinite(x, __mmask16(0xFFFF)); }
 MPOPT_INTRINSICS_END
 #endif
+
+/// The per-chunk sums of a host pass (passes.hpp), in the lane layout above.
+template <class L>
+struct host_sums {
+  square_sum<L> sum, sum2;
+  square_sum64<L> sum64;
+  bool any_nonfinite = false;
+  typename L::vec max = typename L::vec(0.0f);
+
+  template <class Tail>
+  MPOPT_HOST_DEVICE void square(std::size_t i, typename L::vec x, Tail tail) { sum.add(i, x, tail); }
+  template <class Tail>
+  MPOPT_HOST_DEVICE void square2(std::size_t i, typename L::vec x, Tail tail) { sum2.add(i, x, tail); }
+  template <class Tail>
+  MPOPT_HOST_DEVICE void square64(std::size_t i, typename L::vec x, Tail tail) { sum64.add(i, x, tail); }
+  template <class Tail>
+  MPOPT_HOST_DEVICE void nonfinite(typename L::vec x, Tail tail) { any_nonfinite |= detail::any_nonfinite(x, tail); }
+  template <class Tail>
+  MPOPT_HOST_DEVICE void largest(typename L::vec x, Tail tail) { max = detail::max(max, L::keep(x, max, tail)); }
+
+  MPOPT_HOST_DEVICE void write(const pass_outputs& out, std::size_t ci) {
+    if (out.sum) out.sum[ci] = sum.total();
+    if (out.sum2) out.sum2[ci] = sum2.total();
+    if (out.sum64) out.sum64[ci] = sum64.total();
+    if (out.nonfinite) out.nonfinite[ci] = any_nonfinite;
+    if (out.largest) out.largest[ci] = L::max_lane(max);
+  }
+};
 
 }  // namespace mpopt::detail

@@ -27,6 +27,7 @@ struct step_data {
   static constexpr bool has_master = Precision::has_master;
 
   const tensor_slot<param_type, grad_type>* tensors = nullptr;
+  std::size_t tensor_count = 0;
   const work_list* work = nullptr;
   float* master = nullptr;        ///< null when the parameter is its own master (fp32)
   float* m = nullptr;             ///< first moment

@@ -44,6 +44,7 @@ class work_list {
     return chunks_.capacity() * sizeof(chunk) + (prefix_.capacity() + first_chunk_.capacity()) * sizeof(std::size_t);
   }
   const chunk& operator[](std::size_t i) const { return chunks_[i]; }
+  const chunk* data() const { return chunks_.data(); }
   std::size_t elements() const { return prefix_.empty() ? 0 : prefix_.back(); }
   /// Chunks of tensor t are [first_chunk(t), first_chunk(t + 1)).
   std::size_t first_chunk(std::size_t t) const { return t < first_chunk_.size() ? first_chunk_[t] : chunks_.size(); }

@@ -1,0 +1,420 @@
+// mpopt — the CUDA backend: the passes of detail/passes.hpp as GPU kernels, written against Thrust
+// so that the same source also builds with THRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_OMP and g++
+// (the build CI runs, with no GPU). It owns no formula: each kernel thread runs a pass's body on
+// four lanes (detail/quad_lanes.hpp), like the host backend runs it on 16 or 1.
+//
+// Layout: a chunk of up to 64 Ki elements is taken by 64 threads; thread t owns the 4-element
+// vectors t, t + 64, t + 128, ... (a warp reads 512 contiguous bytes per load). Per-chunk sums go
+// through fixed lanes (element i of a chunk to lane i % 256) and one pairwise tree, so they depend
+// neither on the launch nor on the device.
+//
+// Memory: every pointer handed to it (tensors, state, coefficients, outputs) is device memory (in
+// the OMP build, host memory). Work lists and the tensor table are copied to the device the first
+// time a pass sees them and kept: they are fixed once the optimizer is finalized, so after the first
+// step nothing is allocated.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include <thrust/execution_policy.h>
+#include <thrust/for_each.h>
+#include <thrust/iterator/counting_iterator.h>
+
+#include "detail/config.hpp"
+#include "detail/device_buffer.hpp"
+#include "detail/passes.hpp"
+#include "detail/quad_lanes.hpp"
+#include "detail/square_sum.hpp"
+#include "detail/step_data.hpp"
+#include "detail/work_list.hpp"
+#include "tensor.hpp"
+
+namespace mpopt {
+
+namespace detail {
+
+constexpr std::size_t device_threads_per_chunk = 64;
+constexpr std::size_t device_lanes_per_chunk = 4 * device_threads_per_chunk;
+
+/// Per-lane partial sums of a device pass, device_lanes_per_chunk per chunk.
+struct device_partials {
+  float* sum;
+  float* sum2;
+  double* sum64;
+  std::uint8_t* nonfinite;
+  float* largest;
+};
+
+/// One thread's sums over its four lanes.
+struct device_sums {
+  float sum[4] = {}, sum2[4] = {};
+  double sum64[4] = {};
+  bool any_nonfinite = false;
+  quad max = quad(0.0f);
+
+  MPOPT_HOST_DEVICE static unsigned lanes(full_t) { return 4; }
+  MPOPT_HOST_DEVICE static unsigned lanes(quad_tail t) { return t.n; }
+
+  template <class Tail>
+  MPOPT_HOST_DEVICE void square(std::size_t, quad x, Tail t) {
+    for (unsigned j = 0; j < 4; ++j)
+      if (j < lanes(t)) sum[j] = fma(x.x[j], x.x[j], sum[j]);
+  }
+  template <class Tail>
+  MPOPT_HOST_DEVICE void square2(std::size_t, quad x, Tail t) {
+    for (unsigned j = 0; j < 4; ++j)
+      if (j < lanes(t)) sum2[j] = fma(x.x[j], x.x[j], sum2[j]);
+  }
+  /// Squares of floats are exact in double: contraction cannot change these.
+  template <class Tail>
+  MPOPT_HOST_DEVICE void square64(std::size_t, quad x, Tail t) {
+    for (unsigned j = 0; j < 4; ++j)
+      if (j < lanes(t)) sum64[j] += double(x.x[j]) * double(x.x[j]);
+  }
+  template <class Tail>
+  MPOPT_HOST_DEVICE void nonfinite(quad x, Tail t) {
+    for (unsigned j = 0; j < 4; ++j)
+      if (j < lanes(t)) any_nonfinite |= detail::any_nonfinite(x.x[j], full_t{});
+  }
+  template <class Tail>
+  MPOPT_HOST_DEVICE void largest(quad x, Tail t) {
+    for (unsigned j = 0; j < 4; ++j)
+      if (j < lanes(t)) max.x[j] = detail::max(max.x[j], x.x[j]);
+  }
+
+  /// Lanes 4t .. 4t + 3 of chunk ci (thread index = ci * T + t).
+  MPOPT_HOST_DEVICE void write(const pass_outputs& out, const device_partials& p, std::size_t thread) const {
+    const std::size_t at = thread * 4;
+    for (std::size_t j = 0; j < 4; ++j) {
+      if (out.sum) p.sum[at + j] = sum[j];
+      if (out.sum2) p.sum2[at + j] = sum2[j];
+      if (out.sum64) p.sum64[at + j] = sum64[j];
+      if (out.nonfinite) p.nonfinite[at + j] = any_nonfinite;
+      if (out.largest) p.largest[at + j] = max.x[j];
+    }
+  }
+};
+
+/// Runs one chunk's share of a pass on one thread.
+template <class Pass, class L>
+struct chunk_kernel {
+  Pass pass;
+  device_partials partials;
+
+  MPOPT_HOST_DEVICE void operator()(std::size_t thread) const {
+    constexpr std::size_t T = device_threads_per_chunk;
+    const std::size_t ci = thread / T, t = thread % T;
+    const auto s = pass.at(ci);
+    const std::size_t n = pass.size(ci);
+    device_sums sums;
+    if constexpr (requires { Pass::granule; }) {
+      constexpr std::size_t G = Pass::granule;
+      for (std::size_t g = t * G; g < n; g += T * G) pass.template apply_granule<L>(s, g, n - g < G ? n - g : G, sums);
+    } else {
+      for (std::size_t i = 4 * t; i < n; i += 4 * T) {
+        if (i + 4 <= n) pass.template apply<L>(s, i, full_t{}, sums);
+        else pass.template apply<L>(s, i, quad_tail{unsigned(n - i)}, sums);
+      }
+    }
+    sums.write(pass.out, partials, thread);
+  }
+};
+
+/// A chunk's lanes into its result: the same pairwise tree for every chunk, in place.
+template <class T, class Op>
+MPOPT_HOST_DEVICE T lane_tree(T* a, Op op) {
+  for (std::size_t w = device_lanes_per_chunk / 2; w > 0; w /= 2)
+    for (std::size_t j = 0; j < w; ++j) a[j] = op(a[j], a[j + w]);
+  return a[0];
+}
+
+struct chunk_totals_kernel {
+  pass_outputs out;
+  device_partials partials;
+
+  MPOPT_HOST_DEVICE void operator()(std::size_t ci) const {
+    const std::size_t at = ci * device_lanes_per_chunk;
+    const auto add = [](auto a, auto b) { return a + b; };
+    if (out.sum) out.sum[ci] = lane_tree(partials.sum + at, add);
+    if (out.sum2) out.sum2[ci] = lane_tree(partials.sum2 + at, add);
+    if (out.sum64) out.sum64[ci] = lane_tree(partials.sum64 + at, add);
+    if (out.nonfinite)
+      out.nonfinite[ci] = lane_tree(partials.nonfinite + at, [](std::uint8_t a, std::uint8_t b) { return std::uint8_t(a | b); });
+    if (out.largest) out.largest[ci] = lane_tree(partials.largest + at, [](float a, float b) { return detail::max(a, b); });
+  }
+};
+
+}  // namespace detail
+
+class cuda {
+ public:
+  static constexpr std::string_view name = "cuda";
+  static constexpr memory_space space = memory_space::device;
+
+  cuda() {
+#if MPOPT_DEVICE_IS_GPU
+    detail::cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+#endif
+  }
+  cuda(cuda&& o) noexcept
+      : lists_(std::move(o.lists_)), tables_(std::move(o.tables_)), sums_(std::move(o.sums_)),
+        sums2_(std::move(o.sums2_)), sums64_(std::move(o.sums64_)), flags_(std::move(o.flags_)),
+        maxima_(std::move(o.maxima_)) {
+#if MPOPT_DEVICE_IS_GPU
+    std::swap(stream_, o.stream_);
+#endif
+  }
+  cuda(const cuda&) = delete;
+  cuda& operator=(const cuda&) = delete;
+  cuda& operator=(cuda&&) = delete;
+  ~cuda() {
+#if MPOPT_DEVICE_IS_GPU
+    if (stream_) cudaStreamDestroy(stream_);
+#endif
+  }
+
+#if MPOPT_DEVICE_IS_GPU
+  cudaStream_t stream() const { return stream_; }
+#endif
+  /// Waits for every pass issued so far.
+  void synchronize() const {
+#if MPOPT_DEVICE_IS_GPU
+    detail::cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+#endif
+  }
+
+  /// n elements between host and device memory (waits for the passes before it).
+  template <class T>
+  void to_host(T* dst, const T* src, std::size_t n) const {
+#if MPOPT_DEVICE_IS_GPU
+    detail::cuda_check(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync");
+    synchronize();
+#else
+    std::copy_n(src, n, dst);
+#endif
+  }
+  template <class T>
+  void to_device(T* dst, const T* src, std::size_t n) const {
+#if MPOPT_DEVICE_IS_GPU
+    detail::cuda_check(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync");
+#else
+    std::copy_n(src, n, dst);
+#endif
+  }
+
+  // ---- the passes, with the host backend's signatures (host.hpp); detail/passes.hpp says what each does.
+
+  template <class P>
+  void initialize_state(const detail::step_data<P>& d) {
+    run(*d.work, detail::initialize_pass<P>{{on_device(d), chunks(*d.work)}}, aligned(d));
+  }
+  template <class P>
+  void accumulate(const detail::step_data<P>& d, bool first, float scale = 1.0f) {
+    run(*d.work, detail::accumulate_pass<P>{{on_device(d), chunks(*d.work)}, first, scale}, aligned(d));
+  }
+  template <class P>
+  void gradient_norm(const detail::step_data<P>& d) {
+    const detail::pass_outputs out{.sum = d.chunk_sum, .nonfinite = d.chunk_nonfinite};
+    run(*d.work, detail::gradient_norm_pass<P>{{on_device(d), chunks(*d.work), out}}, aligned(d));
+  }
+  template <class P>
+  void adam_update(const detail::step_data<P>& d, const detail::adam_coefficients* k) {
+    run(*d.work, detail::adam_pass<P>{{{on_device(d), chunks(*d.work)}, k}}, aligned(d));
+  }
+  template <class P>
+  void lamb_moments(const detail::step_data<P>& d, const detail::lamb_coefficients* k) {
+    const detail::pass_outputs out{.sum = d.chunk_sum, .sum2 = d.chunk_sum2};
+    run(*d.work, detail::lamb_moments_pass<P>{{{on_device(d), chunks(*d.work), out}, k}}, aligned(d));
+  }
+  template <class P>
+  void lamb_apply(const detail::step_data<P>& d, const detail::lamb_coefficients* k, const float* alpha) {
+    run(*d.work, detail::lamb_apply_pass<P>{{{on_device(d), chunks(*d.work)}, k}, alpha}, aligned(d));
+  }
+  template <class P>
+  void zero_grad(const detail::step_data<P>& d) {
+    run(*d.work, detail::zero_grad_pass<P>{{on_device(d), chunks(*d.work)}}, aligned(d));
+  }
+
+  // Bucket pieces start anywhere in a bucket: element by element at the vector level.
+  template <class P, class T>
+  void pack_gradients(const detail::step_data<P>& d, const detail::work_list& pieces, T* out,
+                      const typename P::accumulate_type* accum, float scale) {
+    run(pieces, detail::pack_gradients_pass<P, T>{{table(d), chunks(pieces)}, out, accum, scale}, false);
+  }
+  template <class D, class S>
+  void fold(D* dst, const S* src, std::size_t n, bool add) {
+    const detail::fold_pass<D, S> pass{dst, src, n, add};
+    launch(pass, pass.count(), is_aligned(dst) && is_aligned(src));
+  }
+  template <class P, class T>
+  void unpack_gradients(const detail::step_data<P>& d, const detail::work_list& pieces, const T* in,
+                        std::size_t in_offset) {
+    run(pieces, detail::unpack_gradients_pass<P, T>{{table(d), chunks(pieces)}, in, in_offset}, false);
+  }
+  template <class P>
+  void pack_params(const detail::step_data<P>& d, const detail::work_list& pieces, typename P::param_type* out) {
+    run(pieces, detail::copy_params_pass<P>{{table(d), chunks(pieces)}, out, true}, false);
+  }
+  template <class P>
+  void unpack_params(const detail::step_data<P>& d, const detail::work_list& pieces, const typename P::param_type* in) {
+    run(pieces, detail::copy_params_pass<P>{{table(d), chunks(pieces)}, const_cast<typename P::param_type*>(in), false},
+        false);
+  }
+
+  // 1-bit LAMB: the worker vector holds tensors back to back, unaligned.
+  template <class P>
+  void onebit_feed(const detail::step_data<P>& d, const detail::lamb_coefficients* k, const float* scaling,
+                   const std::size_t* fused, float* worker, double* partial) {
+    const detail::pass_outputs out{.sum64 = partial};
+    run(*d.work, detail::onebit_feed_pass<P>{{{{on_device(d), chunks(*d.work), out}, k}, scaling, fused}, worker}, false);
+  }
+  /// `code` itself is a host struct; its bits and scales are device memory.
+  template <class P>
+  void onebit_momentum(const detail::step_data<P>& d, const detail::lamb_coefficients* k, const float* scaling,
+                       const std::size_t* fused, const detail::sign_code* code, float* v_fresh, float* chunk_max) {
+    const detail::pass_outputs out{.sum = d.chunk_sum, .sum2 = d.chunk_sum2, .largest = chunk_max};
+    const detail::onebit_momentum_pass<P> pass{{{{on_device(d), chunks(*d.work), out}, k}, scaling, fused, v_fresh},
+                                               code ? *code : detail::sign_code{}};
+    run(*d.work, pass, false);
+  }
+  void sum_squares(const detail::work_list& w, const float* x, double* partial) {
+    run(w, detail::sum_squares_pass{{chunks(w), {.sum64 = partial}}, x}, true);
+  }
+  void copy(const detail::work_list& w, float* dst, const float* src) {
+    run(w, detail::copy_pass{{chunks(w)}, dst, src}, true);
+  }
+
+  // The compressed all-reduce's flat buffers: chunks start at multiples of 16.
+  void add_into(const detail::work_list& w, float* e, const float* x, double* partial) {
+    run(w, detail::add_into_pass{{chunks(w), {.sum64 = partial}}, e, x}, true);
+  }
+  void compress_signs(const detail::work_list& w, float* x, float s, std::uint8_t* bits) {
+    run(w, detail::compress_signs_pass{{chunks(w)}, x, s, bits}, true);
+  }
+  void combine_signs(const detail::work_list& w, const std::uint8_t* blocks, std::size_t block_bytes,
+                     const float* weight, int ranks, float* c, double* partial) {
+    run(w, detail::combine_signs_pass{{chunks(w), {.sum64 = partial}}, blocks, block_bytes, weight, ranks, c}, true);
+  }
+  void decode_signs(const detail::work_list& w, const detail::sign_code& code, float* out) {
+    run(w, detail::decode_signs_pass{{chunks(w)}, code, out}, true);
+  }
+
+ private:
+  template <class T>
+  using buffer = detail::device_buffer<T>;
+
+  auto policy() const {
+#if MPOPT_DEVICE_IS_GPU
+    return thrust::cuda::par_nosync.on(stream_);
+#else
+    return thrust::device;
+#endif
+  }
+
+  template <class Pass>
+  void run(const detail::work_list& w, const Pass& pass, bool aligned) {
+    launch(pass, w.size(), aligned);
+  }
+
+  /// One kernel over chunks x threads, then (if the pass sums anything) one over chunks.
+  template <class Pass>
+  void launch(const Pass& pass, std::size_t chunk_count, bool aligned) {
+    if (chunk_count == 0) return;
+    reserve_partials(chunk_count);
+    const detail::device_partials partials{sums_.data(), sums2_.data(), sums64_.data(), flags_.data(), maxima_.data()};
+    const std::size_t threads = chunk_count * detail::device_threads_per_chunk;
+    auto first = thrust::counting_iterator<std::size_t>(0);
+    if (aligned) thrust::for_each_n(policy(), first, threads, detail::chunk_kernel<Pass, detail::quad_lanes<true>>{pass, partials});
+    else thrust::for_each_n(policy(), first, threads, detail::chunk_kernel<Pass, detail::quad_lanes<false>>{pass, partials});
+    const detail::pass_outputs& o = pass.out;
+    if (o.sum || o.sum2 || o.sum64 || o.nonfinite || o.largest)
+      thrust::for_each_n(policy(), first, chunk_count, detail::chunk_totals_kernel{o, partials});
+  }
+
+  /// Lane partials for the largest pass so far (grown only while the optimizer's lists are seen
+  /// for the first time).
+  void reserve_partials(std::size_t chunk_count) {
+    const std::size_t n = chunk_count * detail::device_lanes_per_chunk;
+    if (sums_.size() >= n) return;
+    sums_ = buffer<float>(n);
+    sums2_ = buffer<float>(n);
+    sums64_ = buffer<double>(n);
+    flags_ = buffer<std::uint8_t>(n);
+    maxima_ = buffer<float>(n);
+  }
+
+  /// The device copy of a work list, made on first use (and again if the list changed size).
+  const detail::chunk* chunks(const detail::work_list& w) {
+    for (auto& l : lists_)
+      if (l.host == &w && l.size == w.size() && l.elements == w.elements()) return l.device.data();
+    auto it = std::find_if(lists_.begin(), lists_.end(), [&](const auto& l) { return l.host == &w; });
+    if (it == lists_.end()) it = lists_.insert(lists_.end(), published_list{&w, 0, 0, {}});
+    it->size = w.size();
+    it->elements = w.elements();
+    it->device = buffer<detail::chunk>(w.size());
+    to_device(it->device.data(), w.data(), w.size());
+    return it->device.data();
+  }
+
+  /// The device copy of the optimizer's tensor table, and whether every tensor allows aligned vectors.
+  struct published_table {
+    const void* host = nullptr;
+    buffer<std::byte> device;
+    bool aligned = false;
+  };
+
+  template <class P>
+  const published_table& publish(const detail::step_data<P>& d) {
+    for (auto& t : tables_)
+      if (t.host == d.tensors) return t;
+    using slot = detail::tensor_slot<typename P::param_type, typename P::grad_type>;
+    const std::size_t n = d.tensor_count;
+    published_table t{d.tensors, buffer<std::byte>(std::max<std::size_t>(n, 1) * sizeof(slot)), true};
+    for (std::size_t i = 0; i < n; ++i) t.aligned = t.aligned && is_aligned(d.tensors[i].param) && is_aligned(d.tensors[i].grad);
+    to_device(t.device.data(), reinterpret_cast<const std::byte*>(d.tensors), n * sizeof(slot));
+    tables_.push_back(std::move(t));
+    return tables_.back();
+  }
+  template <class P>
+  const detail::tensor_slot<typename P::param_type, typename P::grad_type>* table(const detail::step_data<P>& d) {
+    return reinterpret_cast<const detail::tensor_slot<typename P::param_type, typename P::grad_type>*>(
+        publish(d).device.data());
+  }
+  template <class P>
+  detail::step_data<P> on_device(detail::step_data<P> d) {
+    d.tensors = table(d);
+    return d;
+  }
+  template <class P>
+  bool aligned(const detail::step_data<P>& d) {
+    return publish(d).aligned;
+  }
+
+  /// Whole vectors of T: 16 bytes of fp32, 8 of 16-bit types (chunks start at multiples of 4).
+  template <class T>
+  static bool is_aligned(const T* p) {
+    return reinterpret_cast<std::uintptr_t>(p) % (4 * sizeof(T)) == 0;
+  }
+
+  struct published_list {
+    const detail::work_list* host = nullptr;
+    std::size_t size = 0, elements = 0;
+    buffer<detail::chunk> device;
+  };
+
+#if MPOPT_DEVICE_IS_GPU
+  cudaStream_t stream_ = nullptr;
+#endif
+  std::vector<published_list> lists_;
+  std::vector<published_table> tables_;
+  buffer<float> sums_, sums2_;
+  buffer<double> sums64_;
+  buffer<std::uint8_t> flags_;
+  buffer<float> maxima_;
+};
+
+}  // namespace mpopt

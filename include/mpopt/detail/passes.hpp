@@ -1,0 +1,468 @@
+// mpopt — every element pass of a step, written once over a lane type L and run by every backend.
+// A pass says what happens to the vector of elements [i, i + L::width) of one chunk (the `tail`
+// marks the lanes past the chunk's end) and which per-chunk sums it feeds; a backend only decides
+// how chunks and vectors map onto threads (host.hpp: OpenMP threads and SIMD registers; cuda.hpp:
+// GPU threads and 16-byte loads). The formulas themselves live in *_math.hpp and sign_compression.hpp.
+//
+// Interface of a pass: `at(ci)` returns the chunk's slice (pointers offset to its first element,
+// coefficients copied), `size(ci)` its elements, `apply<L>(slice, i, tail, sums)` the body, and
+// `out` the per-chunk results it produces. `sums` collects, per chunk, in the backend's lane layout:
+// square(x) / square2(x) (fp32 sums of squares), square64(x) (double), nonfinite(x), largest(x).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "adam_math.hpp"
+#include "config.hpp"
+#include "lamb_math.hpp"
+#include "lanes.hpp"
+#include "onebit_lamb_math.hpp"
+#include "sign_compression.hpp"
+#include "step_data.hpp"
+#include "work_list.hpp"
+
+namespace mpopt::detail {
+
+/// Where a pass writes its per-chunk results (null: not produced).
+struct pass_outputs {
+  float* sum = nullptr;           ///< square()
+  float* sum2 = nullptr;          ///< square2()
+  double* sum64 = nullptr;        ///< square64()
+  std::uint8_t* nonfinite = nullptr;
+  float* largest = nullptr;
+};
+
+/// A pointer into a state buffer the backend owns: every chunk of it starts 64-byte aligned and may
+/// be read in whole 16-element groups past its end (padding). Lanes that can use this read their
+/// tail vector whole (one wide load instead of a masked one); stores stay masked.
+template <class T>
+struct padded {
+  T* p = nullptr;
+  MPOPT_HOST_DEVICE padded operator+(std::size_t i) const { return {p + i}; }
+  MPOPT_HOST_DEVICE explicit operator bool() const { return p != nullptr; }
+};
+
+template <class L>
+concept reads_padding = L::reads_padding;
+
+template <class L, class T, class Tail>
+MPOPT_HOST_DEVICE typename L::vec vload(const T* p, Tail tail) {
+  return L::load(p, tail);
+}
+template <class L, class T, class Tail>
+MPOPT_HOST_DEVICE typename L::vec vload(padded<T> p, Tail tail) {
+  if constexpr (reads_padding<L>) return L::load_padded(p.p);
+  else return L::load(p.p, tail);
+}
+template <class L, class T, class Tail>
+MPOPT_HOST_DEVICE void vstore(T* p, typename L::vec x, Tail tail) {
+  L::store(p, x, tail);
+}
+template <class L, class T, class Tail>
+MPOPT_HOST_DEVICE void vstore(padded<T> p, typename L::vec x, Tail tail) {
+  L::store(p.p, x, tail);
+}
+
+/// One chunk's pointers, already offset to its first element.
+template <class P>
+struct chunk_slice {
+  typename P::param_type* param;
+  typename P::grad_type* grad;
+  std::conditional_t<P::has_master, padded<float>, float*> master;  // the parameter itself for fp32
+  padded<float> m, v;
+  padded<typename P::accumulate_type> accum;
+  bool reduced;  // the gradient is accum alone (already summed over ranks)
+  std::size_t n;
+  std::uint32_t tensor, group;
+};
+
+template <class P>
+MPOPT_HOST_DEVICE chunk_slice<P> slice_of(const step_data<P>& d, const chunk& c) {
+  const auto& t = d.tensors[c.tensor];
+  const std::size_t o = c.state;
+  auto at = [o](auto* p) { return padded<std::remove_reference_t<decltype(*p)>>{p ? p + o : nullptr}; };
+  if constexpr (P::has_master)
+    return {t.param + c.begin, t.grad + c.begin, at(d.master), at(d.m), at(d.v), at(d.accum), d.grads_reduced,
+            c.size, c.tensor, t.group};
+  else
+    return {t.param + c.begin, t.grad + c.begin, t.param + c.begin, at(d.m), at(d.v), at(d.accum), d.grads_reduced,
+            c.size, c.tensor, t.group};
+}
+
+/// (accum + grad) * scale, grad * scale, or accum * scale once reduced (step_data).
+template <class L, class P, class Tail>
+MPOPT_HOST_DEVICE typename L::vec true_gradient(const chunk_slice<P>& s, std::size_t i, Tail tail, typename L::vec scale) {
+  if (s.reduced) return vload<L>(s.accum + i, tail) * scale;
+  auto g = vload<L>(s.grad + i, tail);
+  if (s.accum) g = vload<L>(s.accum + i, tail) + g;
+  return g * scale;
+}
+
+/// The new parameter into the master and, when it is a separate 16-bit tensor, the parameter.
+template <class L, class P, class Tail>
+MPOPT_HOST_DEVICE void store_param(const chunk_slice<P>& s, std::size_t i, typename L::vec p, Tail tail) {
+  vstore<L>(s.master + i, p, tail);
+  if constexpr (P::has_master) vstore<L>(s.param + i, p, tail);
+}
+
+/// Passes over the optimizer's tensors (chunks of d.work, given as `chunks` where the backend can
+/// read them).
+template <class P>
+struct tensor_pass {
+  step_data<P> d;
+  const chunk* chunks;
+  pass_outputs out{};
+  MPOPT_HOST_DEVICE std::size_t size(std::size_t ci) const { return chunks[ci].size; }
+  MPOPT_HOST_DEVICE chunk_slice<P> at(std::size_t ci) const { return slice_of(d, chunks[ci]); }
+};
+
+/// The slice of a pass with per-group coefficients K, copied once per chunk.
+template <class P, class K>
+struct coefficient_slice : chunk_slice<P> {
+  K c;
+};
+
+template <class P>
+struct initialize_pass : tensor_pass<P> {
+  template <class L, class S, class Tail, class R>
+  MPOPT_HOST_DEVICE void apply(const S& s, std::size_t i, Tail tail, R&) const {
+    if constexpr (P::has_master) vstore<L>(s.master + i, vload<L>(s.param + i, tail), tail);
+    vstore<L>(s.m + i, typename L::vec(0.0f), tail);
+    vstore<L>(s.v + i, typename L::vec(0.0f), tail);
+  }
+};
+
+template <class P>
+struct zero_grad_pass : tensor_pass<P> {
+  template <class L, class S, class Tail, class R>
+  MPOPT_HOST_DEVICE void apply(const S& s, std::size_t i, Tail tail, R&) const {
+    vstore<L>(s.grad + i, typename L::vec(0.0f), tail);
+  }
+};
+
+/// A micro-step: accum = grad * scale (first) or (accum + grad) * scale.
+template <class P>
+struct accumulate_pass : tensor_pass<P> {
+  bool first;
+  float scale;
+  template <class L, class S, class Tail, class R>
+  MPOPT_HOST_DEVICE void apply(const S& s, std::size_t i, Tail tail, R&) const {
+    auto g = vload<L>(s.grad + i, tail);
+    if (!first) g = g + vload<L>(s.accum + i, tail);
+    vstore<L>(s.accum + i, g * typename L::vec(scale), tail);
+  }
+};
+
+/// Per chunk: sum of squares of the true gradient and whether any element is inf or NaN.
+template <class P>
+struct gradient_norm_pass : tensor_pass<P> {
+  template <class L, class S, class Tail, class R>
+  MPOPT_HOST_DEVICE void apply(const S& s, std::size_t i, Tail tail, R& r) const {
+    const auto x = true_gradient<L>(s, i, tail, typename L::vec(this->d.grad_scale));
+    r.nonfinite(x, tail);
+    r.square(i, x, tail);
+  }
+};
+
+/// A pass with per-group coefficients K (k[g] for group g), copied into each chunk's slice.
+template <class P, class K>
+struct coefficient_pass : tensor_pass<P> {
+  const K* k;
+  using slice = coefficient_slice<P, K>;
+  MPOPT_HOST_DEVICE slice at(std::size_t ci) const {
+    const auto s = tensor_pass<P>::at(ci);
+    return {s, k[s.group]};
+  }
+};
+
+/// One Adam update.
+template <class P>
+struct adam_pass : coefficient_pass<P, adam_coefficients> {
+  using slice = typename coefficient_pass<P, adam_coefficients>::slice;
+  template <class L, class Tail, class R>
+  MPOPT_HOST_DEVICE void apply(const slice& s, std::size_t i, Tail tail, R&) const {
+    auto m = vload<L>(s.m + i, tail);
+    auto v = vload<L>(s.v + i, tail);
+    const auto g = true_gradient<L>(s, i, tail, typename L::vec(this->d.grad_scale));
+    const auto p = adam_update(g, m, v, vload<L>(s.master + i, tail), s.c);
+    vstore<L>(s.m + i, m, tail);
+    vstore<L>(s.v + i, v, tail);
+    store_param<L>(s, i, p, tail);
+  }
+};
+
+template <class P>
+using lamb_pass = coefficient_pass<P, lamb_coefficients>;
+
+/// LAMB pass 1: moments; per chunk the sums of squares of the weights (square) and of the
+/// direction (square2).
+template <class P>
+struct lamb_moments_pass : lamb_pass<P> {
+  template <class L, class S, class Tail, class R>
+  MPOPT_HOST_DEVICE void apply(const S& s, std::size_t i, Tail tail, R& r) const {
+    auto m = vload<L>(s.m + i, tail);
+    auto v = vload<L>(s.v + i, tail);
+    const auto p = vload<L>(s.master + i, tail);
+    const auto u = lamb_moments(true_gradient<L>(s, i, tail, typename L::vec(this->d.grad_scale)), m, v, p, s.c);
+    vstore<L>(s.m + i, m, tail);
+    vstore<L>(s.v + i, v, tail);
+    r.square(i, p, tail);
+    r.square2(i, u, tail);
+  }
+};
+
+/// LAMB pass 2: recompute the direction from the stored moments and apply alpha[tensor] * u.
+template <class P>
+struct lamb_apply_pass : lamb_pass<P> {
+  const float* alpha;
+  template <class L, class S, class Tail, class R>
+  MPOPT_HOST_DEVICE void apply(const S& s, std::size_t i, Tail tail, R&) const {
+    const auto p = vload<L>(s.master + i, tail);
+    const auto u = lamb_direction(vload<L>(s.m + i, tail), vload<L>(s.v + i, tail), p, s.c);
+    store_param<L>(s, i, lamb_apply(u, p, alpha[s.tensor]), tail);
+  }
+};
+
+// ---- 1-bit LAMB, compression stage. `fused[t]` is tensor t's first element in the compressed
+// vector (tensors back to back), `scaling[t]` its momentum scaling coefficient.
+
+template <class P>
+struct onebit_slice : coefficient_slice<P, lamb_coefficients> {
+  float scaling;
+  std::size_t fused;  // the chunk's first element in the compressed vector
+  padded<float> v_fresh;
+};
+
+template <class P>
+struct onebit_pass : lamb_pass<P> {
+  const float* scaling;
+  const std::size_t* fused;
+  float* v_fresh = nullptr;  // state-indexed, when the pass uses it
+  MPOPT_HOST_DEVICE onebit_slice<P> at(std::size_t ci) const {
+    const auto s = lamb_pass<P>::at(ci);
+    const chunk& c = this->chunks[ci];
+    return {s, scaling[c.tensor], fused[c.tensor] + c.begin, {v_fresh ? v_fresh + c.state : nullptr}};
+  }
+};
+
+/// worker[fused] += onebit_local_momentum (the error feedback: the worker buffer holds the last
+/// round's error); per chunk, the sum of squares of the new worker values (square64).
+template <class P>
+struct onebit_feed_pass : onebit_pass<P> {
+  float* worker;
+  template <class L, class S, class Tail, class R>
+  MPOPT_HOST_DEVICE void apply(const S& s, std::size_t i, Tail tail, R& r) const {
+    float* w = worker + s.fused + i;
+    const auto g = true_gradient<L>(s, i, tail, typename L::vec(this->d.grad_scale));
+    const auto x = vload<L>(w, tail) + onebit_local_momentum(g, vload<L>(s.m + i, tail), typename L::vec(s.scaling), s.c);
+    vstore<L>(w, x, tail);
+    r.square64(i, x, tail);
+  }
+};
+
+/// The momentum update once the averaged momentum is known: from `code` (m = code / scaling) or,
+/// with one rank and no code, from the gradient. Writes m and v_fresh (state-indexed); per chunk
+/// the sums of squares of u (square) and u0 (square2) and the largest ratio.
+template <class P>
+struct onebit_momentum_pass : onebit_pass<P> {
+  sign_code code;  // code.bits null: no code, take the gradient
+  template <class L, class S, class Tail, class R>
+  MPOPT_HOST_DEVICE void apply(const S& s, std::size_t i, Tail tail, R& r) const {
+    const auto m = vload<L>(s.m + i, tail);
+    const auto m_new = code.bits ? code.template load<L>(s.fused + i, tail) / typename L::vec(s.scaling)
+                            : lamb_first_moment(true_gradient<L>(s, i, tail, typename L::vec(this->d.grad_scale)), m, s.c);
+    auto fresh = vload<L>(s.v_fresh + i, tail);
+    typename L::vec u0, ratio;
+    const auto u = onebit_lamb_direction(m_new, m, fresh, vload<L>(s.v + i, tail), vload<L>(s.master + i, tail), s.c,
+                                         u0, ratio);
+    vstore<L>(s.m + i, m_new, tail);
+    vstore<L>(s.v_fresh + i, fresh, tail);
+    r.square(i, u, tail);
+    r.square2(i, u0, tail);
+    r.largest(ratio, tail);
+  }
+};
+
+/// Passes over a flat buffer: the chunks' `state` indexes it.
+struct flat_pass {
+  const chunk* chunks;
+  pass_outputs out{};
+  MPOPT_HOST_DEVICE std::size_t size(std::size_t ci) const { return chunks[ci].size; }
+  MPOPT_HOST_DEVICE std::size_t at(std::size_t ci) const { return chunks[ci].state; }
+};
+
+/// Per chunk, the sum of squares of x in double (square64).
+struct sum_squares_pass : flat_pass {
+  const float* x;
+  template <class L, class Tail, class R>
+  MPOPT_HOST_DEVICE void apply(std::size_t at, std::size_t i, Tail tail, R& r) const {
+    r.square64(i, vload<L>(x + at + i, tail), tail);
+  }
+};
+
+/// dst = src.
+struct copy_pass : flat_pass {
+  float* dst;
+  const float* src;
+  template <class L, class Tail, class R>
+  MPOPT_HOST_DEVICE void apply(std::size_t at, std::size_t i, Tail tail, R&) const {
+    vstore<L>(dst + at + i, vload<L>(src + at + i, tail), tail);
+  }
+};
+
+/// e += x; per chunk, the sum of squares of the new e in double.
+struct add_into_pass : flat_pass {
+  float* e;
+  const float* x;
+  template <class L, class Tail, class R>
+  MPOPT_HOST_DEVICE void apply(std::size_t at, std::size_t i, Tail tail, R& r) const {
+    const auto v = vload<L>(e + at + i, tail) + vload<L>(x + at + i, tail);
+    vstore<L>(e + at + i, v, tail);
+    r.square64(i, v, tail);
+  }
+};
+
+/// decoded = element i of the code.
+struct decode_signs_pass : flat_pass {
+  sign_code code;
+  float* decoded;
+  template <class L, class Tail, class R>
+  MPOPT_HOST_DEVICE void apply(std::size_t at, std::size_t i, Tail tail, R&) const {
+    vstore<L>(decoded + at + i, code.template load<L>(at + i, tail), tail);
+  }
+};
+
+/// The server's average: c += sum over ranks r of ±weight[r], the sign being the element's bit in
+/// block r (blocks of block_bytes, in rank order); c holds the server error before. Sum c^2 in double.
+struct combine_signs_pass : flat_pass {
+  const std::uint8_t* blocks;
+  std::size_t block_bytes;
+  const float* weight;
+  int ranks;
+  float* c;
+  template <class L, class Tail, class R>
+  MPOPT_HOST_DEVICE void apply(std::size_t at, std::size_t i, Tail tail, R& r) const {
+    typename L::vec acc(0.0f);
+    for (int k = 0; k < ranks; ++k) {
+      const auto positive = L::mask_of(sign_bits_at(blocks + std::size_t(k) * block_bytes, at + i));
+      acc = acc + signed_scale(positive, typename L::vec(weight[k]));
+    }
+    const auto v = acc + vload<L>(c + at + i, tail);
+    vstore<L>(c + at + i, v, tail);
+    r.square64(i, v, tail);
+  }
+};
+
+/// Compresses x in place with scale s (compress_sign): the sign of element i goes to bit i of
+/// `bits`, its residual stays in x. Works on 16 elements at a time (two whole bytes; chunk sizes are
+/// multiples of 8), whatever the lane width.
+struct compress_signs_pass : flat_pass {
+  static constexpr std::size_t granule = 16;
+  float* x;
+  float s;
+  std::uint8_t* bits;
+  template <class L, class R>
+  MPOPT_HOST_DEVICE void apply_granule(std::size_t at, std::size_t g, std::size_t count, R&) const {
+    std::uint32_t b = 0;
+    std::size_t j = 0;
+    for (; j + L::width <= count; j += L::width) b |= compress<L>(at + g + j, full_t{}) << j;
+    if constexpr (L::width > 1)
+      if (j < count) b |= compress<L>(at + g + j, L::first(count - j)) << j;
+    bits[(at + g) / 8] = std::uint8_t(b);
+    if (count > 8) bits[(at + g) / 8 + 1] = std::uint8_t(b >> 8);
+  }
+  /// The sign bits of one vector, its residual left in x.
+  template <class L, class Tail>
+  MPOPT_HOST_DEVICE std::uint32_t compress(std::size_t i, Tail tail) const {
+    auto v = vload<L>(x + i, tail);
+    const std::uint32_t b = L::bits_of(compress_sign(v, typename L::vec(s))) & L::bits_of(tail);
+    vstore<L>(x + i, v, tail);
+    return b;
+  }
+};
+
+// ---- ZeRO buckets: `chunks` are the pieces of a bucket; state = offset in the bucket.
+
+/// out[state + i] = T((accum + grad) * scale), accum (indexed like out) null when nothing was
+/// accumulated.
+template <class P>
+struct piece_pass {
+  const tensor_slot<typename P::param_type, typename P::grad_type>* tensors;
+  const chunk* chunks;
+  pass_outputs out{};
+  MPOPT_HOST_DEVICE std::size_t size(std::size_t ci) const { return chunks[ci].size; }
+  MPOPT_HOST_DEVICE chunk at(std::size_t ci) const { return chunks[ci]; }
+};
+
+/// dst = src, or dst + src, computed in fp32 and rounded to dst's type.
+template <class L, class D, class S, class Tail>
+MPOPT_HOST_DEVICE void fold_vector(D* dst, const S* src, bool add, Tail tail) {
+  auto g = vload<L>(src, tail);
+  if (add) g = vload<L>(dst, tail) + g;
+  vstore<L>(dst, g, tail);
+}
+
+/// packed[state + i] = T((accum + grad) * scale), accum (indexed like packed) null when nothing
+/// was accumulated.
+template <class P, class T>
+struct pack_gradients_pass : piece_pass<P> {
+  T* packed;
+  const typename P::accumulate_type* accum;
+  float scale;
+  template <class L, class Tail, class R>
+  MPOPT_HOST_DEVICE void apply(const chunk& c, std::size_t i, Tail tail, R&) const {
+    auto g = vload<L>(this->tensors[c.tensor].grad + c.begin + i, tail);
+    if (accum) g = vload<L>(accum + c.state + i, tail) + g;
+    vstore<L>(packed + c.state + i, g * typename L::vec(scale), tail);
+  }
+};
+
+/// grad = in[state - in_offset + i]: my reduced pieces of a bucket back into the gradient tensors.
+template <class P, class T>
+struct unpack_gradients_pass : piece_pass<P> {
+  const T* in;
+  std::size_t in_offset;
+  template <class L, class Tail, class R>
+  MPOPT_HOST_DEVICE void apply(const chunk& c, std::size_t i, Tail tail, R&) const {
+    fold_vector<L>(this->tensors[c.tensor].grad + c.begin + i, in + (c.state - in_offset) + i, false, tail);
+  }
+};
+
+/// Parameters between the tensors and a bucket, bit for bit: packed[state + i] = param (to_bucket)
+/// or param = packed[state + i].
+template <class P>
+struct copy_params_pass : piece_pass<P> {
+  typename P::param_type* packed;
+  bool to_bucket;
+  template <class L, class Tail, class R>
+  MPOPT_HOST_DEVICE void apply(const chunk& c, std::size_t i, Tail, R&) const {
+    auto* param = this->tensors[c.tensor].param + c.begin;
+    for (std::size_t j = i; j < i + L::width && j < c.size; ++j) {
+      if (to_bucket) packed[c.state + j] = param[j];
+      else param[j] = packed[c.state + j];
+    }
+  }
+};
+
+/// dst = src (add: dst + src) over n elements, cut into chunks of chunk_elements.
+template <class D, class S>
+struct fold_pass {
+  D* dst;
+  const S* src;
+  std::size_t n;
+  bool add;
+  pass_outputs out{};
+  MPOPT_HOST_DEVICE std::size_t count() const { return (n + chunk_elements - 1) / chunk_elements; }
+  MPOPT_HOST_DEVICE std::size_t size(std::size_t ci) const {
+    return n - ci * chunk_elements < chunk_elements ? n - ci * chunk_elements : chunk_elements;
+  }
+  MPOPT_HOST_DEVICE std::size_t at(std::size_t ci) const { return ci * chunk_elements; }
+  template <class L, class Tail, class R>
+  MPOPT_HOST_DEVICE void apply(std::size_t at, std::size_t i, Tail tail, R&) const {
+    fold_vector<L>(dst + at + i, src + at + i, add, tail);
+  }
+};
+
+}  // namespace mpopt::detail

@@ -1,0 +1,340 @@
+// mpopt — the NCCL communicator: collectives between GPUs, one rank per GPU, bootstrapped over MPI.
+// Include it separately: mpopt.hpp needs no CUDA, NCCL or MPI header.
+#pragma once
+
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1  // the C API only: Open MPI's C++ bindings warn under -Wextra
+#endif
+#include <cuda_runtime.h>
+#include <mpi.h>
+#include <nccl.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <type_traits>
+
+#include "communicator.hpp"
+#include "detail/validate.hpp"
+#include "numeric.hpp"
+#include "tensor.hpp"
+
+namespace mpopt {
+
+namespace detail {
+
+template <class>
+inline constexpr bool nccl_unsupported = false;
+
+/// NCCL's name for an element type. half and bfloat16 have the layout of __half and __nv_bfloat16.
+template <class T>
+constexpr ncclDataType_t nccl_type() {
+  using U = std::remove_const_t<T>;
+  if constexpr (std::is_same_v<U, float>) return ncclFloat32;
+  else if constexpr (std::is_same_v<U, double>) return ncclFloat64;
+  else if constexpr (std::is_same_v<U, std::uint8_t>) return ncclUint8;
+  else if constexpr (std::is_same_v<U, std::int64_t>) return ncclInt64;
+  else if constexpr (std::is_same_v<U, std::uint64_t>) return ncclUint64;
+  else if constexpr (std::is_same_v<U, half>) return ncclFloat16;
+  else if constexpr (std::is_same_v<U, bfloat16>) return ncclBfloat16;
+  else {
+    static_assert(nccl_unsupported<U>, "mpopt::nccl communicates float, double, std::uint8_t, std::int64_t, "
+                                       "std::uint64_t, mpopt::half and mpopt::bfloat16 only");
+    return ncclNumTypes;
+  }
+}
+
+constexpr ncclRedOp_t nccl_op(reduce_op op) { return op == reduce_op::sum ? ncclSum : ncclMax; }
+
+}  // namespace detail
+
+/// Collectives over NCCL, one rank per GPU.
+///
+/// Memory: every span passed to a collective is DEVICE memory of this communicator's GPU (the one
+/// current when it was constructed); host pointers are not checked and make NCCL fail or crash.
+///
+/// Ordering: collectives are enqueued on stream() and return before they run. Kernels and copies
+/// the caller enqueues on the same stream see the results in order; host code must call
+/// synchronize() before it reads results or reuses input buffers. Sizes are checked on the host,
+/// before anything is enqueued, and throw mpopt::error on every rank that calls with bad sizes.
+///
+/// Counts are elements, as size_t (NCCL has no int limit).
+class nccl {
+ public:
+  static constexpr std::string_view name = "nccl";
+  static constexpr memory_space space = memory_space::device;
+
+  /// Collective over `comm`: rank 0 creates NCCL's unique id and broadcasts it; every rank then
+  /// joins with the CUDA device current on its thread. Every step ends with all ranks agreeing on
+  /// success, so a failure on any rank throws mpopt::error on all of them instead of leaving some
+  /// waiting. (A rank that fails inside ncclCommInitRank itself may still leave peers waiting there.)
+  explicit nccl(MPI_Comm comm, cudaStream_t stream = nullptr) : stream_(stream) {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!initialized || finalized) detail::fail("nccl: MPI is not initialized (or already finalized)");
+    if (comm == MPI_COMM_NULL) detail::fail("nccl: the communicator is MPI_COMM_NULL");
+    // A duplicate whose errors return: a failing bootstrap becomes an mpopt::error, and the user's
+    // communicator keeps its error handler.
+    struct duplicate {
+      MPI_Comm comm = MPI_COMM_NULL;
+      ~duplicate() {
+        if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
+      }
+    } boot;
+    mpi_check(MPI_Comm_dup(comm, &boot.comm), "MPI_Comm_dup");
+    MPI_Comm_set_errhandler(boot.comm, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(boot.comm, &rank_);
+    MPI_Comm_size(boot.comm, &size_);
+
+    // This rank's CUDA side first (the usual failure: no usable device), agreed before NCCL starts.
+    void* flag = nullptr;
+    std::string failed = failure("cudaMalloc", cudaMalloc(&flag, 1));
+    flag_.reset(static_cast<std::uint8_t*>(flag));
+    if (failed.empty()) failed = failure("cudaGetDevice", cudaGetDevice(&device_));
+    if (failed.empty()) failed = failure("cudaMemsetAsync", cudaMemsetAsync(flag, 0, 1, stream_));
+    agree(boot.comm, failed, "CUDA setup");
+
+    struct {
+      ncclResult_t result;
+      ncclUniqueId id;
+    } unique{ncclSuccess, {}};
+    if (rank_ == 0) unique.result = ncclGetUniqueId(&unique.id);
+    mpi_check(MPI_Bcast(&unique, int(sizeof unique), MPI_BYTE, 0, boot.comm), "MPI_Bcast");
+    if (unique.result != ncclSuccess) detail::fail(failure("ncclGetUniqueId on rank 0", unique.result));
+
+    ncclComm_t c = nullptr;
+    failed = failure("ncclCommInitRank", ncclCommInitRank(&c, size_, unique.id, rank_));
+    // Aborted, not destroyed, if another rank failed: its peers will never finish with it.
+    std::unique_ptr<std::remove_pointer_t<ncclComm_t>, abort_comm> joined(failed.empty() ? c : nullptr);
+    agree(boot.comm, failed, "ncclCommInitRank");
+    comm_.reset(joined.release());
+  }
+  nccl(nccl&&) noexcept = default;
+  nccl& operator=(nccl&&) noexcept = default;
+  nccl(const nccl&) = delete;  // one NCCL communicator per rank and device: create another explicitly
+  nccl& operator=(const nccl&) = delete;
+  ~nccl() = default;  // ncclCommDestroy, then cudaFree of the barrier byte (members, in that order)
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  /// The CUDA device current at construction: every buffer and the stream belong to it.
+  int device() const { return device_; }
+  cudaStream_t stream() const { return stream_; }
+  ncclComm_t native() const { return comm_.get(); }
+
+  /// Waits for everything enqueued on stream(). A collective that failed asynchronously (a lost
+  /// peer, a network error) would never complete, so this polls NCCL's error state meanwhile; on
+  /// such an error it aborts the communicator (unusable afterwards) and throws mpopt::error.
+  void synchronize() {
+    ncclComm_t c = live();
+    for (;;) {
+      ncclResult_t async = ncclSuccess;
+      check(ncclCommGetAsyncError(c, &async), "ncclCommGetAsyncError");
+      if (async != ncclSuccess && async != ncclInProgress) {
+        abort_comm{}(comm_.release());
+        detail::fail(failure("a collective", async), " (asynchronously; the communicator was aborted)");
+      }
+      const cudaError_t done = cudaStreamQuery(stream_);
+      if (done == cudaSuccess) return;
+      if (done != cudaErrorNotReady) check(done, "cudaStreamQuery");
+      std::this_thread::yield();
+    }
+  }
+
+  template <class T>
+  void all_reduce(std::span<T> data, reduce_op op) {
+    ncclComm_t c = live();
+    if (data.empty()) return;  // the same on every rank: sizes must match
+    check(ncclAllReduce(data.data(), data.data(), data.size(), type<T>(), detail::nccl_op(op), c, stream_),
+          "ncclAllReduce");
+  }
+  /// out = my block of the reduction of in over ranks (block r has out.size() elements).
+  template <class T>
+  void reduce_scatter(std::span<const T> in, std::span<T> out, reduce_op op) {
+    detail::check_blocks("reduce_scatter", in.size(), out.size(), std::size_t(size_), 1);
+    ncclComm_t c = live();
+    if (out.empty()) return;
+    check(ncclReduceScatter(in.data(), out.data(), out.size(), type<T>(), detail::nccl_op(op), c, stream_),
+          "ncclReduceScatter");
+  }
+  /// Variable pieces: rank r gets the next counts[r] elements of the reduction, in rank order.
+  /// NCCL has no reduce-scatter-v, so it is one reduce per rank, fused in a group.
+  template <class T>
+  void reduce_scatter(std::span<const T> in, std::span<T> out, std::span<const std::size_t> counts, reduce_op op) {
+    detail::check_counts("reduce_scatter", in.size(), counts, rank_, size_, out.size());
+    ncclComm_t c = live();
+    group g;
+    std::size_t at = 0;
+    for (int r = 0; r < size_; ++r) {
+      const std::size_t n = counts[std::size_t(r)];
+      // out is written on the root only (NCCL ignores recvbuff elsewhere).
+      if (n != 0)
+        check(ncclReduce(in.data() + at, out.data(), n, type<T>(), detail::nccl_op(op), r, c, stream_), "ncclReduce");
+      at += n;
+    }
+    g.end();
+  }
+  /// In place: rank r's piece is the counts[r] elements after those of ranks < r; on return every
+  /// rank holds every piece. One broadcast per rank, fused in a group.
+  template <class T>
+  void all_gather(std::span<T> data, std::span<const std::size_t> counts) {
+    detail::check_counts("all_gather", data.size(), counts, rank_, size_);
+    ncclComm_t c = live();
+    group g;
+    std::size_t at = 0;
+    for (int r = 0; r < size_; ++r) {
+      const std::size_t n = counts[std::size_t(r)];
+      if (n != 0)
+        check(ncclBroadcast(data.data() + at, data.data() + at, n, type<T>(), r, c, stream_), "ncclBroadcast");
+      at += n;
+    }
+    g.end();
+  }
+  /// out = the in of every rank, in rank order.
+  template <class T>
+  void all_gather(std::span<const T> in, std::span<T> out) {
+    detail::check_blocks("all_gather", in.size(), out.size(), 1, std::size_t(size_));
+    ncclComm_t c = live();
+    if (in.empty()) return;
+    check(ncclAllGather(in.data(), out.data(), in.size(), type<T>(), c, stream_), "ncclAllGather");
+  }
+  /// Block j of in goes to rank j; block i of out comes from rank i.
+  template <class T>
+  void all_to_all(std::span<const T> in, std::span<T> out) {
+    const std::size_t block = all_to_all_block(in.size(), out.size());
+    ncclComm_t c = live();
+    if (block == 0) return;
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
+    check(ncclAlltoAll(in.data(), out.data(), block, type<T>(), c, stream_), "ncclAlltoAll");
+#else
+    send_recv(in, out, block, c);
+#endif
+  }
+  /// all_to_all as NCCL before 2.28 runs it (a group of sends and receives), public so that both
+  /// paths are compiled and tested whatever the NCCL version.
+  template <class T>
+  void all_to_all_send_recv(std::span<const T> in, std::span<T> out) {
+    const std::size_t block = all_to_all_block(in.size(), out.size());
+    ncclComm_t c = live();
+    if (block != 0) send_recv(in, out, block, c);
+  }
+  template <class T>
+  void broadcast(std::span<T> data, int root) {
+    if (root < 0 || root >= size_) detail::fail("broadcast: root ", root, " is not a rank of ", size_);
+    ncclComm_t c = live();
+    if (data.empty()) return;
+    check(ncclBroadcast(data.data(), data.data(), data.size(), type<T>(), root, c, stream_), "ncclBroadcast");
+  }
+  /// Returns once every rank has called barrier() and all work enqueued on stream() has finished:
+  /// an all-reduce of one device byte cannot complete before every rank joins it.
+  void barrier() {
+    check(ncclAllReduce(flag_.get(), flag_.get(), 1, ncclUint8, ncclMax, live(), stream_), "ncclAllReduce");
+    synchronize();
+  }
+
+ private:
+  /// ncclGroupStart; the group is closed by end(), or when an error leaves the scope early.
+  struct group {
+    group() { check(ncclGroupStart(), "ncclGroupStart"); }
+    group(const group&) = delete;
+    group& operator=(const group&) = delete;
+    ~group() {
+      if (open) (void)ncclGroupEnd();  // closing after an error: the error already thrown says why
+    }
+    void end() {
+      open = false;
+      check(ncclGroupEnd(), "ncclGroupEnd");
+    }
+    bool open = true;
+  };
+
+  /// The block size of an all-to-all, after mpi.hpp's checks.
+  std::size_t all_to_all_block(std::size_t in, std::size_t out) const {
+    detail::check_blocks("all_to_all", in, out, 1, 1);
+    if (in % std::size_t(size_) != 0)
+      detail::fail("all_to_all: ", in, " elements do not split into ", size_, " equal blocks");
+    return in / std::size_t(size_);
+  }
+
+  template <class T>
+  void send_recv(std::span<const T> in, std::span<T> out, std::size_t block, ncclComm_t c) {
+    group g;
+    for (int p = 0; p < size_; ++p) {
+      const std::size_t at = std::size_t(p) * block;
+      check(ncclSend(in.data() + at, block, type<T>(), p, c, stream_), "ncclSend");
+      check(ncclRecv(out.data() + at, block, type<T>(), p, c, stream_), "ncclRecv");
+    }
+    g.end();
+  }
+
+  ncclComm_t live() const {
+    if (!comm_) detail::fail("nccl: the communicator was moved from, or aborted after an error");
+    return comm_.get();
+  }
+
+  /// Every rank learns whether any rank failed a local step (its message `mine`, empty if not), so
+  /// all of them throw together rather than some waiting forever in the next step.
+  void agree(MPI_Comm comm, const std::string& mine, std::string_view step) const {
+    int first = mine.empty() ? size_ : rank_;
+    mpi_check(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, comm), "MPI_Allreduce");
+    if (!mine.empty()) detail::fail(mine);
+    if (first != size_) detail::fail("nccl: ", step, " failed on rank ", first, " (that rank's error says why)");
+  }
+
+  template <class T>
+  static constexpr ncclDataType_t type() {
+    return detail::nccl_type<T>();
+  }
+  /// "nccl: <call> failed: <reason>", or empty on success.
+  static std::string failure(std::string_view call, ncclResult_t r) {
+    if (r == ncclSuccess) return {};
+    std::string s = std::string("nccl: ").append(call).append(" failed: ").append(ncclGetErrorString(r));
+    if (const char* last = ncclGetLastError(nullptr); last && *last) s.append(": ").append(last);
+    return s;
+  }
+  static std::string failure(std::string_view call, cudaError_t e) {
+    if (e == cudaSuccess) return {};
+    return std::string("nccl: ").append(call).append(" failed: ").append(cudaGetErrorString(e));
+  }
+  static void check(ncclResult_t r, std::string_view call) {
+    if (r != ncclSuccess) detail::fail(failure(call, r));
+  }
+  static void check(cudaError_t e, std::string_view call) {
+    if (e != cudaSuccess) detail::fail(failure(call, e));
+  }
+  static void mpi_check(int code, std::string_view call) {
+    if (code == MPI_SUCCESS) return;
+    char text[MPI_MAX_ERROR_STRING];
+    int length = 0;
+    MPI_Error_string(code, text, &length);
+    detail::fail("nccl: ", call, " failed: ", std::string_view(text, std::size_t(length)));
+  }
+
+  // Destructors cannot report errors, so the results of these are dropped.
+  struct free_device {
+    void operator()(std::uint8_t* p) const noexcept { (void)cudaFree(p); }
+  };
+  struct destroy_comm {
+    void operator()(ncclComm_t c) const noexcept { (void)ncclCommDestroy(c); }
+  };
+  struct abort_comm {  // after a failure: ncclCommDestroy would wait for operations that cannot finish
+    void operator()(ncclComm_t c) const noexcept { (void)ncclCommAbort(c); }
+  };
+
+  cudaStream_t stream_ = nullptr;
+  int rank_ = 0;
+  int size_ = 1;
+  int device_ = -1;
+  std::unique_ptr<std::uint8_t, free_device> flag_;                          // barrier()'s device byte
+  std::unique_ptr<std::remove_pointer_t<ncclComm_t>, destroy_comm> comm_;  // declared last: destroyed first
+};
+
+static_assert(communicator<nccl>);
+
+}  // namespace mpopt

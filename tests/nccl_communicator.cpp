@@ -1,0 +1,342 @@
+// The NCCL communicator under mpirun, one GPU per rank: every collective of the communicator concept
+// against results each rank computes on the host, for every element type NCCL carries; size errors
+// throw on every rank before anything is enqueued. A standalone program (not doctest): every rank
+// must run every collective in the same order.
+//
+// Without a GPU on every rank it checks what it can (construction fails as mpopt::error on every
+// rank), prints why it skips and exits 77 on every rank, so mpirun and Meson report a skip.
+#include <mpopt/nccl.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace {
+
+int world_rank = 0, world_size = 1;
+int passed = 0, failed = 0;
+cudaStream_t stream = nullptr;
+
+void expect(bool ok, const std::string& what) {
+  if (ok) {
+    ++passed;
+    return;
+  }
+  ++failed;
+  std::fprintf(stderr, "nccl_communicator: rank %d: FAILED: %s\n", world_rank, what.c_str());
+}
+
+template <class F>
+void expect_error(const std::string& what, F&& f) {
+  try {
+    f();
+  } catch (const mpopt::error&) {
+    ++passed;
+    return;
+  } catch (const std::exception& e) {
+    return expect(false, what + ": threw something other than mpopt::error: " + e.what());
+  }
+  expect(false, what + ": did not throw");
+}
+
+/// Runs one case; an exception fails it (and, if other ranks carry on, they may wait for this one).
+void run(const std::string& name, const std::function<void()>& body) {
+  try {
+    body();
+  } catch (const std::exception& e) {
+    expect(false, name + ": " + e.what());
+  }
+}
+
+void cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+template <class T>
+const char* type_name() {
+  if constexpr (std::is_same_v<T, float>) return "float";
+  else if constexpr (std::is_same_v<T, double>) return "double";
+  else if constexpr (std::is_same_v<T, std::uint8_t>) return "uint8";
+  else if constexpr (std::is_same_v<T, std::int64_t>) return "int64";
+  else if constexpr (std::is_same_v<T, std::uint64_t>) return "uint64";
+  else if constexpr (std::is_same_v<T, mpopt::half>) return "half";
+  else return "bfloat16";
+}
+
+/// Device memory of n elements (at least one byte, so an empty piece still has an address).
+template <class T>
+class device_buffer {
+ public:
+  explicit device_buffer(std::size_t n) : n_(n) {
+    cuda(cudaMalloc(&p_, std::max<std::size_t>(n, 1) * sizeof(T)), "cudaMalloc");
+  }
+  /// A copy of host, enqueued on the test's stream.
+  explicit device_buffer(const std::vector<T>& host) : device_buffer(host.size()) {
+    cuda(cudaMemcpyAsync(p_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync");
+  }
+  device_buffer(const device_buffer&) = delete;
+  device_buffer& operator=(const device_buffer&) = delete;
+  ~device_buffer() { (void)cudaFree(p_); }
+
+  std::span<T> span() { return {p_, n_}; }
+  std::span<const T> cspan() const { return {p_, n_}; }
+  /// The contents, after everything enqueued on the communicator's stream.
+  std::vector<T> download(mpopt::nccl& comm) const {
+    std::vector<T> host(n_);
+    cuda(cudaMemcpyAsync(host.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
+    comm.synchronize();
+    return host;
+  }
+
+ private:
+  T* p_ = nullptr;
+  std::size_t n_ = 0;
+};
+
+/// Rank r's element i: small integers (0..4), so every sum over up to 63 ranks is exact in every
+/// type, in any order NCCL adds them.
+float value(int r, std::size_t i) { return float((std::size_t(r) * 3 + i) % 5); }
+/// What rank `from` sends rank `to` at position k of an all-to-all block: exact in every type.
+float tag(int from, int to, std::size_t k) { return float((std::size_t(from) * 7 + std::size_t(to) * 3 + k) % 61); }
+
+template <class T>
+std::vector<T> values(int r, std::size_t n) {
+  std::vector<T> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = T(value(r, i));
+  return v;
+}
+
+/// got == expected element by element (compared as float: every value is a small integer).
+template <class T>
+void expect_equal(const std::string& what, const std::vector<T>& got, const std::vector<float>& expected) {
+  const std::string name = what + " <" + type_name<T>() + ">";
+  if (got.size() != expected.size())
+    return expect(false, name + ": " + std::to_string(got.size()) + " elements, expected " +
+                             std::to_string(expected.size()));
+  for (std::size_t i = 0; i < got.size(); ++i)
+    if (float(got[i]) != expected[i])
+      return expect(false, name + ": element " + std::to_string(i) + " is " + std::to_string(float(got[i])) +
+                               ", expected " + std::to_string(expected[i]));
+  expect(true, name);
+}
+
+float reduce(mpopt::reduce_op op, std::size_t i) {
+  float r = op == mpopt::reduce_op::sum ? 0.0f : value(0, i);
+  for (int q = 0; q < world_size; ++q) r = op == mpopt::reduce_op::sum ? r + value(q, i) : std::max(r, value(q, i));
+  return r;
+}
+
+/// Variable pieces with a zero count: odd ranks get nothing, even rank r gets 3 + r elements.
+std::vector<std::size_t> piece_counts() {
+  std::vector<std::size_t> counts(std::size_t(world_size), 0);
+  for (int r = 0; r < world_size; r += 2) counts[std::size_t(r)] = 3 + std::size_t(r);
+  return counts;
+}
+std::size_t offset(const std::vector<std::size_t>& counts, int rank) {
+  std::size_t at = 0;
+  for (int r = 0; r < rank; ++r) at += counts[std::size_t(r)];
+  return at;
+}
+
+constexpr mpopt::reduce_op ops[] = {mpopt::reduce_op::sum, mpopt::reduce_op::max};
+const char* op_name(mpopt::reduce_op op) { return op == mpopt::reduce_op::sum ? "sum" : "max"; }
+
+template <class T>
+void check_all_reduce(mpopt::nccl& comm) {
+  for (mpopt::reduce_op op : ops) {
+    device_buffer<T> data(values<T>(comm.rank(), 37));
+    comm.all_reduce(data.span(), op);
+    std::vector<float> expected(37);
+    for (std::size_t i = 0; i < expected.size(); ++i) expected[i] = reduce(op, i);
+    expect_equal(std::string("all_reduce ") + op_name(op), data.download(comm), expected);
+  }
+}
+
+template <class T>
+void check_reduce_scatter(mpopt::nccl& comm) {
+  const std::size_t block = 5, w = std::size_t(world_size);
+  for (mpopt::reduce_op op : ops) {
+    device_buffer<T> in(values<T>(comm.rank(), block * w));
+    device_buffer<T> out(block);
+    comm.reduce_scatter(in.cspan(), out.span(), op);
+    std::vector<float> expected(block);
+    for (std::size_t i = 0; i < block; ++i) expected[i] = reduce(op, std::size_t(comm.rank()) * block + i);
+    expect_equal(std::string("reduce_scatter equal blocks ") + op_name(op), out.download(comm), expected);
+  }
+  const std::vector<std::size_t> counts = piece_counts();
+  const std::size_t total = offset(counts, world_size), at = offset(counts, comm.rank());
+  const std::size_t mine = counts[std::size_t(comm.rank())];
+  for (mpopt::reduce_op op : ops) {
+    device_buffer<T> in(values<T>(comm.rank(), total));
+    device_buffer<T> out(mine);
+    comm.reduce_scatter(in.cspan(), out.span(), std::span<const std::size_t>(counts), op);
+    std::vector<float> expected(mine);
+    for (std::size_t i = 0; i < mine; ++i) expected[i] = reduce(op, at + i);
+    expect_equal(std::string("reduce_scatter variable counts (one zero) ") + op_name(op), out.download(comm), expected);
+  }
+}
+
+template <class T>
+void check_all_gather(mpopt::nccl& comm) {
+  const std::vector<std::size_t> counts = piece_counts();
+  const std::size_t total = offset(counts, world_size);
+  // Each rank holds only its own piece (99 elsewhere); afterwards everyone holds every piece.
+  std::vector<T> host(total, T(99.0f));
+  std::vector<float> expected(total);
+  for (int r = 0; r < world_size; ++r)
+    for (std::size_t i = offset(counts, r); i < offset(counts, r + 1); ++i) {
+      expected[i] = value(r, i);
+      if (r == comm.rank()) host[i] = T(value(r, i));
+    }
+  device_buffer<T> data(host);
+  comm.all_gather(data.span(), std::span<const std::size_t>(counts));
+  expect_equal("all_gather in place, variable counts (one zero)", data.download(comm), expected);
+
+  const std::size_t block = 6;
+  device_buffer<T> in(values<T>(comm.rank(), block));
+  device_buffer<T> out(block * std::size_t(world_size));
+  comm.all_gather(in.cspan(), out.span());
+  std::vector<float> gathered;
+  for (int r = 0; r < world_size; ++r)
+    for (std::size_t i = 0; i < block; ++i) gathered.push_back(value(r, i));
+  expect_equal("all_gather equal blocks", out.download(comm), gathered);
+}
+
+template <class T>
+void check_all_to_all(mpopt::nccl& comm) {
+  const std::size_t block = 4, w = std::size_t(world_size);
+  std::vector<T> send(block * w);
+  std::vector<float> expected(block * w);
+  for (int peer = 0; peer < world_size; ++peer)
+    for (std::size_t k = 0; k < block; ++k) {
+      send[std::size_t(peer) * block + k] = T(tag(comm.rank(), peer, k));
+      expected[std::size_t(peer) * block + k] = tag(peer, comm.rank(), k);
+    }
+  device_buffer<T> in(send);
+  device_buffer<T> out(block * w), out_send_recv(block * w);
+  comm.all_to_all(in.cspan(), out.span());
+  expect_equal("all_to_all", out.download(comm), expected);
+  comm.all_to_all_send_recv(in.cspan(), out_send_recv.span());
+  expect_equal("all_to_all through sends and receives", out_send_recv.download(comm), expected);
+}
+
+template <class T>
+void check_broadcast(mpopt::nccl& comm) {
+  for (int root : {world_size - 1, 0}) {
+    device_buffer<T> data(values<T>(comm.rank(), 11));
+    comm.broadcast(data.span(), root);
+    std::vector<float> expected(11);
+    for (std::size_t i = 0; i < expected.size(); ++i) expected[i] = value(root, i);
+    expect_equal("broadcast from rank " + std::to_string(root), data.download(comm), expected);
+  }
+}
+
+template <class T>
+void check_type(mpopt::nccl& comm) {
+  const std::string t = type_name<T>();
+  run("all_reduce <" + t + ">", [&] { check_all_reduce<T>(comm); });
+  run("reduce_scatter <" + t + ">", [&] { check_reduce_scatter<T>(comm); });
+  run("all_gather <" + t + ">", [&] { check_all_gather<T>(comm); });
+  run("all_to_all <" + t + ">", [&] { check_all_to_all<T>(comm); });
+  run("broadcast <" + t + ">", [&] { check_broadcast<T>(comm); });
+}
+
+/// Bad roots and sizes throw on every rank, and nothing is enqueued: the stream stays idle (an
+/// unmatched collective would wait for its peers) and the next collective still matches up.
+void check_bad_input(mpopt::nccl& comm) {
+  const std::size_t w = std::size_t(world_size);
+  device_buffer<float> a(4 * w + 1), b(4 * w + 1);
+  const std::vector<std::size_t> too_many(w + 1, 0), wrong_total(w, 1);
+  comm.synchronize();
+  expect_error("broadcast from root == size", [&] { comm.broadcast(a.span(), world_size); });
+  expect_error("broadcast from root -1", [&] { comm.broadcast(a.span(), -1); });
+  expect_error("reduce_scatter with one count too many", [&] {
+    comm.reduce_scatter(a.cspan(), b.span().first(0), std::span<const std::size_t>(too_many), mpopt::reduce_op::sum);
+  });
+  expect_error("reduce_scatter whose own piece does not match its count", [&] {
+    std::vector<std::size_t> counts(w, 0);
+    counts[0] = 4 * w + 1;
+    comm.reduce_scatter(a.cspan(), b.span().first(comm.rank() == 0 ? 1 : 2), std::span<const std::size_t>(counts),
+                        mpopt::reduce_op::sum);
+  });
+  expect_error("all_gather whose counts do not add up", [&] {
+    comm.all_gather(a.span().first(w + 1), std::span<const std::size_t>(wrong_total));
+  });
+  expect_error("reduce_scatter equal blocks that do not fit", [&] {
+    comm.reduce_scatter(a.cspan(), b.span().first(4), mpopt::reduce_op::sum);
+  });
+  expect_error("all_gather equal blocks that do not fit", [&] { comm.all_gather(a.cspan().first(4), b.span()); });
+  expect_error("all_to_all with different input and output sizes", [&] {
+    comm.all_to_all(a.cspan(), b.span().first(4 * w));
+  });
+  if (world_size > 1)
+    expect_error("all_to_all that does not split into equal blocks", [&] { comm.all_to_all(a.cspan(), b.span()); });
+  expect(cudaStreamQuery(comm.stream()) == cudaSuccess, "nothing was enqueued by the calls that threw");
+  check_all_reduce<float>(comm);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+
+  // Skip unless every rank has a device (all ranks decide together, so mpirun sees one exit code).
+  int devices = 0;
+  const cudaError_t probe = cudaGetDeviceCount(&devices);
+  if (probe != cudaSuccess) devices = 0;
+  int fewest = devices;
+  MPI_Allreduce(&devices, &fewest, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (fewest == 0) {
+    // Construction still fails cleanly, as mpopt::error, on every rank.
+    expect_error("nccl over MPI_COMM_NULL", [] { mpopt::nccl comm(MPI_COMM_NULL); });
+    expect_error("nccl without a usable device", [] { mpopt::nccl comm(MPI_COMM_WORLD); });
+    if (world_rank == 0 && failed == 0)
+      std::printf("no CUDA device: %s; the NCCL communicator test needs a GPU per rank\n",
+                  probe != cudaSuccess ? cudaGetErrorString(probe) : "another rank has none");
+    int any_failed = failed;
+    MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    MPI_Finalize();
+    return any_failed ? 1 : 77;
+  }
+
+  run("the communicator", [&] {
+    cuda(cudaSetDevice(world_rank % devices), "cudaSetDevice");
+    cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    mpopt::nccl comm(MPI_COMM_WORLD, stream);
+    expect(comm.rank() == world_rank && comm.size() == world_size, "rank and size are those of MPI_COMM_WORLD");
+    expect(comm.stream() == stream, "collectives run on the given stream");
+    expect_error("nccl over MPI_COMM_NULL", [] { mpopt::nccl bad(MPI_COMM_NULL); });
+
+    check_type<float>(comm);
+    check_type<double>(comm);
+    check_type<std::uint8_t>(comm);
+    check_type<std::int64_t>(comm);
+    check_type<std::uint64_t>(comm);
+    check_type<mpopt::half>(comm);
+    check_type<mpopt::bfloat16>(comm);
+    run("bad input", [&] { check_bad_input(comm); });
+    run("barrier", [&] {
+      comm.barrier();
+      expect(cudaStreamQuery(comm.stream()) == cudaSuccess, "barrier waits for the stream");
+    });
+    run("move", [&] {
+      mpopt::nccl moved(std::move(comm));
+      check_all_reduce<float>(moved);
+      expect_error("a moved-from communicator", [&] { comm.barrier(); });  // NOLINT(bugprone-use-after-move)
+    });
+  });
+  if (stream) (void)cudaStreamDestroy(stream);
+
+  std::printf("nccl_communicator: rank %d of %d: %d passed, %d failed\n", world_rank, world_size, passed, failed);
+  int any_failed = failed;
+  MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return any_failed ? 1 : 0;
+}
