@@ -24,6 +24,9 @@
 // the two results are printed side by side. The exit code is nonzero if the loss did not go down.
 
 #include <mpopt/mpopt.hpp>
+#if MPOPT_EXAMPLE_DEVICE
+#include <mpopt/cuda.hpp>
+#endif
 #if MPOPT_EXAMPLE_MPI
 #include <mpopt/mpi.hpp>
 #endif
@@ -46,6 +49,20 @@
 #include <vector>
 
 namespace {
+
+#if MPOPT_EXAMPLE_DEVICE
+// train_mlp_device: --device cuda steps with the device backend. The model below computes on the
+// host, so this build is Thrust's OpenMP system (whose device memory is host memory); on a GPU the
+// model would run there too and hand the optimizer device tensors.
+#if MPOPT_DEVICE_IS_GPU
+#error "train_mlp's model computes on the host: build train_mlp_device with THRUST_DEVICE_SYSTEM_OMP"
+#endif
+constexpr bool with_device = true;
+using device_backend = mpopt::cuda;
+#else
+constexpr bool with_device = false;
+using device_backend = mpopt::host;  // never chosen: parse_args refuses --device cuda
+#endif
 
 #if MPOPT_EXAMPLE_MPI
 // train_mlp_mpi: every rank trains on its own shard of the data; the optimizer's communicator sums
@@ -363,6 +380,7 @@ struct config {
   std::string scaler;              // dynamic | static | none; default: dynamic for fp16, else none
   std::string rule = "adam";       // adam | lamb | onebit_lamb
   std::string layout = "fused";    // fused | unfused
+  std::string device = "host";     // host | cuda (train_mlp_device)
   int zero = -1;                   // -1: one process; 0: replicated over MPI ranks; 1, 2: ZeRO stage
   int steps = 600;
   int batch = 64;
@@ -408,6 +426,8 @@ run in fp32 without loss scaling for comparison.
   --train-samples N             training set size (default 8192: many passes over few samples;
                                 2^18: about one pass in 2000 steps on 4 ranks, like pretraining)
   --print-every N               progress line every N steps (default 100; 0: none)
+  --device host|cuda            the optimizer's backend (default host); cuda needs train_mlp_device,
+                                the device backend's source built for Thrust's OpenMP system
   --zero 0|1|2                  train_mlp_mpi only (under mpirun): 0 replicated, 1 ZeRO-1, 2 ZeRO-2;
                                 each rank trains on its own shard of the data (default 0)
   --help                        this text
@@ -474,6 +494,11 @@ bool parse_args(int argc, char** argv, config& c) {
     else if (flag == "--seed") c.seed = parse_number<std::uint64_t>(flag, value, 0);
     else if (flag == "--train-samples") c.train_samples = parse_number<std::size_t>(flag, value, 1);
     else if (flag == "--print-every") c.print_every = parse_number<int>(flag, value, 0);
+    else if (flag == "--device") {
+      check_choice(flag, c.device = value, {"host", "cuda"});
+      if (c.device == "cuda" && !with_device)
+        throw usage_error{"--device cuda needs the device build: build/examples/train_mlp_device --device cuda"};
+    }
     else if (flag == "--zero") {
       check_choice(flag, value, {"0", "1", "2"});
       if (!with_mpi) throw usage_error{"--zero needs the MPI build: mpirun -np 2 build/examples/train_mlp_mpi --zero 2"};
@@ -714,8 +739,8 @@ template <class Opt>
 int run(const config& c, const task& data) {
   const bool printer = world_rank() == 0;
   if (printer) {
-    std::printf("train_mlp: %s, %s, %s layout; MLP %d-%d-%d-%d; %zu train / %zu test samples; %d steps of %s%d samples",
-                describe(c).c_str(), c.rule.c_str(), c.layout.c_str(), n_inputs, n_hidden, n_hidden, n_classes,
+    std::printf("train_mlp: %s, %s, %s layout, %s backend; MLP %d-%d-%d-%d; %zu train / %zu test samples; %d steps of %s%d samples",
+                describe(c).c_str(), c.rule.c_str(), c.layout.c_str(), c.device.c_str(), n_inputs, n_hidden, n_hidden, n_classes,
                 data.train.size(), data.test.size(), c.steps,
                 c.accumulate > 1 ? (std::to_string(c.accumulate) + " x ").c_str() : "", c.batch);
     if (with_mpi) std::printf(" per rank; %s over %d ranks", std::string(Opt::partition::name).c_str(), world_size());
@@ -755,20 +780,26 @@ int run(const config& c, const task& data) {
 }
 
 // Runtime flags -> one instantiation of mpopt::optimizer<Precision, LossScaler, Partition, Rule>.
-template <class Precision, class Scaler, class Partition>
+template <class Precision, class Scaler, class Partition, class Backend>
 int run_with_rule(const config& c, const task& data) {
-  if (c.rule == "lamb") return run<mpopt::optimizer<Precision, Scaler, Partition, mpopt::lamb, mpopt::host, communicator>>(c, data);
+  if (c.rule == "lamb") return run<mpopt::optimizer<Precision, Scaler, Partition, mpopt::lamb, Backend, communicator>>(c, data);
   if constexpr (std::is_same_v<Partition, mpopt::replicated>)  // parse_args refuses it with ZeRO
     if (c.rule == "onebit_lamb")
-      return run<mpopt::optimizer<Precision, Scaler, Partition, mpopt::onebit_lamb, mpopt::host, communicator>>(c, data);
-  return run<mpopt::optimizer<Precision, Scaler, Partition, mpopt::adam, mpopt::host, communicator>>(c, data);
+      return run<mpopt::optimizer<Precision, Scaler, Partition, mpopt::onebit_lamb, Backend, communicator>>(c, data);
+  return run<mpopt::optimizer<Precision, Scaler, Partition, mpopt::adam, Backend, communicator>>(c, data);
+}
+
+template <class Precision, class Scaler, class Partition>
+int run_with_backend(const config& c, const task& data) {
+  if (c.device == "cuda") return run_with_rule<Precision, Scaler, Partition, device_backend>(c, data);
+  return run_with_rule<Precision, Scaler, Partition, mpopt::host>(c, data);
 }
 
 template <class Precision, class Scaler>
 int run_with_partition(const config& c, const task& data) {
-  if (c.zero == 1) return run_with_rule<Precision, Scaler, mpopt::zero1>(c, data);
-  if (c.zero == 2) return run_with_rule<Precision, Scaler, mpopt::zero2>(c, data);
-  return run_with_rule<Precision, Scaler, mpopt::replicated>(c, data);
+  if (c.zero == 1) return run_with_backend<Precision, Scaler, mpopt::zero1>(c, data);
+  if (c.zero == 2) return run_with_backend<Precision, Scaler, mpopt::zero2>(c, data);
+  return run_with_backend<Precision, Scaler, mpopt::replicated>(c, data);
 }
 
 int dispatch(const config& c, const task& data) {

@@ -64,7 +64,7 @@ struct adam_groups {
 TEST_SUITE("adam") {
   TEST_CASE_TEMPLATE("masters, params, moments and status follow the float64 reference for 24 steps", C,
                      ADAM_CFGS(0), ADAM_CFGS(1), ADAM_CFGS(2)) {
-    using opt_t = mpopt::optimizer<typename C::precision, typename C::scaler, mpopt::replicated, mpopt::adam>;
+    using opt_t = mpopt::optimizer<typename C::precision, typename C::scaler, mpopt::replicated, mpopt::adam, test_backend>;
     const std::string what = describe<C>();
     CAPTURE(what);
     using G = adam_groups<C::variant>;
@@ -74,7 +74,7 @@ TEST_SUITE("adam") {
 
   TEST_CASE("the first applied step uses t = 1: a single element moves by lr * (1 + wd*p) in AdamW") {
     // m/bc1 = g and sqrt(v/bc2) = |g| at t = 1, so u = sign(g) + wd*p exactly (up to eps).
-    using opt_t = mpopt::optimizer<mpopt::fp32, mpopt::no_scaling, mpopt::replicated, mpopt::adam>;
+    using opt_t = mpopt::optimizer<mpopt::fp32, mpopt::no_scaling, mpopt::replicated, mpopt::adam, test_backend>;
     opt_t opt({.clip_grad = 0});
     std::vector<float> p{0.5f}, g{0.25f};
     opt.add_group({.lr = 0.01, .weight_decay = 0.1}).add(p, g);

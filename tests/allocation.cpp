@@ -3,6 +3,8 @@
 
 #include <mpopt/mpopt.hpp>
 
+#include "test_backend.hpp"
+
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -73,7 +75,7 @@ void check_steady_state_allocates_nothing(Opt& opt, std::vector<std::vector<type
 
 TEST_SUITE("allocation") {
   TEST_CASE("fp16 Adam with a dynamic scaler allocates nothing after the first step, applied or skipped") {
-    mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, mpopt::adam> opt{{}, {.init_scale = 256, .hysteresis = 1, .on_min_scale = mpopt::at_min_scale::keep_skipping}};
+    mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, mpopt::adam, test_backend> opt{{}, {.init_scale = 256, .hysteresis = 1, .on_min_scale = mpopt::at_min_scale::keep_skipping}};
     std::vector<mpopt::half> w(100000, mpopt::half(0.5f)), gw(100000), b(33, mpopt::half(0.0f)), gb(33);
     opt.add_group({.lr = 1e-3, .weight_decay = 0.1}).add(w, gw, "w");
     opt.add_group({.lr = 1e-3}).add(b, gb, "b");
@@ -81,14 +83,14 @@ TEST_SUITE("allocation") {
   }
 
   TEST_CASE("bf16 LAMB allocates nothing after the first step") {
-    mpopt::optimizer<mpopt::bf16, mpopt::no_scaling, mpopt::replicated, mpopt::lamb> opt;
+    mpopt::optimizer<mpopt::bf16, mpopt::no_scaling, mpopt::replicated, mpopt::lamb, test_backend> opt;
     std::vector<mpopt::bfloat16> w(70001, mpopt::bfloat16(0.5f)), gw(70001);
     opt.add_group({.weight_decay = 0.01}).add(w, gw, "w");
     check_steady_state_allocates_nothing(opt, {&gw}, 1);
   }
 
   TEST_CASE("fp32 Adam with gradient accumulation allocates nothing after the first step") {
-    mpopt::optimizer<mpopt::fp32, mpopt::no_scaling, mpopt::replicated, mpopt::adam> opt{{.accumulation_steps = 3}};
+    mpopt::optimizer<mpopt::fp32, mpopt::no_scaling, mpopt::replicated, mpopt::adam, test_backend> opt{{.accumulation_steps = 3}};
     std::vector<float> w(5000, 1.0f), gw(5000);
     opt.add_group({}).add(w, gw, "w");
     check_steady_state_allocates_nothing(opt, {&gw}, 3);

@@ -4,7 +4,8 @@
 // its per-chunk sums equal the host's up to summation order (1e-5 relative for fp32 sums, 1e-12 for
 // double ones; the host's sums are held to float64 references by the optimizer tests).
 //
-// Built with g++ and THRUST_DEVICE_SYSTEM_OMP: the device backend's source, run on the host.
+// Built with g++ and THRUST_DEVICE_SYSTEM_OMP (the device backend's source, run on the host), and
+// by nvcc as device_passes.cu for the GPU.
 #include <doctest/doctest.h>
 
 #include <cmath>

@@ -19,6 +19,8 @@
 
 #include <mpopt/mpopt.hpp>
 
+#include "test_backend.hpp"
+
 #include "reference.hpp"
 
 namespace harness {

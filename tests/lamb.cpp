@@ -53,7 +53,7 @@ struct lamb_groups {
 TEST_SUITE("lamb") {
   TEST_CASE_TEMPLATE("masters, params, moments, trust ratios and status follow the float64 reference for 24 steps", C,
                      LAMB_CFGS(0), LAMB_CFGS(1), LAMB_CFGS(2)) {
-    using opt_t = mpopt::optimizer<typename C::precision, typename C::scaler, mpopt::replicated, mpopt::lamb>;
+    using opt_t = mpopt::optimizer<typename C::precision, typename C::scaler, mpopt::replicated, mpopt::lamb, test_backend>;
     const std::string what = describe<C>();
     CAPTURE(what);
     using G = lamb_groups<C::variant>;
@@ -66,7 +66,7 @@ TEST_SUITE("lamb") {
   }
 
   TEST_CASE("a tensor with zero weights or a zero update gets trust ratio 1; otherwise the clamp binds at both ends") {
-    using opt_t = mpopt::optimizer<mpopt::fp32, mpopt::no_scaling, mpopt::replicated, mpopt::lamb>;
+    using opt_t = mpopt::optimizer<mpopt::fp32, mpopt::no_scaling, mpopt::replicated, mpopt::lamb, test_backend>;
     rig<opt_t> r(layout::unfused, {.clip_grad = 0});
     r.add_group({.lr = 0.01, .min_coeff = 0.1, .max_coeff = 0.4}, {5, 2, 2, 2}, 0x2E0);
     const std::vector<std::vector<double>> p{{0, 0, 0, 0, 0}, {1, 2}, {1, 2}, {0.01, 0.02}};

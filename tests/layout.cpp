@@ -193,7 +193,7 @@ struct combo {
   using precision = Precision;
   using rule = Rule;
   using scaler = std::conditional_t<std::is_same_v<Precision, mpopt::fp16>, mpopt::dynamic_scale, mpopt::no_scaling>;
-  using opt = mpopt::optimizer<Precision, scaler, mpopt::replicated, Rule>;
+  using opt = mpopt::optimizer<Precision, scaler, mpopt::replicated, Rule, test_backend>;
 };
 
 }  // namespace

@@ -7,6 +7,8 @@
 
 #include <mpopt/mpopt.hpp>
 
+#include "test_backend.hpp"
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -105,7 +107,7 @@ struct single_threaded {
 // writes one non-finite element into a chosen tensor.
 template <class Scaler, class Rule = mpopt::adam>
 struct fp16_rig {
-  using opt_t = mpopt::optimizer<mpopt::fp16, Scaler, mpopt::replicated, Rule>;
+  using opt_t = mpopt::optimizer<mpopt::fp16, Scaler, mpopt::replicated, Rule, test_backend>;
 
   std::vector<mpopt::half> p0, g0, p1, g1;
   opt_t opt;
@@ -483,7 +485,7 @@ TEST_CASE("static_scale: the true gradient is the written gradient divided by th
   // fp16 grads k/128 * 138 are exact in fp16 (k*138 < 2048), so the unscaled gradient is k/128 up to the
   // rounding of 1/138: with SGD-like Adam at step 1 (update = lr * sign(g) for |g| >> eps) the params
   // move by exactly lr both ways; the norm reported is the norm of the true gradient.
-  using opt_t = mpopt::optimizer<mpopt::fp16, mpopt::static_scale, mpopt::replicated, mpopt::adam>;
+  using opt_t = mpopt::optimizer<mpopt::fp16, mpopt::static_scale, mpopt::replicated, mpopt::adam, test_backend>;
   std::vector<mpopt::half> p(8, mpopt::half(1.0f)), g(8);
   opt_t opt({.clip_grad = 0}, {.scale = 138});
   opt.add_group({.lr = 0.25}).add(p, g, "w");

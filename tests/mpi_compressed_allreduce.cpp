@@ -41,7 +41,8 @@ TEST_SUITE("mpi") {
                           std::size_t(1001), std::size_t(70001)}) {
       CAPTURE(n);
       counting_mpi comm{MPI_COMM_WORLD};
-      mpopt::compressed_allreduce<> ar(n, w, rank);
+      mpopt::compressed_allreduce<test_backend> ar(n, w, rank);
+      test_backend backend;
       ref::compressed_sim sim(std::size_t(w), n);
       CHECK(ar.padded_size() == sim.padded);
       CHECK(ar.padded_size() % (8 * std::size_t(w)) == 0);
@@ -56,7 +57,7 @@ TEST_SUITE("mpi") {
         }
         std::vector<float> x = input(n, round, rank, 0xC0DE + n);
         const std::size_t before = comm.bytes;
-        ar.average(comm, x);
+        ar.average(comm, backend, x);
         CHECK(comm.bytes - before == ar.bytes_per_exchange());
         sim.run(xs);
         double largest = 0;
@@ -96,7 +97,8 @@ TEST_SUITE("mpi") {
     CAPTURE(w);
     const std::size_t n = 5003;
     mpopt::mpi comm{MPI_COMM_WORLD};
-    mpopt::compressed_allreduce<> ar(n, w, rank);
+    mpopt::compressed_allreduce<test_backend> ar(n, w, rank);
+    test_backend backend;
     std::vector<double> results(n, 0.0), averages(n, 0.0);
     double scales = 0;
     for (int round = 0; round < 12; ++round) {
@@ -105,7 +107,7 @@ TEST_SUITE("mpi") {
         const auto xr = input(n, round, r, 0xFEED);
         for (std::size_t i = 0; i < n; ++i) averages[i] += double(xr[i]) / w;
       }
-      ar.average(comm, x);
+      ar.average(comm, backend, x);
       double largest = 0;
       for (std::size_t i = 0; i < n; ++i) {
         results[i] += x[i];
@@ -129,7 +131,8 @@ TEST_SUITE("mpi") {
     const int w = world_size(), rank = world_rank();
     const std::size_t n = 3000;
     counting_mpi broken{MPI_COMM_WORLD}, clean{MPI_COMM_WORLD};
-    mpopt::compressed_allreduce<> a(n, w, rank), b(n, w, rank);
+    mpopt::compressed_allreduce<test_backend> a(n, w, rank), b(n, w, rank);
+    test_backend backend;
     for (int round = 0; round < 3; ++round) {
       CAPTURE(round);
       const std::vector<float> x = input(n, round, rank, 0xABC);
@@ -139,13 +142,13 @@ TEST_SUITE("mpi") {
       }
       double sumsq = 0;
       for (std::size_t i = 0; i < n; ++i) sumsq += double(a.worker_error()[i]) * a.worker_error()[i];
-      a.compress_worker(sumsq);
+      a.compress_worker(backend, sumsq);
       broken.fail_gather_at = broken.gathers + (round == 1 ? 2 : 0);  // phase 2, or phase 1
-      CHECK_THROWS_AS(a.finish(broken), mpopt::error);
+      CHECK_THROWS_AS(a.finish(broken, backend), mpopt::error);
       CHECK(a.pending());
-      a.finish(broken);
+      a.finish(broken, backend);
       CHECK_FALSE(a.pending());
-      b.exchange(clean, sumsq);
+      b.exchange(clean, backend, sumsq);
       std::vector<float> ra(n), rb(n);
       for (std::size_t i = 0; i < n; ++i) {
         ra[i] = a.result().scale_of(i) * ((a.result().bits[i / 8] >> (i % 8)) & 1 ? 1.0f : -1.0f);

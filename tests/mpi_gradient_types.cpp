@@ -73,7 +73,7 @@ TEST_SUITE("mpi") {
     const std::size_t padding = 16 * (sh.all().size() + 2 * std::size_t(w));
     const dataset ds{0x7E, sh.all(), true};
     auto run = [&]<class Partition>(Partition) {
-      using D = mpopt::optimizer<P, mpopt::no_scaling, Partition, mpopt::adam, mpopt::host, recording_mpi>;
+      using D = mpopt::optimizer<P, mpopt::no_scaling, Partition, mpopt::adam, test_backend, recording_mpi>;
       CAPTURE(partition_name<Partition>());
       net<D> n(layout::unfused, sh, 1, recording_mpi{MPI_COMM_WORLD}, small_buckets({.accumulation_steps = 2}));
       n.opt.finalize();
@@ -109,8 +109,8 @@ TEST_SUITE("mpi") {
     const dataset ds{0x16B, sh.all(), true};
     const mpopt::dynamic_scale_options so{.init_scale = 1024, .window = 3};
     auto run = [&]<class Partition, class Rule>(Partition, Rule) {
-      using Sixteen = mpopt::optimizer<P, mpopt::dynamic_scale, Partition, Rule, mpopt::host, mpopt::mpi>;
-      using Default = mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, Partition, Rule, mpopt::host, mpopt::mpi>;
+      using Sixteen = mpopt::optimizer<P, mpopt::dynamic_scale, Partition, Rule, test_backend, mpopt::mpi>;
+      using Default = mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, Partition, Rule, test_backend, mpopt::mpi>;
       for (int a_steps : {1, 2}) {
         for (double predivide : {1.0, 2.0}) {
           CAPTURE(partition_name<Partition>());
@@ -156,8 +156,8 @@ TEST_SUITE("mpi") {
     const shape sh = random_shape(0xBF + w);
     const dataset ds{0xBF, sh.all(), false};
     auto run = [&]<class Partition>(Partition) {
-      using D = mpopt::optimizer<P, mpopt::no_scaling, Partition, mpopt::adam, mpopt::host, mpopt::mpi>;
-      using L = mpopt::optimizer<mpopt::bf16, mpopt::no_scaling, mpopt::replicated, mpopt::adam>;
+      using D = mpopt::optimizer<P, mpopt::no_scaling, Partition, mpopt::adam, test_backend, mpopt::mpi>;
+      using L = mpopt::optimizer<mpopt::bf16, mpopt::no_scaling, mpopt::replicated, mpopt::adam, test_backend>;
       for (int a_steps : {1, 2}) {
         CAPTURE(partition_name<Partition>());
         CAPTURE(a_steps);
@@ -227,8 +227,8 @@ TEST_SUITE("mpi") {
       g.push_back(std::move(t));
     }
     auto run = [&]<class Partition>(Partition) {
-      using D = mpopt::optimizer<P, mpopt::dynamic_scale, Partition, mpopt::adam, mpopt::host, mpopt::mpi>;
-      using Ref = mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, Partition, mpopt::adam, mpopt::host, mpopt::mpi>;
+      using D = mpopt::optimizer<P, mpopt::dynamic_scale, Partition, mpopt::adam, test_backend, mpopt::mpi>;
+      using Ref = mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, Partition, mpopt::adam, test_backend, mpopt::mpi>;
       CAPTURE(partition_name<Partition>());
       net<D> plain(layout::unfused, sh, 2, mpopt::mpi{MPI_COMM_WORLD}, small_buckets(), so);
       net<D> divided(layout::unfused, sh, 2, mpopt::mpi{MPI_COMM_WORLD}, small_buckets({.gradient_predivide = double(w)}), so);

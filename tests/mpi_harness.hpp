@@ -36,6 +36,8 @@
 #include <mpopt/mpi.hpp>
 #include <mpopt/mpopt.hpp>
 
+#include "test_backend.hpp"
+
 #include "temp_dir.hpp"
 
 namespace {
@@ -196,8 +198,8 @@ struct cfg {
   using rule = Rule;
   using partition = Partition;
   static constexpr layout lay = Layout;
-  using dist = mpopt::optimizer<Precision, Scaler, Partition, Rule, mpopt::host, mpopt::mpi>;
-  using local = mpopt::optimizer<Precision, Scaler, mpopt::replicated, Rule, mpopt::host, mpopt::single_process>;
+  using dist = mpopt::optimizer<Precision, Scaler, Partition, Rule, test_backend, mpopt::mpi>;
+  using local = mpopt::optimizer<Precision, Scaler, mpopt::replicated, Rule, test_backend, mpopt::single_process>;
   static std::string describe() {
     return std::string(Precision::name) + "+" + std::string(Scaler::name) + "+" + std::string(Rule::name) +
            (Layout == layout::flat ? "+flat" : "+unfused") + "+" + std::string(Partition::name);

@@ -112,7 +112,7 @@ struct misdelivering_mpi : mpopt::mpi {
 static_assert(mpopt::communicator<misdelivering_mpi>);
 
 template <class P>
-using onebit_opt = mpopt::optimizer<P, mpopt::no_scaling, mpopt::replicated, mpopt::onebit_lamb, mpopt::host, mpopt::mpi>;
+using onebit_opt = mpopt::optimizer<P, mpopt::no_scaling, mpopt::replicated, mpopt::onebit_lamb, test_backend, mpopt::mpi>;
 
 }  // namespace
 
@@ -124,7 +124,7 @@ TEST_SUITE("mpi") {
       P, mpopt::fp32, mpopt::bf16) {
    for (bool silent : {false, true}) {
     CAPTURE(silent);
-    using lamb_opt = mpopt::optimizer<P, mpopt::no_scaling, mpopt::replicated, mpopt::lamb, mpopt::host, mpopt::mpi>;
+    using lamb_opt = mpopt::optimizer<P, mpopt::no_scaling, mpopt::replicated, mpopt::lamb, test_backend, mpopt::mpi>;
     const int w = world_size(), rank = world_rank();
     CAPTURE(w);
     const std::uint64_t freeze = 5;
@@ -216,7 +216,7 @@ TEST_SUITE("mpi") {
   TEST_CASE(
       "in the compression stage the momentum all-reduce hands the communicator at most 1/16 of the bytes of an fp32 "
       "all-reduce of it; step_status reports the ratio and the step compression started") {
-    using opt_t = mpopt::optimizer<mpopt::bf16, mpopt::no_scaling, mpopt::replicated, mpopt::onebit_lamb, mpopt::host,
+    using opt_t = mpopt::optimizer<mpopt::bf16, mpopt::no_scaling, mpopt::replicated, mpopt::onebit_lamb, test_backend,
                                    counting_mpi>;
     const int w = world_size(), rank = world_rank();
     CAPTURE(w);
@@ -318,7 +318,7 @@ TEST_SUITE("mpi") {
       "fp16 with the dynamic scaler: an overflow on one rank in the compression stage skips the step on every rank; "
       "parameters, moments and error buffers stay bit-identical") {
     using opt_t = mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, mpopt::onebit_lamb,
-                                   mpopt::host, mpopt::mpi>;
+                                   test_backend, mpopt::mpi>;
     const int w = world_size(), rank = world_rank();
     CAPTURE(w);
     model<opt_t> m(onebit_options(2), mpopt::mpi{MPI_COMM_WORLD}, mpopt::optimizer_options{},
@@ -343,7 +343,7 @@ TEST_SUITE("mpi") {
 
   TEST_CASE("the preflight: a communicator that delivers all-to-all blocks to the wrong ranks fails construction on "
             "every rank") {
-    using opt_t = mpopt::optimizer<mpopt::bf16, mpopt::no_scaling, mpopt::replicated, mpopt::onebit_lamb, mpopt::host,
+    using opt_t = mpopt::optimizer<mpopt::bf16, mpopt::no_scaling, mpopt::replicated, mpopt::onebit_lamb, test_backend,
                                    misdelivering_mpi>;
     const int w = world_size();
     std::string message;

@@ -169,8 +169,8 @@ TEST_SUITE("mpi") {
 
   TEST_CASE("per-rank fp16 gradients near the fp16 maximum sum in fp32 without a false overflow") {
     using D =
-        mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, mpopt::adam, mpopt::host, mpopt::mpi>;
-    using L = mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, mpopt::adam>;
+        mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, mpopt::adam, test_backend, mpopt::mpi>;
+    using L = mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, mpopt::adam, test_backend>;
     const int w = world_size();
     const shape sh{{1, 7, 301}, {3, 65}};
     mpopt::dynamic_scale_options so;
@@ -376,7 +376,7 @@ TEST_SUITE("mpi") {
   TEST_CASE(
       "load of a missing, corrupt or rank-dependent file throws mpopt::error on every rank and changes nothing; "
       "save into a missing directory throws on every rank") {
-    using D = mpopt::optimizer<mpopt::bf16, mpopt::no_scaling, mpopt::replicated, mpopt::lamb, mpopt::host, mpopt::mpi>;
+    using D = mpopt::optimizer<mpopt::bf16, mpopt::no_scaling, mpopt::replicated, mpopt::lamb, test_backend, mpopt::mpi>;
     const int w = world_size();
     const int rank = world_rank();
     CAPTURE(w);

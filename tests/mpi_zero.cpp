@@ -137,9 +137,9 @@ TEST_SUITE("mpi") {
     using P = typename C::precision;
     using S = typename C::scaler;
     using R = typename C::rule;
-    using Rep = mpopt::optimizer<P, S, mpopt::replicated, R, mpopt::host, mpopt::mpi>;
-    using Z1 = mpopt::optimizer<P, S, mpopt::zero1, R, mpopt::host, mpopt::mpi>;
-    using Z2 = mpopt::optimizer<P, S, mpopt::zero2, R, mpopt::host, mpopt::mpi>;
+    using Rep = mpopt::optimizer<P, S, mpopt::replicated, R, test_backend, mpopt::mpi>;
+    using Z1 = mpopt::optimizer<P, S, mpopt::zero1, R, test_backend, mpopt::mpi>;
+    using Z2 = mpopt::optimizer<P, S, mpopt::zero2, R, test_backend, mpopt::mpi>;
     const int w = world_size(), rank = world_rank();
     const std::string what = C::describe();
     CAPTURE(what);
@@ -388,8 +388,8 @@ TEST_SUITE("mpi") {
         CHECK_MESSAGE(diff.empty(), "reusing released gradient memory changed the run: " << diff);
       }
     }
-    using Z1 = mpopt::optimizer<mpopt::fp32, mpopt::no_scaling, mpopt::zero1, mpopt::adam, mpopt::host, mpopt::mpi>;
-    using Rep = mpopt::optimizer<mpopt::fp32, mpopt::no_scaling, mpopt::replicated, mpopt::adam, mpopt::host, mpopt::mpi>;
+    using Z1 = mpopt::optimizer<mpopt::fp32, mpopt::no_scaling, mpopt::zero1, mpopt::adam, test_backend, mpopt::mpi>;
+    using Rep = mpopt::optimizer<mpopt::fp32, mpopt::no_scaling, mpopt::replicated, mpopt::adam, test_backend, mpopt::mpi>;
     net<Z1> z1(layout::unfused, sh, 4, mpopt::mpi{MPI_COMM_WORLD}, zero_options());
     net<Rep> rep(layout::unfused, sh, 4, mpopt::mpi{MPI_COMM_WORLD}, zero_options());
     z1.report_ready();
@@ -406,7 +406,7 @@ TEST_SUITE("mpi") {
       C, cfg<mpopt::fp16, mpopt::dynamic_scale, mpopt::adam, layout::unfused, mpopt::zero2>,
       cfg<mpopt::bf16, mpopt::no_scaling, mpopt::lamb, layout::flat, mpopt::zero1>) {
     using D = mpopt::optimizer<typename C::precision, typename C::scaler, typename C::partition, typename C::rule,
-                               mpopt::host, failing_mpi>;
+                               test_backend, failing_mpi>;
     constexpr bool is_lamb = std::is_same_v<typename C::rule, mpopt::lamb>;
     const int w = world_size(), rank = world_rank();
     const std::string what = C::describe();
@@ -458,8 +458,8 @@ TEST_SUITE("mpi") {
   TEST_CASE(
       "bad input under ZeRO: different layouts across ranks, a failing communicator, another model's "
       "checkpoint: mpopt::error on every rank, nothing changed") {
-    using D = mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::zero2, mpopt::adam, mpopt::host, failing_mpi>;
-    using Z1 = mpopt::optimizer<mpopt::bf16, mpopt::no_scaling, mpopt::zero1, mpopt::lamb, mpopt::host, mpopt::mpi>;
+    using D = mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::zero2, mpopt::adam, test_backend, failing_mpi>;
+    using Z1 = mpopt::optimizer<mpopt::bf16, mpopt::no_scaling, mpopt::zero1, mpopt::lamb, test_backend, mpopt::mpi>;
     const int w = world_size(), rank = world_rank();
     CAPTURE(w);
     // Rank-dependent sizes (one rank differs): caught at the first step, before any gradient moves.

@@ -85,7 +85,7 @@ std::vector<std::uint32_t> state_bits(const Opt& opt, const tensors<Opt>& t) {
 TEST_SUITE("onebit_lamb") {
   TEST_CASE_TEMPLATE("warm-up follows the float64 LAMB reference without bias correction for 24 steps", C,
                      ONEBIT_WARMUP_CFGS) {
-    using opt_t = mpopt::optimizer<typename C::precision, typename C::scaler, mpopt::replicated, mpopt::onebit_lamb>;
+    using opt_t = mpopt::optimizer<typename C::precision, typename C::scaler, mpopt::replicated, mpopt::onebit_lamb, test_backend>;
     const std::string what = describe<C>();
     CAPTURE(what);
     auto g0 = onebit_options(1e-3, 0.01, 1000), g1 = onebit_options(3e-3, 0.0, 1000);
@@ -100,8 +100,8 @@ TEST_SUITE("onebit_lamb") {
 
   TEST_CASE_TEMPLATE("warm-up equals mpopt::lamb (bias_correction off) bit for bit, through the freeze step", P,
                      mpopt::fp32, mpopt::bf16) {
-    using one_t = mpopt::optimizer<P, mpopt::no_scaling, mpopt::replicated, mpopt::onebit_lamb>;
-    using lamb_t = mpopt::optimizer<P, mpopt::no_scaling, mpopt::replicated, mpopt::lamb>;
+    using one_t = mpopt::optimizer<P, mpopt::no_scaling, mpopt::replicated, mpopt::onebit_lamb, test_backend>;
+    using lamb_t = mpopt::optimizer<P, mpopt::no_scaling, mpopt::replicated, mpopt::lamb, test_backend>;
     const std::vector<std::size_t> sizes{1, 7, 70001, 300};
     one_t one;
     lamb_t plain;
@@ -138,7 +138,7 @@ TEST_SUITE("onebit_lamb") {
       "the compression stage on one rank follows the float64 1-bit LAMB reference: masters, momentum, fresh "
       "variance and coefficients (frozen coefficient times the clamped factor)",
       P, mpopt::fp32, mpopt::bf16) {
-    using opt_t = mpopt::optimizer<P, mpopt::no_scaling, mpopt::replicated, mpopt::onebit_lamb>;
+    using opt_t = mpopt::optimizer<P, mpopt::no_scaling, mpopt::replicated, mpopt::onebit_lamb, test_backend>;
     for (double wd : {0.0, 0.05}) {
       CAPTURE(wd);
       const std::vector<std::size_t> sizes{1, 13, 70001, 2000};
@@ -212,7 +212,7 @@ TEST_SUITE("onebit_lamb") {
 
   TEST_CASE_TEMPLATE("a checkpoint taken in warm-up or in the compression stage resumes bit for bit", P, mpopt::fp32,
                      mpopt::bf16) {
-    using opt_t = mpopt::optimizer<P, mpopt::no_scaling, mpopt::replicated, mpopt::onebit_lamb>;
+    using opt_t = mpopt::optimizer<P, mpopt::no_scaling, mpopt::replicated, mpopt::onebit_lamb, test_backend>;
     const std::vector<std::size_t> sizes{3, 5000, 17};
     const temp_dir dir("mpopt_onebit_");
     for (int saved_at : {2, 6}) {  // freeze_step 4: warm-up, compression
@@ -243,7 +243,7 @@ TEST_SUITE("onebit_lamb") {
   }
 
   TEST_CASE("fp16 with the dynamic scaler: an overflow in the compression stage skips the step and changes nothing") {
-    using opt_t = mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, mpopt::onebit_lamb>;
+    using opt_t = mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, mpopt::onebit_lamb, test_backend>;
     const std::vector<std::size_t> sizes{100, 33};
     opt_t opt{{}, {.init_scale = 1024, .hysteresis = 1}};
     tensors<opt_t> t(opt, sizes, onebit_options(1e-3, 0.0, 3), 1);
@@ -267,7 +267,7 @@ TEST_SUITE("onebit_lamb") {
   }
 
   TEST_CASE("bad 1-bit LAMB options throw mpopt::error naming the field; groups must share freeze_step") {
-    using opt_t = mpopt::optimizer<mpopt::bf16, mpopt::no_scaling, mpopt::replicated, mpopt::onebit_lamb>;
+    using opt_t = mpopt::optimizer<mpopt::bf16, mpopt::no_scaling, mpopt::replicated, mpopt::onebit_lamb, test_backend>;
     auto message = [](auto&& f) {
       try {
         f();

@@ -35,7 +35,7 @@ std::unique_ptr<rig<Opt>> make_rig(layout lay, mpopt::optimizer_options oo, type
 template <class Precision, class Scaler, class Rule, layout Layout>
 struct pcfg {
   using scaler = Scaler;
-  using opt = mpopt::optimizer<Precision, Scaler, mpopt::replicated, Rule>;
+  using opt = mpopt::optimizer<Precision, Scaler, mpopt::replicated, Rule, test_backend>;
   static constexpr layout lay = Layout;
   static std::string describe() {
     return std::string(Precision::name) + "+" + std::string(Scaler::name) + "+" + std::string(Rule::name) +
@@ -271,7 +271,7 @@ TEST_SUITE("pipeline") {
   }
 
   TEST_CASE("at_min_scale::raise throws naming the tensor with the non-finite gradient and leaves the state unchanged") {
-    using opt_t = mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, mpopt::adam>;
+    using opt_t = mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, mpopt::adam, test_backend>;
     for (layout lay : {layout::unfused, layout::flat}) {
       CAPTURE(int(lay));
       auto rp = make_rig<opt_t>(lay, {}, {.init_scale = 4, .min_scale = 1, .hysteresis = 1}, 0x4A1, false);
@@ -305,7 +305,7 @@ TEST_SUITE("pipeline") {
   }
 
   TEST_CASE("at_min_scale::keep_skipping keeps skipping at the minimum scale without throwing") {
-    using opt_t = mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, mpopt::lamb>;
+    using opt_t = mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, mpopt::lamb, test_backend>;
     auto rp = make_rig<opt_t>(layout::flat, {},
                              {.init_scale = 2, .min_scale = 1, .hysteresis = 1, .on_min_scale = mpopt::at_min_scale::keep_skipping},
                              0x4B1, false);
@@ -359,7 +359,7 @@ TEST_SUITE("pipeline") {
   }
 
   TEST_CASE("finite gradients whose squares overflow float skip the step as skipped_norm_overflow") {
-    using opt_t = mpopt::optimizer<mpopt::bf16, mpopt::no_scaling, mpopt::replicated, mpopt::adam>;
+    using opt_t = mpopt::optimizer<mpopt::bf16, mpopt::no_scaling, mpopt::replicated, mpopt::adam, test_backend>;
     auto rp = make_rig<opt_t>(layout::unfused, {}, {}, 0x5A1, false);
     auto& r = *rp;
     std::mt19937_64 rng(0x5A2);
@@ -374,7 +374,7 @@ TEST_SUITE("pipeline") {
   }
 
   TEST_CASE("zero_grad sets every gradient to +0 in both layouts and leaves parameters and state alone") {
-    using opt_t = mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, mpopt::adam>;
+    using opt_t = mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, mpopt::adam, test_backend>;
     for (const layout lay : {layout::unfused, layout::flat}) {
       auto rp = make_rig<opt_t>(lay, {}, {}, 0x2E40, false);
       auto& r = *rp;

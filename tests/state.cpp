@@ -6,6 +6,8 @@
 
 #include <mpopt/mpopt.hpp>
 
+#include "test_backend.hpp"
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -332,7 +334,7 @@ void check_exact_resume(layout lay) {
 
 template <class P, class S, class R>
 struct combo {
-  using opt_t = mpopt::optimizer<P, S, mpopt::replicated, R>;
+  using opt_t = mpopt::optimizer<P, S, mpopt::replicated, R, test_backend>;
 };
 
 }  // namespace
@@ -355,7 +357,7 @@ TEST_CASE_TEMPLATE("N steps, save, load into a fresh optimizer, M steps == N+M u
 }
 
 TEST_CASE("exact resume with gradient accumulation: save at a boundary, the next window continues identically") {
-  using opt_t = mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, mpopt::lamb>;
+  using opt_t = mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, mpopt::lamb, test_backend>;
   temp_dir dir;
   const auto path = dir / "accum.safetensors";
   const mpopt::optimizer_options o{.accumulation_steps = 3};
@@ -381,7 +383,7 @@ TEST_CASE("load() in the middle of an accumulation window either throws or resta
   // optimizer that has folded some micro-steps must not mix those stale gradients into the resumed run:
   // either load() refuses (and changes nothing) or the result behaves exactly like a fresh optimizer that
   // loaded the same file.
-  using opt_t = mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, mpopt::adam>;
+  using opt_t = mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, mpopt::adam, test_backend>;
   temp_dir dir;
   const auto path = dir / "boundary.safetensors";
   const mpopt::optimizer_options o{.accumulation_steps = 2};
@@ -417,7 +419,7 @@ TEST_CASE("load() in the middle of an accumulation window either throws or resta
 }
 
 TEST_CASE("load() rewinds a running optimizer to the saved state") {
-  using opt_t = mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, mpopt::adam>;
+  using opt_t = mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, mpopt::adam, test_backend>;
   temp_dir dir;
   const auto path = dir / "rewind.safetensors";
   run<opt_t> r(layout::unfused, 0.0f);
@@ -439,7 +441,7 @@ TEST_CASE("load() rewinds a running optimizer to the saved state") {
 
 TEST_CASE("the resume check can fail: a fresh optimizer that does not load diverges") {
   // Guards the harness: without the load, the continuation differs from the uninterrupted run.
-  using opt_t = mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, mpopt::adam>;
+  using opt_t = mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, mpopt::adam, test_backend>;
   run<opt_t> whole(layout::unfused, 0.0f);
   for (std::uint64_t i = 0; i < steps_before_save + steps_after_save; ++i) whole.step();
   run<opt_t> fresh(layout::unfused, 0.0f);
@@ -452,7 +454,7 @@ TEST_CASE("the resume check can fail: a fresh optimizer that does not load diver
 }
 
 TEST_CASE("the state file's metadata holds the optimizer description as a JSON string") {
-  using opt_t = mpopt::optimizer<mpopt::bf16, mpopt::no_scaling, mpopt::replicated, mpopt::adam>;
+  using opt_t = mpopt::optimizer<mpopt::bf16, mpopt::no_scaling, mpopt::replicated, mpopt::adam, test_backend>;
   temp_dir dir;
   const auto path = dir / "meta.safetensors";
   run<opt_t> r(layout::flat, 0.0f);

@@ -14,6 +14,9 @@
 // is the error feedback. Sums of squares are formed in double, per 64 Ki-element chunk and then
 // across chunks in a fixed order: the scales do not depend on the thread count, nor (to the float
 // they are rounded to) on how the sum was cut.
+//
+// The buffers live where the Backend computes (host.hpp, cuda.hpp); every call that runs passes
+// takes that backend object.
 #pragma once
 
 #include <algorithm>
@@ -24,7 +27,6 @@
 #include <vector>
 
 #include "communicator.hpp"
-#include "detail/aligned_buffer.hpp"
 #include "detail/sign_compression.hpp"
 #include "detail/validate.hpp"
 #include "detail/work_list.hpp"
@@ -45,11 +47,11 @@ class compressed_allreduce {
     const std::size_t unit = 8 * world_;
     padded_ = (size_ + unit - 1) / unit * unit;
     chunk_ = padded_ / world_;
-    worker_error_ = detail::aligned_buffer<float>::zeroed(padded_);
-    server_error_ = detail::aligned_buffer<float>::zeroed(chunk_);
-    sent_ = detail::aligned_buffer<std::uint8_t>::zeroed(detail::sign_bytes(padded_));
-    received_ = detail::aligned_buffer<std::uint8_t>::zeroed(detail::sign_bytes(padded_));
-    result_ = detail::aligned_buffer<std::uint8_t>::zeroed(detail::sign_bytes(padded_));
+    reset_errors();
+    sent_ = buffer<std::uint8_t>::zeroed(detail::sign_bytes(padded_));
+    received_ = buffer<std::uint8_t>::zeroed(detail::sign_bytes(padded_));
+    result_ = buffer<std::uint8_t>::zeroed(detail::sign_bytes(padded_));
+    padding_.assign(padded_ - size_, 0.0f);
     worker_scales_.assign(world_, 0.0f);
     server_scales_.assign(world_, 0.0f);
     counts_.assign(world_, chunk_ / 8);
@@ -67,11 +69,13 @@ class compressed_allreduce {
   /// x = the average of x over ranks, 1-bit compressed with error feedback. Every rank calls it
   /// with the same size.
   template <communicator C>
-  void average(C& comm, std::span<float> x) {
+  void average(C& comm, Backend& backend, std::span<float> x) {
     if (x.size() != size_) detail::fail("compressed_allreduce: ", x.size(), " elements, built for ", size_);
-    Backend::add_into(prefix(size_), worker_error_.data(), x.data(), partial_.data());
-    exchange(comm, ordered_sum(prefix(size_).size()));
-    Backend::decode_signs(prefix(size_), result(), x.data());
+    backend.add_into(prefix(size_), worker_error_.data(), x.data(), partial_.data());
+    backend.synchronize();
+    exchange(comm, backend, ordered_sum(prefix(size_).size()));
+    backend.decode_signs(prefix(size_), result(), x.data());
+    backend.synchronize();
   }
 
   // ---- The pieces average() is made of, for callers that fuse the first and last step into their
@@ -89,25 +93,27 @@ class compressed_allreduce {
   /// Compresses the worker buffer and runs both phases. fed_sumsq is the sum of squares of
   /// worker_error()[0, size()) after x was added (the padding's part is added here). Collective.
   template <communicator C>
-  void exchange(C& comm, double fed_sumsq) {
-    compress_worker(fed_sumsq);
-    finish(comm);
+  void exchange(C& comm, Backend& backend, double fed_sumsq) {
+    compress_worker(backend, fed_sumsq);
+    finish(comm, backend);
   }
 
   /// Local: the worker's scale, sign bits and new error. finish() does the rest.
-  void compress_worker(double fed_sumsq) {
+  void compress_worker(Backend& backend, double fed_sumsq) {
     if (phase_ != phase::idle) detail::fail("compressed_allreduce: the previous exchange did not finish");
     double sumsq = fed_sumsq;
-    for (std::size_t i = size_; i < padded_; ++i) sumsq += double(worker_error_[i]) * double(worker_error_[i]);
+    backend.to_host(padding_.data(), worker_error_.data() + size_, padding_.size());  // fewer than 8 W
+    for (float e : padding_) sumsq += double(e) * double(e);
     my_scale_ = padded_ ? float(std::sqrt(sumsq / double(padded_))) : 0.0f;
-    if (padded_) Backend::compress_signs(worker_, worker_error_.data(), my_scale_, sent_.data());
+    if (padded_) backend.compress_signs(worker_, worker_error_.data(), my_scale_, sent_.data());
+    backend.synchronize();
     phase_ = phase::send;
   }
 
   /// Runs the phases still to run. A collective that throws leaves its phase to run again on the
   /// next call: the local state before it is intact, so a failure loses nothing. Collective.
   template <communicator C>
-  void finish(C& comm) {
+  void finish(C& comm, Backend& backend) {
     if (padded_ == 0) {
       phase_ = phase::idle;
       return;
@@ -118,7 +124,7 @@ class compressed_allreduce {
       phase_ = phase::combine;
     }
     if (phase_ == phase::combine) {
-      combine();
+      combine(backend);
       phase_ = phase::gather;
     }
     if (phase_ == phase::gather) {
@@ -150,27 +156,34 @@ class compressed_allreduce {
     return {worker_error_.size() * sizeof(float), server_error_.size() * sizeof(float),
             sent_.size() + received_.size() + result_.size(),
             (worker_scales_.capacity() + server_scales_.capacity()) * sizeof(float) + partial_.capacity() * sizeof(double) +
-                counts_.capacity() * sizeof(std::size_t) + worker_.bytes() + server_.bytes() + prefix_.bytes()};
+                counts_.capacity() * sizeof(std::size_t) + worker_.bytes() + server_.bytes() + prefix_.bytes() +
+                padding_.capacity() * sizeof(float)};
   }
 
   /// Zeroes both error buffers (a fresh start of the error feedback).
   void reset_errors() {
-    std::fill_n(worker_error_.data(), worker_error_.size(), 0.0f);
-    std::fill_n(server_error_.data(), server_error_.size(), 0.0f);
+    worker_error_ = buffer<float>::zeroed(padded_);
+    server_error_ = buffer<float>::zeroed(chunk_);
   }
 
  private:
   enum class phase : std::uint8_t { idle, send, combine, gather };
+  template <class T>
+  using buffer = typename Backend::template buffer<T>;
+  template <class T>
+  using shared = typename Backend::template shared_vector<T>;
 
   /// The server's part: average my chunk of every rank's signs into the server error, then
   /// compress it into my chunk of the result bits.
-  void combine() {
+  void combine(Backend& backend) {
     const float inv_world = 1.0f / float(world_);
     for (std::size_t r = 0; r < world_; ++r) worker_scales_[r] = worker_scales_[r] * inv_world;  // DeepSpeed: s_r * (1 / W)
-    Backend::combine_signs(server_, received_.data(), chunk_ / 8, worker_scales_.data(), int(world_),
-                           server_error_.data(), partial_.data());
+    backend.combine_signs(server_, received_.data(), chunk_ / 8, worker_scales_.data(), int(world_),
+                          server_error_.data(), partial_.data());
+    backend.synchronize();
     server_scale_ = float(std::sqrt(ordered_sum(server_.size()) / double(chunk_)));
-    Backend::compress_signs(server_, server_error_.data(), server_scale_, result_.data() + rank_ * (chunk_ / 8));
+    backend.compress_signs(server_, server_error_.data(), server_scale_, result_.data() + rank_ * (chunk_ / 8));
+    backend.synchronize();
   }
 
   /// The chunks of worker_ covering [0, n) (n <= padded_): a prefix of the worker list.
@@ -190,12 +203,13 @@ class compressed_allreduce {
   }
 
   std::size_t size_ = 0, padded_ = 0, chunk_ = 0, world_ = 1, rank_ = 0;
-  detail::aligned_buffer<float> worker_error_, server_error_;
-  detail::aligned_buffer<std::uint8_t> sent_, received_, result_;  // sign bits: mine, my chunk of every rank's, the result
-  std::vector<float> worker_scales_, server_scales_;
+  buffer<float> worker_error_, server_error_;
+  buffer<std::uint8_t> sent_, received_, result_;  // sign bits: mine, my chunk of every rank's, the result
+  shared<float> worker_scales_, server_scales_;
   std::vector<std::size_t> counts_;
   detail::work_list worker_, server_, prefix_;
-  std::vector<double> partial_;  // per chunk: sums of squares
+  shared<double> partial_;       // per chunk: sums of squares
+  std::vector<float> padding_;   // the worker error's padding, read on the host
   float my_scale_ = 0, server_scale_ = 0;
   phase phase_ = phase::idle;
 };

@@ -56,34 +56,34 @@ struct device_sums {
   bool any_nonfinite = false;
   quad max = quad(0.0f);
 
-  MPOPT_HOST_DEVICE static unsigned lanes(full_t) { return 4; }
-  MPOPT_HOST_DEVICE static unsigned lanes(quad_tail t) { return t.n; }
+  MPOPT_HOST_DEVICE static bool holds(full_t, unsigned) { return true; }
+  MPOPT_HOST_DEVICE static bool holds(quad_tail t, unsigned j) { return t.holds(j); }
 
   template <class Tail>
   MPOPT_HOST_DEVICE void square(std::size_t, quad x, Tail t) {
     for (unsigned j = 0; j < 4; ++j)
-      if (j < lanes(t)) sum[j] = fma(x.x[j], x.x[j], sum[j]);
+      if (holds(t, j)) sum[j] = fma(x.x[j], x.x[j], sum[j]);
   }
   template <class Tail>
   MPOPT_HOST_DEVICE void square2(std::size_t, quad x, Tail t) {
     for (unsigned j = 0; j < 4; ++j)
-      if (j < lanes(t)) sum2[j] = fma(x.x[j], x.x[j], sum2[j]);
+      if (holds(t, j)) sum2[j] = fma(x.x[j], x.x[j], sum2[j]);
   }
   /// Squares of floats are exact in double: contraction cannot change these.
   template <class Tail>
   MPOPT_HOST_DEVICE void square64(std::size_t, quad x, Tail t) {
     for (unsigned j = 0; j < 4; ++j)
-      if (j < lanes(t)) sum64[j] += double(x.x[j]) * double(x.x[j]);
+      if (holds(t, j)) sum64[j] += double(x.x[j]) * double(x.x[j]);
   }
   template <class Tail>
   MPOPT_HOST_DEVICE void nonfinite(quad x, Tail t) {
     for (unsigned j = 0; j < 4; ++j)
-      if (j < lanes(t)) any_nonfinite |= detail::any_nonfinite(x.x[j], full_t{});
+      if (holds(t, j)) any_nonfinite |= detail::any_nonfinite(x.x[j], full_t{});
   }
   template <class Tail>
   MPOPT_HOST_DEVICE void largest(quad x, Tail t) {
     for (unsigned j = 0; j < 4; ++j)
-      if (j < lanes(t)) max.x[j] = detail::max(max.x[j], x.x[j]);
+      if (holds(t, j)) max.x[j] = detail::max(max.x[j], x.x[j]);
   }
 
   /// Lanes 4t .. 4t + 3 of chunk ci (thread index = ci * T + t).
@@ -99,26 +99,28 @@ struct device_sums {
   }
 };
 
-/// Runs one chunk's share of a pass on one thread.
+/// Runs one chunk's share of a pass on one thread. Offsets within a chunk (at most chunk_elements)
+/// are 32-bit and the tail vector is taken once, after the loop: few enough live registers that
+/// ptxas spills none (suite 'sass' checks it; 64-bit offsets and the tail inside the loop spilled).
 template <class Pass, class L>
 struct chunk_kernel {
   Pass pass;
   device_partials partials;
 
   MPOPT_HOST_DEVICE void operator()(std::size_t thread) const {
-    constexpr std::size_t T = device_threads_per_chunk;
-    const std::size_t ci = thread / T, t = thread % T;
+    constexpr unsigned T = device_threads_per_chunk;
+    const std::size_t ci = thread / T;
+    const unsigned t = unsigned(thread % T);
     const auto s = pass.at(ci);
-    const std::size_t n = pass.size(ci);
+    const unsigned n = unsigned(pass.size(ci));
     device_sums sums;
     if constexpr (requires { Pass::granule; }) {
-      constexpr std::size_t G = Pass::granule;
-      for (std::size_t g = t * G; g < n; g += T * G) pass.template apply_granule<L>(s, g, n - g < G ? n - g : G, sums);
+      constexpr unsigned G = Pass::granule;
+      for (unsigned g = t * G; g < n; g += T * G) pass.template apply_granule<L>(s, g, n - g < G ? n - g : G, sums);
     } else {
-      for (std::size_t i = 4 * t; i < n; i += 4 * T) {
-        if (i + 4 <= n) pass.template apply<L>(s, i, full_t{}, sums);
-        else pass.template apply<L>(s, i, quad_tail{unsigned(n - i)}, sums);
-      }
+      unsigned i = 4 * t;
+      for (; i + 4 <= n; i += 4 * T) pass.template apply<L>(s, i, full_t{}, sums);
+      if (i < n) pass.template apply<L>(s, i, quad_tail{n - i}, sums);
     }
     sums.write(pass.out, partials, thread);
   }
@@ -155,13 +157,21 @@ class cuda {
   static constexpr std::string_view name = "cuda";
   static constexpr memory_space space = memory_space::device;
 
+  /// Optimizer state: device memory, zeroed.
+  template <class T>
+  using buffer = detail::device_buffer<T>;
+  /// Small arrays the passes and the host's step logic share: mapped page-locked host memory, read
+  /// by the host after synchronize().
+  template <class T>
+  using shared_vector = detail::pinned_vector<T>;
+
   cuda() {
 #if MPOPT_DEVICE_IS_GPU
     detail::cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
 #endif
   }
   cuda(cuda&& o) noexcept
-      : lists_(std::move(o.lists_)), tables_(std::move(o.tables_)), sums_(std::move(o.sums_)),
+      : launches_(o.launches_), lists_(std::move(o.lists_)), tables_(std::move(o.tables_)), sums_(std::move(o.sums_)),
         sums2_(std::move(o.sums2_)), sums64_(std::move(o.sums64_)), flags_(std::move(o.flags_)),
         maxima_(std::move(o.maxima_)) {
 #if MPOPT_DEVICE_IS_GPU
@@ -180,6 +190,9 @@ class cuda {
 #if MPOPT_DEVICE_IS_GPU
   cudaStream_t stream() const { return stream_; }
 #endif
+  /// Kernels launched so far (the README's table of kernels per step is checked against it).
+  std::size_t launches() const { return launches_; }
+
   /// Waits for every pass issued so far.
   void synchronize() const {
 #if MPOPT_DEVICE_IS_GPU
@@ -205,6 +218,17 @@ class cuda {
     std::copy_n(src, n, dst);
 #endif
   }
+
+  template <class T>
+  void zero(T* p, std::size_t n) const {
+#if MPOPT_DEVICE_IS_GPU
+    detail::cuda_check(cudaMemsetAsync(p, 0, n * sizeof(T), stream_), "cudaMemsetAsync");
+#else
+    std::fill_n(p, n, T{});
+#endif
+  }
+  /// Tensors in device memory (in the OMP build, whose device is the host, any memory).
+  static constexpr bool accepts(memory_space s) { return !MPOPT_DEVICE_IS_GPU || s == memory_space::device; }
 
   // ---- the passes, with the host backend's signatures (host.hpp); detail/passes.hpp says what each does.
 
@@ -304,9 +328,6 @@ class cuda {
   }
 
  private:
-  template <class T>
-  using buffer = detail::device_buffer<T>;
-
   auto policy() const {
 #if MPOPT_DEVICE_IS_GPU
     return thrust::cuda::par_nosync.on(stream_);
@@ -327,12 +348,15 @@ class cuda {
     reserve_partials(chunk_count);
     const detail::device_partials partials{sums_.data(), sums2_.data(), sums64_.data(), flags_.data(), maxima_.data()};
     const std::size_t threads = chunk_count * detail::device_threads_per_chunk;
+    ++launches_;
     auto first = thrust::counting_iterator<std::size_t>(0);
     if (aligned) thrust::for_each_n(policy(), first, threads, detail::chunk_kernel<Pass, detail::quad_lanes<true>>{pass, partials});
     else thrust::for_each_n(policy(), first, threads, detail::chunk_kernel<Pass, detail::quad_lanes<false>>{pass, partials});
     const detail::pass_outputs& o = pass.out;
-    if (o.sum || o.sum2 || o.sum64 || o.nonfinite || o.largest)
+    if (o.sum || o.sum2 || o.sum64 || o.nonfinite || o.largest) {
       thrust::for_each_n(policy(), first, chunk_count, detail::chunk_totals_kernel{o, partials});
+      ++launches_;
+    }
   }
 
   /// Lane partials for the largest pass so far (grown only while the optimizer's lists are seen
@@ -409,6 +433,7 @@ class cuda {
 #if MPOPT_DEVICE_IS_GPU
   cudaStream_t stream_ = nullptr;
 #endif
+  std::size_t launches_ = 0;
   std::vector<published_list> lists_;
   std::vector<published_table> tables_;
   buffer<float> sums_, sums2_;

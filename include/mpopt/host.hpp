@@ -7,11 +7,13 @@
 #include <cstdint>
 #include <string_view>
 #include <type_traits>
+#include <vector>
 
 #if defined(_OPENMP)
 #include <omp.h>
 #endif
 
+#include "detail/aligned_buffer.hpp"
 #include "detail/config.hpp"
 #include "detail/lanes.hpp"
 #include "detail/passes.hpp"
@@ -26,6 +28,30 @@ struct host {
   static constexpr std::string_view name = "host";
   static constexpr memory_space space = memory_space::host;
   using lanes = detail::host_lanes;
+
+  /// Optimizer state (masters, moments, accumulators, buckets): aligned, zeroed by `zeroed(n)`.
+  template <class T>
+  using buffer = detail::aligned_buffer<T>;
+  /// Small arrays both the passes and the host's step logic read and write (per-chunk sums,
+  /// coefficients, trust ratios).
+  template <class T>
+  using shared_vector = std::vector<T>;
+
+  /// Passes run on the calling thread: they are done when they return.
+  static void synchronize() {}
+  template <class T>
+  static void to_host(T* dst, const T* src, std::size_t n) {
+    std::copy_n(src, n, dst);
+  }
+  template <class T>
+  static void to_device(T* dst, const T* src, std::size_t n) {
+    std::copy_n(src, n, dst);
+  }
+  template <class T>
+  static void zero(T* p, std::size_t n) {
+    std::fill_n(p, n, T{});
+  }
+  static constexpr bool accepts(memory_space s) { return s == memory_space::host; }
 
   /// Below this many elements per thread a fork/join costs more than the work it shares.
   static constexpr std::size_t min_elements_per_thread = std::size_t{1} << 16;

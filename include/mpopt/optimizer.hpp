@@ -121,6 +121,13 @@ class optimizer {
   static constexpr bool shard_in_grads =
       Partition::sharded && !Partition::reduce_every_micro_step && std::is_same_v<accumulate_type, grad_type>;
 
+  /// State lives where the backend computes; small arrays shared with the host's step logic are
+  /// readable by both (host.hpp, cuda.hpp).
+  template <class T>
+  using buffer = typename Backend::template buffer<T>;
+  template <class T>
+  using shared = typename Backend::template shared_vector<T>;
+
  public:
   /// A parameter group: tensors sharing hyperparameters and a step counter. Either the user owns the
   /// tensors (add) or the group owns them in one flat buffer (optimizer::add_flat_group).
@@ -137,7 +144,7 @@ class optimizer {
       const auto p = as_view(param);
       const auto g = as_view(grad);
       if (name.empty()) name = label_ + "." + std::to_string(entries_.size());
-      owner_->check_new_tensor(name, p.size, g.size, p.space == memory_space::host && g.space == memory_space::host);
+      owner_->check_new_tensor(name, p.size, g.size, p.space == g.space ? p.space : memory_space::device);
       if (p.data == nullptr || g.data == nullptr) detail::fail("tensor '", name, "' has a null data pointer");
       if (overlaps(p.data, p.size, g.data, g.size)) detail::fail("tensor '", name, "': parameter and gradient memory overlap");
       entries_.push_back({std::move(name), p.data, g.data, p.size});
@@ -190,8 +197,8 @@ class optimizer {
     std::vector<entry> entries_;
     std::uint64_t step_ = 0;
     bool flat_ = false;
-    detail::aligned_buffer<param_type> flat_param_;
-    detail::aligned_buffer<grad_type> flat_grad_;
+    buffer<param_type> flat_param_;
+    buffer<grad_type> flat_grad_;
   };
 
   /// Under onebit_lamb the constructor is collective: it checks the communicator (preflight).
@@ -220,7 +227,7 @@ class optimizer {
     std::size_t total = 0;
     for (const auto& t : tensors) {
       names.push_back(t.name.empty() ? label + "." + std::to_string(names.size()) : t.name);
-      check_new_tensor(names.back(), t.size, t.size, true);
+      check_new_tensor(names.back(), t.size, t.size, Backend::space);
       if (std::find(names.begin(), names.end() - 1, names.back()) != names.end() - 1)
         detail::fail("tensor name '", names.back(), "' is used twice");
       offsets.push_back(total);
@@ -228,8 +235,8 @@ class optimizer {
     }
     param_group& g = new_group(o);
     g.flat_ = true;
-    g.flat_param_ = detail::aligned_buffer<param_type>::zeroed(total);
-    g.flat_grad_ = detail::aligned_buffer<grad_type>::zeroed(total);
+    g.flat_param_ = buffer<param_type>::zeroed(total);
+    g.flat_grad_ = buffer<grad_type>::zeroed(total);
     for (std::size_t i = 0; i < tensors.size(); ++i)
       g.entries_.push_back({std::move(names[i]), g.flat_param_.data() + offsets[i], g.flat_grad_.data() + offsets[i], tensors[i].size});
     return g;
@@ -248,6 +255,8 @@ class optimizer {
   double loss_scale() const { return scaler_.scale(); }
   const LossScaler& scaler() const { return scaler_; }
   const options& config() const { return options_; }
+  /// The backend object: its stream and counters (cuda.hpp); empty for the host backend.
+  const Backend& backend() const { return backend_; }
   Communicator& communicator() { return comm_.inner(); }
   const Communicator& communicator() const { return comm_.inner(); }
 
@@ -281,21 +290,20 @@ class optimizer {
       for (const auto& e : groups_[gi]->entries_) tensors_.push_back({e.param, e.grad, e.size, gi});
     work_ = layout.local_work();
     state_elements_ = layout.local_elements();
-    if constexpr (Precision::has_master) master_ = detail::aligned_buffer<float>(state_elements_);
-    m_ = detail::aligned_buffer<float>(state_elements_);
-    v_ = detail::aligned_buffer<float>(state_elements_);
+    if constexpr (Precision::has_master) master_ = buffer<float>(state_elements_);
+    m_ = buffer<float>(state_elements_);
+    v_ = buffer<float>(state_elements_);
     // The accumulator holds this rank's state elements: replicated, the sum over micro-steps and
     // ranks; sharded, the reduced gradient of my shard (unless the gradient tensors hold it).
     // Zeroed: padding travels in collectives too.
     if (Partition::sharded ? !shard_in_grads : options_.accumulation_steps > 1 || comm_.size() > 1)
-      accum_ = detail::aligned_buffer<accumulate_type>::zeroed(state_elements_);
+      accum_ = buffer<accumulate_type>::zeroed(state_elements_);
     if (!Partition::sharded && comm_.size() > 1 && !same_types)
-      staging_ =
-          detail::aligned_buffer<std::byte>::zeroed(std::min(options_.bucket_elements, state_elements_) * sizeof(communicate_type));
+      staging_ = buffer<std::byte>::zeroed(std::min(options_.bucket_elements, state_elements_) * sizeof(communicate_type));
     if constexpr (Partition::sharded) {
       if (!Partition::reduce_every_micro_step && options_.accumulation_steps > 1) {
         flat_work_ = layout.flat_work();
-        flat_accum_ = detail::aligned_buffer<accumulate_type>::zeroed(layout.flat_elements());
+        flat_accum_ = buffer<accumulate_type>::zeroed(layout.flat_elements());
       }
       buckets_ = layout.buckets(options_.bucket_elements);
       std::size_t widest = 0, mine = 0;
@@ -303,10 +311,10 @@ class optimizer {
         widest = std::max(widest, buckets_[b].size());
         mine = std::max(mine, buckets_[b].my_count(comm_.rank()));
       }
-      staging_ = detail::aligned_buffer<std::byte>::zeroed(widest * std::max(sizeof(communicate_type), sizeof(param_type)));
+      staging_ = buffer<std::byte>::zeroed(widest * std::max(sizeof(communicate_type), sizeof(param_type)));
       // A reduced piece lands in the shard directly only if it is the shard's type and not added in.
       const bool added = Partition::reduce_every_micro_step && options_.accumulation_steps > 1;
-      if (!same_types || shard_in_grads || added) received_ = detail::aligned_buffer<communicate_type>::zeroed(mine);
+      if (!same_types || shard_in_grads || added) received_ = buffer<communicate_type>::zeroed(mine);
       if constexpr (Partition::reduce_every_micro_step) {
         pending_.resize(buckets_.size());
         ready_.resize(tensors_.size());
@@ -329,12 +337,13 @@ class optimizer {
     if constexpr (is_onebit) onebit_.allocate(sizes, state_elements_, work_.size(), comm_.size(), comm_.rank());
     parameters_ = layout.parameters();
     finalized_ = true;
-    Backend::initialize_state(data());
+    backend_.initialize_state(data());
+    backend_.synchronize();
     if constexpr (is_onebit)
       if (comm_.size() > 1) {
         // Preflight at the real size: one exchange of zeros leaves the errors at zero.
         try {
-          onebit_.exchange.exchange(comm_, 0.0);
+          onebit_.exchange.exchange(comm_, backend_, 0.0);
         } catch (const error& e) {
           onebit_.exchange = compressed_allreduce<Backend>(parameters_, comm_.size(), comm_.rank());
           detail::fail("1-bit LAMB preflight: a compressed all-reduce of ", parameters_, " elements failed: ", e.what());
@@ -458,7 +467,7 @@ class optimizer {
       }
       if (pending_stage_ == stage::onebit_exchange) {
         if constexpr (is_onebit) {
-          onebit_.exchange.finish(comm_);
+          onebit_.exchange.finish(comm_, backend_);
           const detail::sign_code averaged = onebit_.exchange.result();
           onebit_momentum_and_apply(data(), &averaged);
         }
@@ -473,7 +482,8 @@ class optimizer {
   /// Sets every gradient to zero (for backward passes that add into their gradients).
   void zero_grad() {
     finalize();
-    Backend::zero_grad(data());
+    backend_.zero_grad(data());
+    backend_.synchronize();  // before the next backward writes the gradients
   }
 
   /// Per-tensor trust ratios of the last applied LAMB step, in registration order (1-bit LAMB's
@@ -633,8 +643,14 @@ class optimizer {
       }
     };
     std::vector<float> whole_tensor;
+    std::vector<std::byte> copied;  // a tensor in device memory, brought to the host
     for_each_saved_tensor(*this, [&](const std::string&, const saved_range& r, const auto* data) {
       using T = std::remove_cv_t<std::remove_pointer_t<decltype(data)>>;
+      if (r.on_device) {
+        copied.resize(r.count * sizeof(T));
+        backend_.to_host(reinterpret_cast<T*>(copied.data()), data, r.count);
+        data = reinterpret_cast<const T*>(copied.data());
+      }
       std::span<const T> whole(data, r.count);
       if constexpr (std::is_same_v<T, float>)
         if (r.sharded) {
@@ -653,11 +669,11 @@ class optimizer {
         const std::size_t r = std::size_t(comm_.rank()), chunk = ex.chunk_size();
         whole_tensor.resize(ex.padded_size());
         for (int k = 0; k < comm_.size(); ++k) {
-          if (comm_.rank() == k) std::copy(ex.worker_error().begin(), ex.worker_error().end(), whole_tensor.begin());
+          if (comm_.rank() == k) backend_.to_host(whole_tensor.data(), ex.worker_error().data(), ex.padded_size());
           comm_.broadcast(std::span<float>(whole_tensor), k);
           write(std::as_bytes(std::span<const float>(whole_tensor)));
         }
-        std::copy(ex.server_error().begin(), ex.server_error().end(), whole_tensor.begin() + std::ptrdiff_t(r * chunk));
+        backend_.to_host(whole_tensor.data() + r * chunk, ex.server_error().data(), chunk);
         const std::vector<std::size_t> counts(std::size_t(comm_.size()), chunk);
         comm_.all_gather(std::span<float>(whole_tensor), std::span<const std::size_t>(counts));
         write(std::as_bytes(std::span<const float>(whole_tensor)));
@@ -679,8 +695,17 @@ class optimizer {
       saved = check_saved(*file, path.string() + ": ", o);
     });
     finalize();
+    std::vector<std::byte> staged;  // a tensor for device memory, read on the host first
+    auto read = [&]<class T>(const std::string& key, std::size_t first, T* dst, std::size_t count, bool on_device) {
+      if (!on_device) return file->read(key, first, std::span(dst, count));
+      staged.resize(count * sizeof(T));
+      T* host = reinterpret_cast<T*>(staged.data());
+      file->read(key, first, std::span(host, count));
+      backend_.to_device(dst, host, count);
+      backend_.synchronize();  // before `staged` is reused
+    };
     for_each_saved_tensor(*this, [&](const std::string& key, const saved_range& r, auto* dst) {
-      file->read(key, r.first, std::span(dst, r.count));
+      read(key, r.first, dst, r.count, r.on_device);
     });
     if constexpr (is_onebit) {
       onebit_.scaling_ready = saved.scaling_ready;
@@ -689,8 +714,9 @@ class optimizer {
         auto& ex = onebit_.exchange;
         ex.cancel();
         if (saved.errors_world == comm_.size()) {
-          file->read(error_key(comm_.rank()), 0, ex.worker_error());
-          file->read(error_key(-1), std::size_t(comm_.rank()) * ex.chunk_size(), ex.server_error());
+          constexpr bool device = Backend::space == memory_space::device;
+          read(error_key(comm_.rank()), 0, ex.worker_error().data(), ex.padded_size(), device);
+          read(error_key(-1), std::size_t(comm_.rank()) * ex.chunk_size(), ex.server_error().data(), ex.chunk_size(), device);
         } else {
           ex.reset_errors();  // none saved (warm-up, one rank), or reset_compression_errors
         }
@@ -869,7 +895,8 @@ class optimizer {
   /// Which part of a saved tensor a pointer holds: elements [first, first + count) of `elements`.
   struct saved_range {
     std::size_t tensor, elements, first, count;
-    bool sharded = false;  ///< a shard's part: the other parts are on other ranks
+    bool sharded = false;    ///< a shard's part: the other parts are on other ranks
+    bool on_device = false;  ///< in the backend's device memory (tensors and state; not per-tensor scalars)
   };
 
   /// Calls f(key, range, pointer) for every tensor a state file holds, in file order: parameters
@@ -881,9 +908,10 @@ class optimizer {
     std::size_t t = 0;
     for (const auto& g : self.groups_)
       for (const auto& e : g->entries_) {
-        const saved_range whole{t, e.size, 0, e.size};
+        constexpr bool device = Backend::space == memory_space::device;
+        const saved_range whole{t, e.size, 0, e.size, false, device};
         const auto o = self.finalized_ ? self.layout_->owned(t) : detail::flat_layout::owned_range{};
-        const saved_range held = self.finalized_ ? saved_range{t, e.size, o.first, o.count, Partition::sharded} : whole;
+        const saved_range held = self.finalized_ ? saved_range{t, e.size, o.first, o.count, Partition::sharded, device} : whole;
         auto state = [&](auto& buffer) { return self.finalized_ ? buffer.data() + o.state : nullptr; };
         f("param/" + e.name, whole, e.param);
         if constexpr (Precision::has_master) f("master/" + e.name, held, state(self.master_));
@@ -927,13 +955,15 @@ class optimizer {
     return *groups_.back();
   }
 
-  void check_new_tensor(const std::string& name, std::size_t param_size, std::size_t grad_size, bool host_memory) const {
+  void check_new_tensor(const std::string& name, std::size_t param_size, std::size_t grad_size, memory_space space) const {
     if (finalized_) detail::fail("cannot add tensor '", name, "' after the first step");
     if (param_size != grad_size)
       detail::fail("tensor '", name, "': parameter has ", param_size, " elements but gradient has ", grad_size);
     if (param_size == 0) detail::fail("tensor '", name, "' has no elements");
-    if (!host_memory && Backend::space == memory_space::host)
-      detail::fail("tensor '", name, "' is in device memory; the host backend needs host memory");
+    if (!Backend::accepts(space))
+      detail::fail("tensor '", name, "' is in ", space == memory_space::host ? "host" : "device", " memory (or its parameter "
+                   "and gradient are in different memories); the ", Backend::name, " backend needs ",
+                   Backend::space == memory_space::host ? "host" : "device", " memory");
     for (const auto& g : groups_)
       for (const auto& e : g->entries_)
         if (e.name == name) detail::fail("tensor name '", name, "' is used twice");
@@ -995,8 +1025,8 @@ class optimizer {
   /// A micro-step inside the accumulation window: fold this backward's gradients in.
   void accumulate() {
     if constexpr (Partition::reduce_every_micro_step) reduce_remaining();
-    else if constexpr (Partition::sharded) Backend::accumulate(flat_data(), micro_step_ == 0);
-    else Backend::accumulate(data(true), micro_step_ == 0);
+    else if constexpr (Partition::sharded) backend_.accumulate(flat_data(), micro_step_ == 0);
+    else backend_.accumulate(data(true), micro_step_ == 0);
   }
 
   /// Where the boundary step reads its gradients: the user's (plus the accumulator) on one rank;
@@ -1013,7 +1043,7 @@ class optimizer {
       if constexpr (shard_in_grads) return data();  // my reduced shard is in the gradient tensors
     } else {
       if (comm_.size() == 1 || compressing()) return data(accumulated);
-      Backend::accumulate(data(true), !accumulated, send_scale());
+      backend_.accumulate(data(true), !accumulated, send_scale());
       all_reduce_accumulator();
     }
     auto d = data(true);
@@ -1023,6 +1053,7 @@ class optimizer {
 
   /// Sums the accumulator over ranks, in the communication type: in place, or converted piece by piece.
   void all_reduce_accumulator() {
+    backend_.synchronize();  // the accumulate pass wrote what is sent
     if constexpr (same_types) {
       comm_.all_reduce(accum_.span(), reduce_op::sum);
     } else {
@@ -1030,9 +1061,10 @@ class optimizer {
       const std::size_t piece = staging_.size() / sizeof(communicate_type);
       for (std::size_t at = 0; at < accum_.size(); at += piece) {
         const std::size_t n = std::min(piece, accum_.size() - at);
-        Backend::fold(sent, accum_.data() + at, n, false);
+        backend_.fold(sent, accum_.data() + at, n, false);
+        backend_.synchronize();
         comm_.all_reduce(std::span<communicate_type>(sent, n), reduce_op::sum);
-        Backend::fold(accum_.data() + at, sent, n, false);
+        backend_.fold(accum_.data() + at, sent, n, false);
       }
     }
   }
@@ -1042,8 +1074,9 @@ class optimizer {
   /// otherwise) or, under shard_in_grads, writes it back into the gradient tensors.
   void reduce_bucket(const detail::bucket& k, const accumulate_type* flat, bool first) {
     auto* packed = staging<communicate_type>();
-    Backend::pack_gradients(data(), k.pieces, packed, flat ? flat + k.begin : nullptr, send_scale());
-    for (const auto& [at, n] : k.gaps) std::fill_n(packed + at, n, communicate_type(0.0f));
+    backend_.pack_gradients(data(), k.pieces, packed, flat ? flat + k.begin : nullptr, send_scale());
+    for (const auto& [at, n] : k.gaps) backend_.zero(packed + at, n);
+    backend_.synchronize();  // the packed bucket is complete
     const std::size_t mine = k.my_count(comm_.rank());
     communicate_type* out = received_.data();
     bool into_shard = false;  // straight into the shard: no conversion, nothing to add to
@@ -1054,8 +1087,8 @@ class optimizer {
     comm_.reduce_scatter(std::span<const communicate_type>(packed, k.size()), std::span<communicate_type>(out, mine),
                          std::span<const std::size_t>(k.counts), reduce_op::sum);
     if (into_shard) return;
-    if constexpr (shard_in_grads) Backend::unpack_gradients(data(), k.mine, out, k.my_offset);
-    else Backend::fold(accum_.data() + k.my_state, out, mine, !first);
+    if constexpr (shard_in_grads) backend_.unpack_gradients(data(), k.mine, out, k.my_offset);
+    else backend_.fold(accum_.data() + k.my_state, out, mine, !first);
   }
 
   /// What gradients are multiplied by before they are summed across ranks.
@@ -1114,9 +1147,10 @@ class optimizer {
     auto d = data();
     auto* packed = staging<param_type>();
     for (const auto& k : buckets_) {
-      Backend::pack_params(d, k.mine, packed);
+      backend_.pack_params(d, k.mine, packed);
+      backend_.synchronize();
       comm_.all_gather(std::span<param_type>(packed, k.size()), std::span<const std::size_t>(k.counts));
-      Backend::unpack_params(d, k.pieces, packed);
+      backend_.unpack_params(d, k.pieces, packed);
     }
   }
 
@@ -1142,7 +1176,7 @@ class optimizer {
 
   /// The sum of per-chunk partials over chunks [c0, c1), formed per owner and added in rank order:
   /// exactly what a rank-ordered all-reduce of each shard's sum gives, so all partitions add alike.
-  double rank_ordered_sum(const std::vector<float>& partial, std::size_t c0, std::size_t c1) {
+  double rank_ordered_sum(const shared<float>& partial, std::size_t c0, std::size_t c1) {
     std::fill(owner_sum_.begin(), owner_sum_.end(), 0.0);
     for (std::size_t c = c0; c < c1; ++c) owner_sum_[work_[c].owner] += double(partial[c]);
     double total = 0;
@@ -1164,7 +1198,8 @@ class optimizer {
   /// The element-wise overflow test and the squared global norm, agreed by every rank. Every rank
   /// runs every reduction, whatever it found locally.
   gradient_check check_gradients(const detail::step_data<Precision>& d) {
-    Backend::gradient_norm(d);
+    backend_.gradient_norm(d);
+    backend_.synchronize();
     std::uint8_t nonfinite = std::any_of(chunk_nonfinite_.begin(), chunk_nonfinite_.end(), [](auto b) { return b != 0; });
     double sumsq = rank_ordered_sum(chunk_sum_, 0, work_.size());  // the same for any thread count
     comm_.all_reduce(std::span<std::uint8_t>(&nonfinite, 1), reduce_op::max);
@@ -1199,15 +1234,16 @@ class optimizer {
       if constexpr (lamb_like) step_size_[g] = UpdateRule::step_size(groups_[g]->options_, groups_[g]->step_);
     }
     if constexpr (std::is_same_v<UpdateRule, adam>) {
-      Backend::adam_update(d, coefficients_.data());
+      backend_.adam_update(d, coefficients_.data());
       pending_stage_ = Partition::sharded ? stage::gather : stage::none;
     } else if constexpr (std::is_same_v<UpdateRule, lamb>) {
-      Backend::lamb_moments(d, coefficients_.data());
+      backend_.lamb_moments(d, coefficients_.data());
       pending_stage_ = stage::lamb_norms;
     } else {
       onebit_update(d);
     }
     finish_step();
+    backend_.synchronize();  // the parameters are updated when step() returns
   }
 
   /// 1-bit LAMB. Warm-up (steps 1..freeze_step): LAMB's passes; the last one freezes the variance.
@@ -1216,8 +1252,8 @@ class optimizer {
   void onebit_update(const detail::step_data<Precision>& d) {
     const std::uint64_t t = groups_.front()->step_, freeze = groups_.front()->options_.freeze_step;
     if (t <= freeze) {
-      Backend::lamb_moments(d, coefficients_.data());
-      if (t == freeze) Backend::copy(work_, onebit_.v_fresh.data(), v_.data());
+      backend_.lamb_moments(d, coefficients_.data());
+      if (t == freeze) backend_.copy(work_, onebit_.v_fresh.data(), v_.data());
       pending_stage_ = stage::lamb_norms;
       return;
     }
@@ -1227,11 +1263,12 @@ class optimizer {
       pending_stage_ = stage::none;
       return;
     }
-    Backend::onebit_feed(d, coefficients_.data(), onebit_.scaling.data(), onebit_.fused.data(),
+    backend_.onebit_feed(d, coefficients_.data(), onebit_.scaling.data(), onebit_.fused.data(),
                          onebit_.exchange.worker_error().data(), onebit_.chunk_sum.data());
+    backend_.synchronize();
     double sumsq = 0;
     for (double x : onebit_.chunk_sum) sumsq += x;
-    onebit_.exchange.compress_worker(sumsq);
+    onebit_.exchange.compress_worker(backend_, sumsq);
     pending_stage_ = stage::onebit_exchange;
   }
 
@@ -1239,7 +1276,8 @@ class optimizer {
   /// coefficient that brings it to the mean scale (1 for a zero momentum; DeepSpeed divides by 0).
   void momentum_scaling(std::uint64_t t) {
     if constexpr (is_onebit) {
-      Backend::sum_squares(work_, m_.data(), onebit_.chunk_sum.data());
+      backend_.sum_squares(work_, m_.data(), onebit_.chunk_sum.data());
+      backend_.synchronize();
       std::vector<double>& scale = tensor_sums_;  // free until the update's norms
       double mean = 0;
       for (std::size_t k = 0; k < tensors_.size(); ++k) {
@@ -1259,8 +1297,9 @@ class optimizer {
   /// factor on the frozen coefficient, then LAMB's second pass.
   void onebit_momentum_and_apply(const detail::step_data<Precision>& d, const detail::sign_code* averaged) {
     if constexpr (is_onebit) {
-      Backend::onebit_momentum(d, coefficients_.data(), onebit_.scaling.data(), onebit_.fused.data(), averaged,
+      backend_.onebit_momentum(d, coefficients_.data(), onebit_.scaling.data(), onebit_.fused.data(), averaged,
                                onebit_.v_fresh.data(), onebit_.chunk_max.data());
+      backend_.synchronize();
       for (std::size_t t = 0; t < tensors_.size(); ++t) {
         const std::size_t c0 = work_.first_chunk(t), c1 = work_.first_chunk(t + 1);
         const auto& o = groups_[tensors_[t].group]->options_;
@@ -1273,13 +1312,14 @@ class optimizer {
         trust_ratio_[t] = onebit_.coeff_freeze[t] * factor;
         alpha_[t] = float(step_size_[tensors_[t].group] * trust_ratio_[t]);
       }
-      Backend::lamb_apply(data(), coefficients_.data(), alpha_.data());
+      backend_.lamb_apply(data(), coefficients_.data(), alpha_.data());
     }
   }
 
   /// LAMB: the per-tensor norms (a tensor can straddle shards, so the partial sums are all-reduced),
   /// trust ratios and the second pass, which needs only the moments and masters.
   void lamb_norms_and_apply() {
+    backend_.synchronize();  // the moments pass's sums
     for (std::size_t t = 0; t < tensors_.size(); ++t) {
       tensor_sums_[2 * t] = rank_ordered_sum(chunk_sum_, work_.first_chunk(t), work_.first_chunk(t + 1));
       tensor_sums_[2 * t + 1] = rank_ordered_sum(chunk_sum2_, work_.first_chunk(t), work_.first_chunk(t + 1));
@@ -1292,9 +1332,10 @@ class optimizer {
       alpha_[t] = float(step_size_[tensors_[t].group] * trust_ratio_[t]);
       if constexpr (is_onebit) onebit_.coeff_freeze[t] = onebit_lamb::freeze_coefficient(onebit_.coeff_freeze[t], trust_ratio_[t], o);
     }
-    Backend::lamb_apply(data(), coefficients_.data(), alpha_.data());
+    backend_.lamb_apply(data(), coefficients_.data(), alpha_.data());
   }
 
+  [[no_unique_address]] Backend backend_;  // first in, last out: its stream outlives the state
   options options_;
   LossScaler scaler_;
   detail::metered<Communicator> comm_;
@@ -1306,15 +1347,15 @@ class optimizer {
   std::optional<detail::flat_layout> layout_;
   detail::work_list work_;                                // my elements, addressing the local state
   std::size_t state_elements_ = 0;
-  detail::aligned_buffer<float> master_, m_, v_;
-  detail::aligned_buffer<accumulate_type> accum_;
-  std::vector<float> chunk_sum_, chunk_sum2_;
-  std::vector<std::uint8_t> chunk_nonfinite_;
+  buffer<float> master_, m_, v_;
+  buffer<accumulate_type> accum_;
+  shared<float> chunk_sum_, chunk_sum2_;
+  shared<std::uint8_t> chunk_nonfinite_;
   std::vector<double> owner_sum_;    // per rank: partial sums added in rank order
   std::vector<double> tensor_sums_;  // LAMB: per tensor, squared norms of the weights and the update
-  std::vector<decltype(UpdateRule::coefficients(group_options{}, 1))> coefficients_;
+  shared<decltype(UpdateRule::coefficients(group_options{}, 1))> coefficients_;
   std::vector<double> trust_ratio_;
-  std::vector<float> alpha_;
+  shared<float> alpha_;
   std::vector<double> step_size_;  // LAMB: per group, lr with bias correction, fixed at commit
   [[no_unique_address]] std::conditional_t<is_onebit, detail::onebit_state<Backend>, detail::no_onebit_state> onebit_;
   /// What a committed step has left to do (finish_step).
@@ -1323,10 +1364,10 @@ class optimizer {
 
   // Sharded partitions only.
   detail::work_list flat_work_;               // zero1 accumulation: every element, in flat order
-  detail::aligned_buffer<accumulate_type> flat_accum_;  // zero1 accumulation over micro-steps (full size)
+  buffer<accumulate_type> flat_accum_;        // zero1 accumulation over micro-steps (full size)
   std::vector<detail::bucket> buckets_;                 // in flat order
-  detail::aligned_buffer<std::byte> staging_;           // one packed bucket (gradients, or parameters to gather)
-  detail::aligned_buffer<communicate_type> received_;   // my piece of a bucket, before it joins the shard
+  buffer<std::byte> staging_;                 // one packed bucket (gradients, or parameters to gather)
+  buffer<communicate_type> received_;         // my piece of a bucket, before it joins the shard
   struct bucket_range {
     std::uint32_t first, last;
   };

@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <span>
 #include <utility>
+#include <vector>
 
 #include <thrust/version.h>
 
@@ -59,9 +61,14 @@ class device_buffer {
 #endif
   }
 
+  /// n elements, zero (every buffer is).
+  static device_buffer zeroed(std::size_t n) { return device_buffer(n); }
+
   T* data() { return data_; }
   const T* data() const { return data_; }
   std::size_t size() const { return size_; }
+  std::span<T> span() { return {data_, size_}; }
+  std::span<const T> span() const { return {data_, size_}; }
 
  private:
   void swap(device_buffer& o) noexcept {
@@ -78,5 +85,29 @@ class device_buffer {
   aligned_buffer<T> host_;
 #endif
 };
+
+#if MPOPT_DEVICE_IS_GPU
+/// Page-locked host memory mapped into the device's address space: kernels write per-chunk sums
+/// into it and read coefficients from it, and the host reads it after a synchronize, with no copy.
+template <class T>
+struct pinned_allocator {
+  using value_type = T;
+  pinned_allocator() = default;
+  template <class U>
+  pinned_allocator(const pinned_allocator<U>&) noexcept {}
+  T* allocate(std::size_t n) {
+    void* p = nullptr;
+    cuda_check(cudaHostAlloc(&p, n * sizeof(T), cudaHostAllocMapped), "cudaHostAlloc");
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, std::size_t) noexcept { cudaFreeHost(p); }
+  friend bool operator==(const pinned_allocator&, const pinned_allocator&) { return true; }
+};
+template <class T>
+using pinned_vector = std::vector<T, pinned_allocator<T>>;
+#else
+template <class T>
+using pinned_vector = std::vector<T>;  // the OMP build's device is the host
+#endif
 
 }  // namespace mpopt::detail

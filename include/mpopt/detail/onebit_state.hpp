@@ -7,19 +7,21 @@
 #include <vector>
 
 #include "../compressed_allreduce.hpp"
-#include "aligned_buffer.hpp"
 
 namespace mpopt::detail {
 
 template <class Backend>
 struct onebit_state {
-  aligned_buffer<float> v_fresh;        ///< exp_avg_sq_fresh: the variance after freeze_step, fed by reconstructed gradients
+  template <class T>
+  using shared = typename Backend::template shared_vector<T>;
+
+  typename Backend::template buffer<float> v_fresh;  ///< exp_avg_sq_fresh: the variance after freeze_step, fed by reconstructed gradients
   std::vector<double> coeff_freeze;     ///< per tensor: running average of the warm-up LAMB coefficient
   std::vector<double> last_factor;      ///< per tensor: the compression-stage factor of the last step
-  std::vector<float> scaling;           ///< per tensor: momentum scaling coefficient, fixed at the first compressed step
-  std::vector<std::size_t> fused;       ///< per tensor: its first element in the compressed vector
-  std::vector<float> chunk_max;         ///< per work chunk: the largest variance ratio
-  std::vector<double> chunk_sum;        ///< per work chunk: sums of squares for the compression scales
+  shared<float> scaling;                ///< per tensor: momentum scaling coefficient, fixed at the first compressed step
+  shared<std::size_t> fused;            ///< per tensor: its first element in the compressed vector
+  shared<float> chunk_max;              ///< per work chunk: the largest variance ratio
+  shared<double> chunk_sum;             ///< per work chunk: sums of squares for the compression scales
   compressed_allreduce<Backend> exchange;  ///< more than one rank only
   bool scaling_ready = false;
   std::uint64_t compression_step = 0;   ///< the first step that compressed (0: still warming up)
@@ -27,7 +29,7 @@ struct onebit_state {
   /// Allocates everything for `tensors` of the given sizes, `state_elements` of local state and
   /// `chunks` work chunks, on `world` ranks.
   void allocate(const std::vector<std::size_t>& sizes, std::size_t state_elements, std::size_t chunks, int world, int rank) {
-    v_fresh = aligned_buffer<float>::zeroed(state_elements);
+    v_fresh = decltype(v_fresh)::zeroed(state_elements);
     coeff_freeze.assign(sizes.size(), 0.0);
     last_factor.assign(sizes.size(), 1.0);
     scaling.assign(sizes.size(), 1.0f);

@@ -213,15 +213,26 @@ struct lamb_moments_pass : lamb_pass<P> {
   }
 };
 
-/// LAMB pass 2: recompute the direction from the stored moments and apply alpha[tensor] * u.
+/// A LAMB pass 2 chunk's slice: its tensor's alpha is copied too.
+template <class P>
+struct lamb_apply_slice : coefficient_slice<P, lamb_coefficients> {
+  float alpha;
+};
+
+/// LAMB pass 2: recompute the direction from the stored moments and apply alpha[tensor] * u
+/// (alpha read once per chunk, like the coefficients).
 template <class P>
 struct lamb_apply_pass : lamb_pass<P> {
   const float* alpha;
-  template <class L, class S, class Tail, class R>
-  MPOPT_HOST_DEVICE void apply(const S& s, std::size_t i, Tail tail, R&) const {
+  MPOPT_HOST_DEVICE lamb_apply_slice<P> at(std::size_t ci) const {
+    const auto s = lamb_pass<P>::at(ci);
+    return {s, alpha[s.tensor]};
+  }
+  template <class L, class Tail, class R>
+  MPOPT_HOST_DEVICE void apply(const lamb_apply_slice<P>& s, std::size_t i, Tail tail, R&) const {
     const auto p = vload<L>(s.master + i, tail);
     const auto u = lamb_direction(vload<L>(s.m + i, tail), vload<L>(s.v + i, tail), p, s.c);
-    store_param<L>(s, i, lamb_apply(u, p, alpha[s.tensor]), tail);
+    store_param<L>(s, i, lamb_apply(u, p, s.alpha), tail);
   }
 };
 

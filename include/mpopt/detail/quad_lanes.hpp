@@ -26,9 +26,11 @@ struct quad_mask {
   bool x[4];
 };
 
-/// The last vector of a chunk: lanes [0, n) hold elements, n in 1..3.
+/// The last vector of a chunk: lanes [0, n) hold elements, n in 1..3. holds() spells out that lane
+/// 0 always does and lane 3 never: two lane conditions instead of four, fewer registers.
 struct quad_tail {
   unsigned n;
+  MPOPT_HOST_DEVICE bool holds(unsigned j) const { return j == 0 || (j < 3 && j < n); }
 };
 
 namespace rn {
@@ -90,25 +92,33 @@ struct quad_lanes {
 
   template <class T>
   MPOPT_HOST_DEVICE static quad load(const T* p, full_t) {
-    if constexpr (Aligned) return load_whole(p);
-    else return load(p, quad_tail{4});
+    if constexpr (Aligned) {
+      return load_whole(p);
+    } else {
+      quad r;
+      for (int j = 0; j < 4; ++j) r.x[j] = static_cast<float>(p[j]);
+      return r;
+    }
   }
   template <class T>
   MPOPT_HOST_DEVICE static quad load(const T* p, quad_tail t) {
     quad r(0.0f);  // constant lane indices only: the quad stays in registers
     for (unsigned j = 0; j < 4; ++j)
-      if (j < t.n) r.x[j] = static_cast<float>(p[j]);
+      if (t.holds(j)) r.x[j] = static_cast<float>(p[j]);
     return r;
   }
   template <class T>
   MPOPT_HOST_DEVICE static void store(T* p, quad x, full_t) {
-    if constexpr (Aligned) store_whole(p, x);
-    else store(p, x, quad_tail{4});
+    if constexpr (Aligned) {
+      store_whole(p, x);
+    } else {
+      for (int j = 0; j < 4; ++j) p[j] = static_cast<T>(x.x[j]);
+    }
   }
   template <class T>
   MPOPT_HOST_DEVICE static void store(T* p, quad x, quad_tail t) {
     for (unsigned j = 0; j < 4; ++j)
-      if (j < t.n) p[j] = static_cast<T>(x.x[j]);
+      if (t.holds(j)) p[j] = static_cast<T>(x.x[j]);
   }
   /// A padded state buffer: always aligned, and whole at the tail.
   template <class T>
@@ -127,7 +137,7 @@ struct quad_lanes {
   MPOPT_HOST_DEVICE static quad keep(quad x, quad, full_t) { return x; }
   MPOPT_HOST_DEVICE static quad keep(quad x, quad fallback, quad_tail t) {
     for (unsigned j = 0; j < 4; ++j)
-      if (j >= t.n) x.x[j] = fallback.x[j];
+      if (!t.holds(j)) x.x[j] = fallback.x[j];
     return x;
   }
   MPOPT_HOST_DEVICE static float max_lane(quad x) { return max(max(x.x[0], x.x[1]), max(x.x[2], x.x[3])); }
