@@ -144,7 +144,7 @@ class optimizer {
       const auto p = as_view(param);
       const auto g = as_view(grad);
       if (name.empty()) name = label_ + "." + std::to_string(entries_.size());
-      owner_->check_new_tensor(name, p.size, g.size, p.space == g.space ? p.space : memory_space::device);
+      owner_->check_new_tensor(name, p.size, g.size, p.space, g.space);
       if (p.data == nullptr || g.data == nullptr) detail::fail("tensor '", name, "' has a null data pointer");
       if (overlaps(p.data, p.size, g.data, g.size)) detail::fail("tensor '", name, "': parameter and gradient memory overlap");
       entries_.push_back({std::move(name), p.data, g.data, p.size});
@@ -227,7 +227,7 @@ class optimizer {
     std::size_t total = 0;
     for (const auto& t : tensors) {
       names.push_back(t.name.empty() ? label + "." + std::to_string(names.size()) : t.name);
-      check_new_tensor(names.back(), t.size, t.size, Backend::space);
+      check_new_tensor(names.back(), t.size, t.size, Backend::space, Backend::space);
       if (std::find(names.begin(), names.end() - 1, names.back()) != names.end() - 1)
         detail::fail("tensor name '", names.back(), "' is used twice");
       offsets.push_back(total);
@@ -955,15 +955,16 @@ class optimizer {
     return *groups_.back();
   }
 
-  void check_new_tensor(const std::string& name, std::size_t param_size, std::size_t grad_size, memory_space space) const {
+  void check_new_tensor(const std::string& name, std::size_t param_size, std::size_t grad_size, memory_space param_space,
+                        memory_space grad_space) const {
     if (finalized_) detail::fail("cannot add tensor '", name, "' after the first step");
     if (param_size != grad_size)
       detail::fail("tensor '", name, "': parameter has ", param_size, " elements but gradient has ", grad_size);
     if (param_size == 0) detail::fail("tensor '", name, "' has no elements");
-    if (!Backend::accepts(space))
-      detail::fail("tensor '", name, "' is in ", space == memory_space::host ? "host" : "device", " memory (or its parameter "
-                   "and gradient are in different memories); the ", Backend::name, " backend needs ",
-                   Backend::space == memory_space::host ? "host" : "device", " memory");
+    auto where = [](memory_space s) { return s == memory_space::host ? "host" : "device"; };
+    if (!Backend::accepts(param_space) || !Backend::accepts(grad_space))
+      detail::fail("tensor '", name, "': parameter in ", where(param_space), " memory, gradient in ", where(grad_space),
+                   " memory; the ", Backend::name, " backend needs ", where(Backend::space), " memory");
     for (const auto& g : groups_)
       for (const auto& e : g->entries_)
         if (e.name == name) detail::fail("tensor name '", name, "' is used twice");
