@@ -2,11 +2,6 @@
 // needs no MPI header.
 #pragma once
 
-#ifndef OMPI_SKIP_MPICXX
-#define OMPI_SKIP_MPICXX 1  // the C API only: Open MPI's C++ bindings warn under -Wextra
-#endif
-#include <mpi.h>
-
 #include <climits>
 #include <cstddef>
 #include <cstdint>
@@ -18,6 +13,7 @@
 #include <vector>
 
 #include "communicator.hpp"
+#include "detail/mpi_c.hpp"
 #include "detail/validate.hpp"
 #include "numeric.hpp"
 

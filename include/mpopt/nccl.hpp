@@ -2,11 +2,7 @@
 // Include it separately: mpopt.hpp needs no CUDA, NCCL or MPI header.
 #pragma once
 
-#ifndef OMPI_SKIP_MPICXX
-#define OMPI_SKIP_MPICXX 1  // the C API only: Open MPI's C++ bindings warn under -Wextra
-#endif
 #include <cuda_runtime.h>
-#include <mpi.h>
 #include <nccl.h>
 
 #include <cstddef>
@@ -19,6 +15,7 @@
 #include <type_traits>
 
 #include "communicator.hpp"
+#include "detail/mpi_c.hpp"
 #include "detail/validate.hpp"
 #include "numeric.hpp"
 #include "tensor.hpp"
@@ -169,16 +166,10 @@ class nccl {
   void reduce_scatter(std::span<const T> in, std::span<T> out, std::span<const std::size_t> counts, reduce_op op) {
     detail::check_counts("reduce_scatter", in.size(), counts, rank_, size_, out.size());
     ncclComm_t c = live();
-    group g;
-    std::size_t at = 0;
-    for (int r = 0; r < size_; ++r) {
-      const std::size_t n = counts[std::size_t(r)];
-      // out is written on the root only (NCCL ignores recvbuff elsewhere).
-      if (n != 0)
-        check(ncclReduce(in.data() + at, out.data(), n, type<T>(), detail::nccl_op(op), r, c, stream_), "ncclReduce");
-      at += n;
-    }
-    g.end();
+    // out is written on the root only (NCCL ignores recvbuff elsewhere).
+    for_each_piece(counts, [&](int r, std::size_t at, std::size_t n) {
+      check(ncclReduce(in.data() + at, out.data(), n, type<T>(), detail::nccl_op(op), r, c, stream_), "ncclReduce");
+    });
   }
   /// In place: rank r's piece is the counts[r] elements after those of ranks < r; on return every
   /// rank holds every piece. One broadcast per rank, fused in a group.
@@ -186,15 +177,9 @@ class nccl {
   void all_gather(std::span<T> data, std::span<const std::size_t> counts) {
     detail::check_counts("all_gather", data.size(), counts, rank_, size_);
     ncclComm_t c = live();
-    group g;
-    std::size_t at = 0;
-    for (int r = 0; r < size_; ++r) {
-      const std::size_t n = counts[std::size_t(r)];
-      if (n != 0)
-        check(ncclBroadcast(data.data() + at, data.data() + at, n, type<T>(), r, c, stream_), "ncclBroadcast");
-      at += n;
-    }
-    g.end();
+    for_each_piece(counts, [&](int r, std::size_t at, std::size_t n) {
+      check(ncclBroadcast(data.data() + at, data.data() + at, n, type<T>(), r, c, stream_), "ncclBroadcast");
+    });
   }
   /// out = the in of every rank, in rank order.
   template <class T>
@@ -253,6 +238,19 @@ class nccl {
     }
     bool open = true;
   };
+
+  /// f(rank, offset, count) for every rank's nonempty piece of `counts`, in rank order, in one group.
+  template <class F>
+  void for_each_piece(std::span<const std::size_t> counts, F&& f) {
+    group g;
+    std::size_t at = 0;
+    for (int r = 0; r < size_; ++r) {
+      const std::size_t n = counts[std::size_t(r)];
+      if (n != 0) f(r, at, n);
+      at += n;
+    }
+    g.end();
+  }
 
   /// The block size of an all-to-all, after mpi.hpp's checks.
   std::size_t all_to_all_block(std::size_t in, std::size_t out) const {
