@@ -152,10 +152,11 @@ void adam_and_lamb(std::size_t misalign) {
   tensor_set<P> ts(random_sizes(rng), misalign, rng);
   both<P> s(ts);
   mpopt::cuda device;
+  mpopt::host host_backend;
   ts.params.upload(device);
   ts.grads.upload(device);
 
-  mpopt::host::initialize_state(s.host_data);
+  host_backend.initialize_state(s.host_data);
   device.initialize_state(s.device_data);
   s.check_elements(device);
 
@@ -164,7 +165,7 @@ void adam_and_lamb(std::size_t misalign) {
     auto h = s.host_data, d = s.device_data;
     h.accum = s.accum.host.data();
     d.accum = s.accum.device.data();
-    mpopt::host::accumulate(h, first, 0.5f);
+    host_backend.accumulate(h, first, 0.5f);
     device.accumulate(d, first, 0.5f);
   }
   s.check_elements(device);
@@ -178,11 +179,11 @@ void adam_and_lamb(std::size_t misalign) {
     h.accum = s.accum.host.data();
     d.accum = s.accum.device.data();
     h.grad_scale = d.grad_scale = 0.25f;
-    mpopt::host::gradient_norm(h);
+    host_backend.gradient_norm(h);
     device.gradient_norm(d);
     check_sums(s.sum.download(device), s.sum.host, 1e-5);
     CHECK(same_bits(s.nonfinite.download(device), s.nonfinite.host));
-    mpopt::host::adam_update(h, coefficients.host.data());
+    host_backend.adam_update(h, coefficients.host.data());
     device.adam_update(d, coefficients.device.data());
     s.check_elements(device);
     coefficients.host[0].decoupled = step % 2 == 1;
@@ -196,11 +197,11 @@ void adam_and_lamb(std::size_t misalign) {
   mirrored<float> alpha(ts.sizes.size());
   for (std::size_t t = 0; t < alpha.host.size(); ++t) alpha.host[t] = 1e-3f * float(t + 1);
   alpha.upload(device);
-  mpopt::host::lamb_moments(s.host_data, lk.host.data());
+  host_backend.lamb_moments(s.host_data, lk.host.data());
   device.lamb_moments(s.device_data, lk.device.data());
   check_sums(s.sum.download(device), s.sum.host, 1e-5);
   check_sums(s.sum2.download(device), s.sum2.host, 1e-5);
-  mpopt::host::lamb_apply(s.host_data, lk.host.data(), alpha.host.data());
+  host_backend.lamb_apply(s.host_data, lk.host.data(), alpha.host.data());
   device.lamb_apply(s.device_data, lk.device.data(), alpha.device.data());
   s.check_elements(device);
 
@@ -208,13 +209,13 @@ void adam_and_lamb(std::size_t misalign) {
   const std::size_t victim = ts.host_table[8].grad - ts.grads.host.data() + 70000 % ts.sizes[8];
   ts.grads.host[victim] = typename P::grad_type(INFINITY);
   ts.grads.upload(device);
-  mpopt::host::gradient_norm(s.host_data);
+  host_backend.gradient_norm(s.host_data);
   device.gradient_norm(s.device_data);
   const auto flags = s.nonfinite.download(device);
   CHECK(same_bits(flags, s.nonfinite.host));
   CHECK(std::count(flags.begin(), flags.end(), 1) == 1);
 
-  mpopt::host::zero_grad(s.host_data);
+  host_backend.zero_grad(s.host_data);
   device.zero_grad(s.device_data);
   s.check_elements(device);
 }

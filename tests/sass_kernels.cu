@@ -1,19 +1,23 @@
 // The device backend's kernels for suite 'sass' (sass_check.py), without the doctest TU's host
 // code: the update passes for every precision, each aligned and unaligned. The flat-buffer passes
-// and the chunk totals come along (cuda.hpp's non-template members instantiate them).
+// and the chunk totals come along (the class instantiation below).
 #include <mpopt/cuda.hpp>
 #include <mpopt/precision.hpp>
 
 namespace mpopt {
 
+using cuda_passes = detail::backend_passes<cuda>;
+template class detail::backend_passes<cuda>;  // its non-template members: the flat-buffer passes
+
 #define MPOPT_UPDATE_KERNELS(P)                                                                                   \
-  template void cuda::initialize_state<P>(const detail::step_data<P>&);                                           \
-  template void cuda::accumulate<P>(const detail::step_data<P>&, bool, float);                                    \
-  template void cuda::gradient_norm<P>(const detail::step_data<P>&);                                              \
-  template void cuda::adam_update<P>(const detail::step_data<P>&, const detail::adam_coefficients*);              \
-  template void cuda::lamb_moments<P>(const detail::step_data<P>&, const detail::lamb_coefficients*);             \
-  template void cuda::lamb_apply<P>(const detail::step_data<P>&, const detail::lamb_coefficients*, const float*); \
-  template void cuda::zero_grad<P>(const detail::step_data<P>&);
+  template void cuda_passes::initialize_state<P>(const detail::step_data<P>&);                                    \
+  template void cuda_passes::accumulate<P>(const detail::step_data<P>&, bool, float);                             \
+  template void cuda_passes::gradient_norm<P>(const detail::step_data<P>&);                                       \
+  template void cuda_passes::adam_update<P>(const detail::step_data<P>&, const detail::adam_coefficients*);       \
+  template void cuda_passes::lamb_moments<P>(const detail::step_data<P>&, const detail::lamb_coefficients*);      \
+  template void cuda_passes::lamb_apply<P>(const detail::step_data<P>&, const detail::lamb_coefficients*,         \
+                                           const float*);                                                         \
+  template void cuda_passes::zero_grad<P>(const detail::step_data<P>&);
 
 MPOPT_UPDATE_KERNELS(fp32)
 MPOPT_UPDATE_KERNELS(fp16)

@@ -17,13 +17,16 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include <thrust/execution_policy.h>
 #include <thrust/for_each.h>
 #include <thrust/iterator/counting_iterator.h>
 
+#include "detail/backend_passes.hpp"
 #include "detail/config.hpp"
 #include "detail/device_buffer.hpp"
 #include "detail/passes.hpp"
@@ -126,33 +129,26 @@ struct chunk_kernel {
   }
 };
 
-/// A chunk's lanes into its result: the same pairwise tree for every chunk, in place.
-template <class T, class Op>
-MPOPT_HOST_DEVICE T lane_tree(T* a, Op op) {
-  for (std::size_t w = device_lanes_per_chunk / 2; w > 0; w /= 2)
-    for (std::size_t j = 0; j < w; ++j) a[j] = op(a[j], a[j + w]);
-  return a[0];
-}
-
 struct chunk_totals_kernel {
   pass_outputs out;
   device_partials partials;
 
   MPOPT_HOST_DEVICE void operator()(std::size_t ci) const {
-    const std::size_t at = ci * device_lanes_per_chunk;
+    constexpr std::size_t N = device_lanes_per_chunk;
+    const std::size_t at = ci * N;
     const auto add = [](auto a, auto b) { return a + b; };
-    if (out.sum) out.sum[ci] = lane_tree(partials.sum + at, add);
-    if (out.sum2) out.sum2[ci] = lane_tree(partials.sum2 + at, add);
-    if (out.sum64) out.sum64[ci] = lane_tree(partials.sum64 + at, add);
+    if (out.sum) out.sum[ci] = lane_tree<N>(partials.sum + at, add);
+    if (out.sum2) out.sum2[ci] = lane_tree<N>(partials.sum2 + at, add);
+    if (out.sum64) out.sum64[ci] = lane_tree<N>(partials.sum64 + at, add);
     if (out.nonfinite)
-      out.nonfinite[ci] = lane_tree(partials.nonfinite + at, [](std::uint8_t a, std::uint8_t b) { return std::uint8_t(a | b); });
-    if (out.largest) out.largest[ci] = lane_tree(partials.largest + at, [](float a, float b) { return detail::max(a, b); });
+      out.nonfinite[ci] = lane_tree<N>(partials.nonfinite + at, [](std::uint8_t a, std::uint8_t b) { return std::uint8_t(a | b); });
+    if (out.largest) out.largest[ci] = lane_tree<N>(partials.largest + at, [](float a, float b) { return detail::max(a, b); });
   }
 };
 
 }  // namespace detail
 
-class cuda {
+class cuda : public detail::backend_passes<cuda> {
  public:
   static constexpr std::string_view name = "cuda";
   static constexpr memory_space space = memory_space::device;
@@ -167,28 +163,16 @@ class cuda {
 
   cuda() {
 #if MPOPT_DEVICE_IS_GPU
-    detail::cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    cudaStream_t s = nullptr;
+    detail::cuda_check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+    stream_.reset(s);
 #endif
   }
-  cuda(cuda&& o) noexcept
-      : launches_(o.launches_), lists_(std::move(o.lists_)), tables_(std::move(o.tables_)), sums_(std::move(o.sums_)),
-        sums2_(std::move(o.sums2_)), sums64_(std::move(o.sums64_)), flags_(std::move(o.flags_)),
-        maxima_(std::move(o.maxima_)) {
-#if MPOPT_DEVICE_IS_GPU
-    std::swap(stream_, o.stream_);
-#endif
-  }
-  cuda(const cuda&) = delete;
-  cuda& operator=(const cuda&) = delete;
+  cuda(cuda&&) noexcept = default;
   cuda& operator=(cuda&&) = delete;
-  ~cuda() {
-#if MPOPT_DEVICE_IS_GPU
-    if (stream_) cudaStreamDestroy(stream_);
-#endif
-  }
 
 #if MPOPT_DEVICE_IS_GPU
-  cudaStream_t stream() const { return stream_; }
+  cudaStream_t stream() const { return stream_.get(); }
 #endif
   /// Kernels launched so far (the README's table of kernels per step is checked against it).
   std::size_t launches() const { return launches_; }
@@ -196,7 +180,7 @@ class cuda {
   /// Waits for every pass issued so far.
   void synchronize() const {
 #if MPOPT_DEVICE_IS_GPU
-    detail::cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    detail::cuda_check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");
 #endif
   }
 
@@ -204,7 +188,7 @@ class cuda {
   template <class T>
   void to_host(T* dst, const T* src, std::size_t n) const {
 #if MPOPT_DEVICE_IS_GPU
-    detail::cuda_check(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync");
+    detail::cuda_check(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyDeviceToHost, stream()), "cudaMemcpyAsync");
     synchronize();
 #else
     std::copy_n(src, n, dst);
@@ -213,7 +197,7 @@ class cuda {
   template <class T>
   void to_device(T* dst, const T* src, std::size_t n) const {
 #if MPOPT_DEVICE_IS_GPU
-    detail::cuda_check(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync");
+    detail::cuda_check(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyHostToDevice, stream()), "cudaMemcpyAsync");
 #else
     std::copy_n(src, n, dst);
 #endif
@@ -222,7 +206,7 @@ class cuda {
   template <class T>
   void zero(T* p, std::size_t n) const {
 #if MPOPT_DEVICE_IS_GPU
-    detail::cuda_check(cudaMemsetAsync(p, 0, n * sizeof(T), stream_), "cudaMemsetAsync");
+    detail::cuda_check(cudaMemsetAsync(p, 0, n * sizeof(T), stream()), "cudaMemsetAsync");
 #else
     std::fill_n(p, n, T{});
 #endif
@@ -230,115 +214,26 @@ class cuda {
   /// Tensors in device memory (in the OMP build, whose device is the host, any memory).
   static constexpr bool accepts(memory_space s) { return !MPOPT_DEVICE_IS_GPU || s == memory_space::device; }
 
-  // ---- the passes, with the host backend's signatures (host.hpp); detail/passes.hpp says what each does.
-
-  template <class P>
-  void initialize_state(const detail::step_data<P>& d) {
-    run(*d.work, detail::initialize_pass<P>{{on_device(d), chunks(*d.work)}}, aligned(d));
-  }
-  template <class P>
-  void accumulate(const detail::step_data<P>& d, bool first, float scale = 1.0f) {
-    run(*d.work, detail::accumulate_pass<P>{{on_device(d), chunks(*d.work)}, first, scale}, aligned(d));
-  }
-  template <class P>
-  void gradient_norm(const detail::step_data<P>& d) {
-    const detail::pass_outputs out{.sum = d.chunk_sum, .nonfinite = d.chunk_nonfinite};
-    run(*d.work, detail::gradient_norm_pass<P>{{on_device(d), chunks(*d.work), out}}, aligned(d));
-  }
-  template <class P>
-  void adam_update(const detail::step_data<P>& d, const detail::adam_coefficients* k) {
-    run(*d.work, detail::adam_pass<P>{{{on_device(d), chunks(*d.work)}, k}}, aligned(d));
-  }
-  template <class P>
-  void lamb_moments(const detail::step_data<P>& d, const detail::lamb_coefficients* k) {
-    const detail::pass_outputs out{.sum = d.chunk_sum, .sum2 = d.chunk_sum2};
-    run(*d.work, detail::lamb_moments_pass<P>{{{on_device(d), chunks(*d.work), out}, k}}, aligned(d));
-  }
-  template <class P>
-  void lamb_apply(const detail::step_data<P>& d, const detail::lamb_coefficients* k, const float* alpha) {
-    run(*d.work, detail::lamb_apply_pass<P>{{{on_device(d), chunks(*d.work)}, k}, alpha}, aligned(d));
-  }
-  template <class P>
-  void zero_grad(const detail::step_data<P>& d) {
-    run(*d.work, detail::zero_grad_pass<P>{{on_device(d), chunks(*d.work)}}, aligned(d));
-  }
-
-  // Bucket pieces start anywhere in a bucket: element by element at the vector level.
-  template <class P, class T>
-  void pack_gradients(const detail::step_data<P>& d, const detail::work_list& pieces, T* out,
-                      const typename P::accumulate_type* accum, float scale) {
-    run(pieces, detail::pack_gradients_pass<P, T>{{table(d), chunks(pieces)}, out, accum, scale}, false);
-  }
-  template <class D, class S>
-  void fold(D* dst, const S* src, std::size_t n, bool add) {
-    const detail::fold_pass<D, S> pass{dst, src, n, add};
-    launch(pass, pass.count(), is_aligned(dst) && is_aligned(src));
-  }
-  template <class P, class T>
-  void unpack_gradients(const detail::step_data<P>& d, const detail::work_list& pieces, const T* in,
-                        std::size_t in_offset) {
-    run(pieces, detail::unpack_gradients_pass<P, T>{{table(d), chunks(pieces)}, in, in_offset}, false);
-  }
-  template <class P>
-  void pack_params(const detail::step_data<P>& d, const detail::work_list& pieces, typename P::param_type* out) {
-    run(pieces, detail::copy_params_pass<P>{{table(d), chunks(pieces)}, out, true}, false);
-  }
-  template <class P>
-  void unpack_params(const detail::step_data<P>& d, const detail::work_list& pieces, const typename P::param_type* in) {
-    run(pieces, detail::copy_params_pass<P>{{table(d), chunks(pieces)}, const_cast<typename P::param_type*>(in), false},
-        false);
-  }
-
-  // 1-bit LAMB: the worker vector holds tensors back to back, unaligned.
-  template <class P>
-  void onebit_feed(const detail::step_data<P>& d, const detail::lamb_coefficients* k, const float* scaling,
-                   const std::size_t* fused, float* worker, double* partial) {
-    const detail::pass_outputs out{.sum64 = partial};
-    run(*d.work, detail::onebit_feed_pass<P>{{{{on_device(d), chunks(*d.work), out}, k}, scaling, fused}, worker}, false);
-  }
-  /// `code` itself is a host struct; its bits and scales are device memory.
-  template <class P>
-  void onebit_momentum(const detail::step_data<P>& d, const detail::lamb_coefficients* k, const float* scaling,
-                       const std::size_t* fused, const detail::sign_code* code, float* v_fresh, float* chunk_max) {
-    const detail::pass_outputs out{.sum = d.chunk_sum, .sum2 = d.chunk_sum2, .largest = chunk_max};
-    const detail::onebit_momentum_pass<P> pass{{{{on_device(d), chunks(*d.work), out}, k}, scaling, fused, v_fresh},
-                                               code ? *code : detail::sign_code{}};
-    run(*d.work, pass, false);
-  }
-  void sum_squares(const detail::work_list& w, const float* x, double* partial) {
-    run(w, detail::sum_squares_pass{{chunks(w), {.sum64 = partial}}, x}, true);
-  }
-  void copy(const detail::work_list& w, float* dst, const float* src) {
-    run(w, detail::copy_pass{{chunks(w)}, dst, src}, true);
-  }
-
-  // The compressed all-reduce's flat buffers: chunks start at multiples of 16.
-  void add_into(const detail::work_list& w, float* e, const float* x, double* partial) {
-    run(w, detail::add_into_pass{{chunks(w), {.sum64 = partial}}, e, x}, true);
-  }
-  void compress_signs(const detail::work_list& w, float* x, float s, std::uint8_t* bits) {
-    run(w, detail::compress_signs_pass{{chunks(w)}, x, s, bits}, true);
-  }
-  void combine_signs(const detail::work_list& w, const std::uint8_t* blocks, std::size_t block_bytes,
-                     const float* weight, int ranks, float* c, double* partial) {
-    run(w, detail::combine_signs_pass{{chunks(w), {.sum64 = partial}}, blocks, block_bytes, weight, ranks, c}, true);
-  }
-  void decode_signs(const detail::work_list& w, const detail::sign_code& code, float* out) {
-    run(w, detail::decode_signs_pass{{chunks(w)}, code, out}, true);
-  }
-
  private:
+  friend detail::backend_passes<cuda>;
+
   auto policy() const {
 #if MPOPT_DEVICE_IS_GPU
-    return thrust::cuda::par_nosync.on(stream_);
+    return thrust::cuda::par_nosync.on(stream());
 #else
     return thrust::device;
 #endif
   }
 
+  // ---- How the passes run (detail/backend_passes.hpp).
+
   template <class Pass>
   void run(const detail::work_list& w, const Pass& pass, bool aligned) {
     launch(pass, w.size(), aligned);
+  }
+  template <class Pass>
+  void run_flat(const Pass& pass, bool aligned) {
+    launch(pass, pass.count(), aligned);
   }
 
   /// One kernel over chunks x threads, then (if the pass sums anything) one over chunks.
@@ -403,25 +298,16 @@ class cuda {
     tables_.push_back(std::move(t));
     return tables_.back();
   }
+  /// d, addressing the device copy of its tensor table.
   template <class P>
-  const detail::tensor_slot<typename P::param_type, typename P::grad_type>* table(const detail::step_data<P>& d) {
-    return reinterpret_cast<const detail::tensor_slot<typename P::param_type, typename P::grad_type>*>(
-        publish(d).device.data());
-  }
-  template <class P>
-  detail::step_data<P> on_device(detail::step_data<P> d) {
-    d.tensors = table(d);
+  detail::step_data<P> placed(detail::step_data<P> d) {
+    using slot = detail::tensor_slot<typename P::param_type, typename P::grad_type>;
+    d.tensors = reinterpret_cast<const slot*>(publish(d).device.data());
     return d;
   }
   template <class P>
   bool aligned(const detail::step_data<P>& d) {
     return publish(d).aligned;
-  }
-
-  /// Whole vectors of T: 16 bytes of fp32, 8 of 16-bit types (chunks start at multiples of 4).
-  template <class T>
-  static bool is_aligned(const T* p) {
-    return reinterpret_cast<std::uintptr_t>(p) % (4 * sizeof(T)) == 0;
   }
 
   struct published_list {
@@ -431,7 +317,10 @@ class cuda {
   };
 
 #if MPOPT_DEVICE_IS_GPU
-  cudaStream_t stream_ = nullptr;
+  struct stream_destroyer {
+    void operator()(cudaStream_t s) const { cudaStreamDestroy(s); }
+  };
+  std::unique_ptr<std::remove_pointer_t<cudaStream_t>, stream_destroyer> stream_;  // the backend's own
 #endif
   std::size_t launches_ = 0;
   std::vector<published_list> lists_;

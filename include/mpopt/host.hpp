@@ -14,6 +14,7 @@
 #endif
 
 #include "detail/aligned_buffer.hpp"
+#include "detail/backend_passes.hpp"
 #include "detail/config.hpp"
 #include "detail/lanes.hpp"
 #include "detail/passes.hpp"
@@ -24,7 +25,7 @@
 
 namespace mpopt {
 
-struct host {
+struct host : detail::backend_passes<host> {
   static constexpr std::string_view name = "host";
   static constexpr memory_space space = memory_space::host;
   using lanes = detail::host_lanes;
@@ -74,121 +75,27 @@ struct host {
     for (std::size_t c = 0; c < work.size(); ++c) f(c);
   }
 
-  /// Runs a pass (detail/passes.hpp) over the chunks of `work`: each chunk on one thread, its
-  /// vectors in order, its sums written per chunk.
+  // ---- How the passes run (detail/backend_passes.hpp): host memory is where they read everything.
+
+  /// Every chunk of `work`: each chunk on one thread, its vectors in order, its sums written per
+  /// chunk. Host lanes load any address: alignment does not matter.
   template <class Pass>
-  static void run(const detail::work_list& work, const Pass& pass) {
+  static void run(const detail::work_list& work, const Pass& pass, bool = true) {
     for_each_chunk(work, [&](std::size_t ci) { run_chunk(pass, ci); });
   }
-
-  template <class P>
-  static void initialize_state(const detail::step_data<P>& d) {
-    run(*d.work, detail::initialize_pass<P>{{d, d.work->data()}});
-  }
-
-  template <class P>
-  static void accumulate(const detail::step_data<P>& d, bool first, float scale = 1.0f) {
-    run(*d.work, detail::accumulate_pass<P>{{d, d.work->data()}, first, scale});
-  }
-
-  template <class P>
-  static void gradient_norm(const detail::step_data<P>& d) {
-    run(*d.work, detail::gradient_norm_pass<P>{{d, d.work->data(), {.sum = d.chunk_sum, .nonfinite = d.chunk_nonfinite}}});
-  }
-
-  template <class P>
-  static void adam_update(const detail::step_data<P>& d, const detail::adam_coefficients* k) {
-    run(*d.work, detail::adam_pass<P>{{{d, d.work->data()}, k}});
-  }
-
-  template <class P>
-  static void lamb_moments(const detail::step_data<P>& d, const detail::lamb_coefficients* k) {
-    run(*d.work, detail::lamb_moments_pass<P>{{{d, d.work->data(), {.sum = d.chunk_sum, .sum2 = d.chunk_sum2}}, k}});
-  }
-
-  template <class P>
-  static void lamb_apply(const detail::step_data<P>& d, const detail::lamb_coefficients* k, const float* alpha) {
-    run(*d.work, detail::lamb_apply_pass<P>{{{d, d.work->data()}, k}, alpha});
-  }
-
-  template <class P>
-  static void zero_grad(const detail::step_data<P>& d) {
-    run(*d.work, detail::zero_grad_pass<P>{{d, d.work->data()}});
-  }
-
-  template <class P, class T>
-  static void pack_gradients(const detail::step_data<P>& d, const detail::work_list& pieces, T* out,
-                             const typename P::accumulate_type* accum, float scale) {
-    run(pieces, detail::pack_gradients_pass<P, T>{{d.tensors, pieces.data()}, out, accum, scale});
-  }
-
-  /// dst = src (add: dst + src) over n elements, on the calling thread.
-  template <class D, class S>
-  static void fold(D* dst, const S* src, std::size_t n, bool add) {
-    const detail::fold_pass<D, S> pass{dst, src, n, add};
+  /// One flat range, on the calling thread.
+  template <class Pass>
+  static void run_flat(const Pass& pass, bool) {
     for (std::size_t ci = 0; ci < pass.count(); ++ci) run_chunk(pass, ci);
   }
-
-  template <class P, class T>
-  static void unpack_gradients(const detail::step_data<P>& d, const detail::work_list& pieces, const T* in,
-                               std::size_t in_offset) {
-    run(pieces, detail::unpack_gradients_pass<P, T>{{d.tensors, pieces.data()}, in, in_offset});
-  }
-
+  static const detail::chunk* chunks(const detail::work_list& w) { return w.data(); }
   template <class P>
-  static void pack_params(const detail::step_data<P>& d, const detail::work_list& pieces, typename P::param_type* out) {
-    run(pieces, detail::copy_params_pass<P>{{d.tensors, pieces.data()}, out, true});
+  static const detail::step_data<P>& placed(const detail::step_data<P>& d) {
+    return d;
   }
-
   template <class P>
-  static void unpack_params(const detail::step_data<P>& d, const detail::work_list& pieces,
-                            const typename P::param_type* in) {
-    run(pieces, detail::copy_params_pass<P>{{d.tensors, pieces.data()}, const_cast<typename P::param_type*>(in), false});
-  }
-
-  // ---- 1-bit LAMB (detail/passes.hpp says what each computes).
-
-  template <class P>
-  static void onebit_feed(const detail::step_data<P>& d, const detail::lamb_coefficients* k, const float* scaling,
-                          const std::size_t* fused, float* worker, double* partial) {
-    run(*d.work, detail::onebit_feed_pass<P>{{{{d, d.work->data(), {.sum64 = partial}}, k}, scaling, fused}, worker});
-  }
-
-  template <class P>
-  static void onebit_momentum(const detail::step_data<P>& d, const detail::lamb_coefficients* k, const float* scaling,
-                              const std::size_t* fused, const detail::sign_code* code, float* v_fresh,
-                              float* chunk_max) {
-    const detail::pass_outputs out{.sum = d.chunk_sum, .sum2 = d.chunk_sum2, .largest = chunk_max};
-    run(*d.work, detail::onebit_momentum_pass<P>{{{{d, d.work->data(), out}, k}, scaling, fused, v_fresh},
-                                                  code ? *code : detail::sign_code{}});
-  }
-
-  static void sum_squares(const detail::work_list& w, const float* x, double* partial) {
-    run(w, detail::sum_squares_pass{{w.data(), {.sum64 = partial}}, x});
-  }
-
-  static void copy(const detail::work_list& w, float* dst, const float* src) {
-    run(w, detail::copy_pass{{w.data()}, dst, src});
-  }
-
-  // ---- the compressed all-reduce (compressed_allreduce.hpp) on flat buffers: `w` covers [0, n) with
-  // state = index, chunks starting at multiples of 16.
-
-  static void add_into(const detail::work_list& w, float* e, const float* x, double* partial) {
-    run(w, detail::add_into_pass{{w.data(), {.sum64 = partial}}, e, x});
-  }
-
-  static void compress_signs(const detail::work_list& w, float* x, float s, std::uint8_t* bits) {
-    run(w, detail::compress_signs_pass{{w.data()}, x, s, bits});
-  }
-
-  static void combine_signs(const detail::work_list& w, const std::uint8_t* blocks, std::size_t block_bytes,
-                            const float* weight, int ranks, float* c, double* partial) {
-    run(w, detail::combine_signs_pass{{w.data(), {.sum64 = partial}}, blocks, block_bytes, weight, ranks, c});
-  }
-
-  static void decode_signs(const detail::work_list& w, const detail::sign_code& code, float* out) {
-    run(w, detail::decode_signs_pass{{w.data()}, code, out});
+  static bool aligned(const detail::step_data<P>&) {
+    return true;
   }
 
  private:

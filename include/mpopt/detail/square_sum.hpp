@@ -13,10 +13,19 @@ namespace mpopt::detail {
 
 constexpr std::size_t sum_lanes = 16;
 
-MPOPT_HOST_DEVICE float lane_tree_sum(float (&a)[sum_lanes]) {
-  for (std::size_t w = sum_lanes / 2; w > 0; w /= 2)
-    for (std::size_t j = 0; j < w; ++j) a[j] = a[j] + a[j + w];
+/// N lanes into one value by a pairwise tree, in place: lane j takes lane j + w for w = N/2, ..., 1.
+/// Every backend and every chunk combines its lanes in this one order.
+template <std::size_t N, class T, class Op>
+MPOPT_HOST_DEVICE T lane_tree(T* a, Op op) {
+  for (std::size_t w = N / 2; w > 0; w /= 2)
+    for (std::size_t j = 0; j < w; ++j) a[j] = op(a[j], a[j + w]);
   return a[0];
+}
+
+/// The sum of the sum_lanes lanes of a square_sum (float) or square_sum64 (double).
+template <class T>
+MPOPT_HOST_DEVICE T lane_tree_sum(T (&a)[sum_lanes]) {
+  return lane_tree<sum_lanes>(a, [](T x, T y) { return x + y; });
 }
 
 template <class L>
@@ -32,11 +41,6 @@ struct square_sum<scalar_lanes> {
 /// The same lane layout with double lanes: for scales that must not depend on how the sum was cut
 /// (1-bit compression), where fp32 partials over 64 Ki elements would differ by ~1e-6 relative.
 /// Squares of floats are exact in double, so fma or not gives the same bits.
-MPOPT_HOST_DEVICE double lane_tree_sum(double (&a)[sum_lanes]) {
-  for (std::size_t w = sum_lanes / 2; w > 0; w /= 2)
-    for (std::size_t j = 0; j < w; ++j) a[j] = a[j] + a[j + w];
-  return a[0];
-}
 
 template <class L>
 struct square_sum64;

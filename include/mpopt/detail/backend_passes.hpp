@@ -1,0 +1,148 @@
+// mpopt — the passes of a step as backend member functions, written once for every backend
+// (host.hpp, cuda.hpp); detail/passes.hpp says what each computes. A backend B derives from
+// backend_passes<B> and says only how and where a pass runs:
+//   run(list, pass, aligned)   every chunk of the work list; `aligned`: whole vectors may be loaded
+//   run_flat(pass, aligned)    a pass over one flat range (fold_pass), on the caller's stream or thread
+//   chunks(list)               the list's chunks, where B's kernels read them
+//   placed(d)                  d with its tensor table where B's kernels read it
+//   aligned(d)                 whether every tensor of d allows aligned vectors
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "passes.hpp"
+#include "sign_compression.hpp"
+#include "step_data.hpp"
+#include "work_list.hpp"
+
+namespace mpopt::detail {
+
+template <class B>
+class backend_passes {
+ public:
+  template <class P>
+  void initialize_state(const step_data<P>& d) {
+    update(d, initialize_pass<P>{{placed(d), chunks(*d.work)}});
+  }
+  template <class P>
+  void accumulate(const step_data<P>& d, bool first, float scale = 1.0f) {
+    update(d, accumulate_pass<P>{{placed(d), chunks(*d.work)}, first, scale});
+  }
+  template <class P>
+  void gradient_norm(const step_data<P>& d) {
+    update(d, gradient_norm_pass<P>{{placed(d), chunks(*d.work), {.sum = d.chunk_sum, .nonfinite = d.chunk_nonfinite}}});
+  }
+  template <class P>
+  void adam_update(const step_data<P>& d, const adam_coefficients* k) {
+    update(d, adam_pass<P>{{{placed(d), chunks(*d.work)}, k}});
+  }
+  template <class P>
+  void lamb_moments(const step_data<P>& d, const lamb_coefficients* k) {
+    update(d, lamb_moments_pass<P>{{{placed(d), chunks(*d.work), {.sum = d.chunk_sum, .sum2 = d.chunk_sum2}}, k}});
+  }
+  template <class P>
+  void lamb_apply(const step_data<P>& d, const lamb_coefficients* k, const float* alpha) {
+    update(d, lamb_apply_pass<P>{{{placed(d), chunks(*d.work)}, k}, alpha});
+  }
+  template <class P>
+  void zero_grad(const step_data<P>& d) {
+    update(d, zero_grad_pass<P>{{placed(d), chunks(*d.work)}});
+  }
+
+  // Buckets: pieces start anywhere in a bucket, so their vectors are read element by element.
+
+  /// out[c.state + i] = T((accum + grad) * scale); accum (indexed like out) null when nothing was
+  /// accumulated.
+  template <class P, class T>
+  void pack_gradients(const step_data<P>& d, const work_list& pieces, T* out, const typename P::accumulate_type* accum,
+                      float scale) {
+    self().run(pieces, pack_gradients_pass<P, T>{{table(d), chunks(pieces)}, out, accum, scale}, false);
+  }
+  /// grad = in[c.state - in_offset + i]: my reduced pieces of a bucket back into the gradients.
+  template <class P, class T>
+  void unpack_gradients(const step_data<P>& d, const work_list& pieces, const T* in, std::size_t in_offset) {
+    self().run(pieces, unpack_gradients_pass<P, T>{{table(d), chunks(pieces)}, in, in_offset}, false);
+  }
+  /// out[c.state + i] = param: this rank's updated pieces, to be gathered.
+  template <class P>
+  void pack_params(const step_data<P>& d, const work_list& pieces, typename P::param_type* out) {
+    self().run(pieces, copy_params_pass<P>{{table(d), chunks(pieces)}, out, true}, false);
+  }
+  /// param = in[c.state + i]: every rank's pieces back into the parameter tensors.
+  template <class P>
+  void unpack_params(const step_data<P>& d, const work_list& pieces, const typename P::param_type* in) {
+    self().run(pieces, copy_params_pass<P>{{table(d), chunks(pieces)}, const_cast<typename P::param_type*>(in), false},
+               false);
+  }
+  /// dst = src (add: dst + src) over n elements, computed in fp32 and rounded to dst's type.
+  template <class D, class S>
+  void fold(D* dst, const S* src, std::size_t n, bool add) {
+    self().run_flat(fold_pass<D, S>{dst, src, n, add}, is_aligned(dst) && is_aligned(src));
+  }
+
+  // 1-bit LAMB: the worker vector holds tensors back to back, unaligned.
+
+  template <class P>
+  void onebit_feed(const step_data<P>& d, const lamb_coefficients* k, const float* scaling, const std::size_t* fused,
+                   float* worker, double* partial) {
+    self().run(*d.work, onebit_feed_pass<P>{{{{placed(d), chunks(*d.work), {.sum64 = partial}}, k}, scaling, fused}, worker},
+               false);
+  }
+  /// `code` itself is read on the host; its bits and scales are where the passes run.
+  template <class P>
+  void onebit_momentum(const step_data<P>& d, const lamb_coefficients* k, const float* scaling, const std::size_t* fused,
+                       const sign_code* code, float* v_fresh, float* chunk_max) {
+    const pass_outputs out{.sum = d.chunk_sum, .sum2 = d.chunk_sum2, .largest = chunk_max};
+    const onebit_momentum_pass<P> pass{{{{placed(d), chunks(*d.work), out}, k}, scaling, fused, v_fresh},
+                                       code ? *code : sign_code{}};
+    self().run(*d.work, pass, false);
+  }
+
+  // Flat state-indexed buffers; the compressed all-reduce's chunks start at multiples of 16.
+
+  void sum_squares(const work_list& w, const float* x, double* partial) {
+    self().run(w, sum_squares_pass{{chunks(w), {.sum64 = partial}}, x}, true);
+  }
+  void copy(const work_list& w, float* dst, const float* src) { self().run(w, copy_pass{{chunks(w)}, dst, src}, true); }
+  void add_into(const work_list& w, float* e, const float* x, double* partial) {
+    self().run(w, add_into_pass{{chunks(w), {.sum64 = partial}}, e, x}, true);
+  }
+  void compress_signs(const work_list& w, float* x, float s, std::uint8_t* bits) {
+    self().run(w, compress_signs_pass{{chunks(w)}, x, s, bits}, true);
+  }
+  void combine_signs(const work_list& w, const std::uint8_t* blocks, std::size_t block_bytes, const float* weight,
+                     int ranks, float* c, double* partial) {
+    self().run(w, combine_signs_pass{{chunks(w), {.sum64 = partial}}, blocks, block_bytes, weight, ranks, c}, true);
+  }
+  void decode_signs(const work_list& w, const sign_code& code, float* out) {
+    self().run(w, decode_signs_pass{{chunks(w)}, code, out}, true);
+  }
+
+ private:
+  B& self() { return static_cast<B&>(*this); }
+
+  /// A pass over d's work list, with whole vectors where every tensor allows them.
+  template <class P, class Pass>
+  void update(const step_data<P>& d, const Pass& pass) {
+    self().run(*d.work, pass, self().aligned(d));
+  }
+  const chunk* chunks(const work_list& w) { return self().chunks(w); }
+  template <class P>
+  step_data<P> placed(const step_data<P>& d) {
+    return self().placed(d);
+  }
+  template <class P>
+  auto table(const step_data<P>& d) {
+    return self().placed(d).tensors;
+  }
+
+ protected:
+  /// Whole vectors of T: 16 bytes of fp32, 8 of 16-bit types (chunks start at multiples of 4).
+  template <class T>
+  static bool is_aligned(const T* p) {
+    return reinterpret_cast<std::uintptr_t>(p) % (4 * sizeof(T)) == 0;
+  }
+};
+
+}  // namespace mpopt::detail
