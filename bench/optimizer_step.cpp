@@ -11,29 +11,20 @@
 // Per case: warm-up (every buffer first-touched, one untimed step, one untimed run of each
 // reference), then R rounds of (memcpy reference, same-traffic reference, step), each timed alone.
 // One JSON line per case on stdout; progress and errors go to stderr.
-#include <mpopt/mpopt.hpp>
+#include "common.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <new>
-#include <random>
 #include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
 #include <vector>
-
-#if defined(_OPENMP)
-#include <omp.h>
-#define BENCH_OMP(x) _Pragma(#x)
-#else
-#define BENCH_OMP(x)
-#endif
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -51,52 +42,9 @@
 
 namespace {
 
-using clock_type = std::chrono::steady_clock;
-
-int max_threads() {
-#if defined(_OPENMP)
-  return omp_get_max_threads();
-#else
-  return 1;
-#endif
-}
+using namespace bench;
 
 constexpr const char* simd_name = BENCH_AVX512 ? "avx512" : "scalar";
-
-// ---------------------------------------------------------------------------------------------
-// Bytes per parameter. What the step must read plus what it must write, once each, per pass it makes
-// (the library's host backend: a gradient pre-pass, then one Adam pass or two LAMB passes).
-//   gs = sizeof(grad) (4 fp32, 2 fp16/bf16), ps = sizeof(param); master/m/v are fp32 (4 each).
-//   fp32 has no separate master: the param (4 B) is the master, read and written once.
-//
-//   pre-pass (all cases): read g                                     -> gs
-//   Adam update pass:     read g, master, m, v; write m, v, master   -> gs + 12 + 12
-//                         + write param when it is not the master    -> + ps (fp16/bf16)
-//   LAMB pass 1:          read g, master, m, v; write m, v           -> gs + 12 + 8
-//   LAMB pass 2:          read master, m, v; write master            -> 12 + 4
-//                         + write param when it is not the master    -> + ps (fp16/bf16)
-//
-//   fp32 adam: 4 + (4+4+4+4 + 4+4+4)             = 32   fp32 lamb: 4 + (4+12+8) + (12+4)     = 44
-//   fp16 adam: 2 + (2+4+4+4 + 4+4+4 + 2)         = 30   fp16 lamb: 2 + (2+12+8) + (12+4+2)   = 42
-//   bf16 adam: 2 + (2+4+4+4 + 4+4+4 + 2)         = 30   bf16 lamb: 2 + (2+12+8) + (12+4+2)   = 42
-// ---------------------------------------------------------------------------------------------
-template <class Precision, class Rule>
-constexpr std::size_t bytes_per_param() {
-  constexpr std::size_t gs = sizeof(typename Precision::grad_type);
-  constexpr std::size_t ps = Precision::has_master ? sizeof(typename Precision::param_type) : 0;
-  constexpr std::size_t pre = gs;
-  if constexpr (std::is_same_v<Rule, mpopt::adam>) {
-    return pre + (gs + 12 + 12 + ps);
-  } else {
-    return pre + (gs + 12 + 8) + (12 + 4 + ps);
-  }
-}
-static_assert(bytes_per_param<mpopt::fp32, mpopt::adam>() == 32);
-static_assert(bytes_per_param<mpopt::fp16, mpopt::adam>() == 30);
-static_assert(bytes_per_param<mpopt::bf16, mpopt::adam>() == 30);
-static_assert(bytes_per_param<mpopt::fp32, mpopt::lamb>() == 44);
-static_assert(bytes_per_param<mpopt::fp16, mpopt::lamb>() == 42);
-static_assert(bytes_per_param<mpopt::bf16, mpopt::lamb>() == 42);
 
 // ---------------------------------------------------------------------------------------------
 // Element access for the same-traffic kernel: 16 lanes at a time (AVX-512) with conversions like the
@@ -106,11 +54,6 @@ static_assert(bytes_per_param<mpopt::bf16, mpopt::lamb>() == 42);
 inline float to_float(float x) { return x; }
 inline float to_float(mpopt::half x) { return static_cast<float>(x); }
 inline float to_float(mpopt::bfloat16 x) { return static_cast<float>(x); }
-template <class T>
-inline T from_float(float x) {
-  if constexpr (std::is_same_v<T, float>) return x;
-  else return T(x);
-}
 
 #if BENCH_AVX512
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
@@ -319,44 +262,6 @@ struct aligned_bytes {
   }
 };
 
-/// Deterministic, thread-count independent fill: x[i] = T(sigma * N(0, 1)) from a generator seeded
-/// per block of 2^16 elements.
-template <class T>
-void fill_normal(T* x, std::size_t n, float sigma, std::uint64_t seed) {
-  constexpr std::size_t block = std::size_t{1} << 16;
-  const std::ptrdiff_t nb = std::ptrdiff_t((n + block - 1) / block);
-  BENCH_OMP(omp parallel for schedule(static))
-  for (std::ptrdiff_t b = 0; b < nb; ++b) {
-    std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + std::uint64_t(b));
-    std::normal_distribution<float> dist(0.0f, sigma);
-    const std::size_t e = std::min(n, std::size_t(b + 1) * block);
-    for (std::size_t i = std::size_t(b) * block; i < e; ++i) x[i] = from_float<T>(dist(rng));
-  }
-}
-
-double seconds_since(clock_type::time_point t0) {
-  return std::chrono::duration<double>(clock_type::now() - t0).count();
-}
-
-struct stats {
-  double median, min, max;
-};
-stats summarize(std::vector<double> x) {
-  std::sort(x.begin(), x.end());
-  const std::size_t n = x.size();
-  const double med = n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
-  return {med, x.front(), x.back()};
-}
-
-struct config {
-  std::size_t params = std::size_t{1} << 26;
-  int repeat = 7;
-  std::string filter;
-};
-
-constexpr std::size_t unfused_tensors = 1000;
-constexpr float grad_sigma = 1e-3f;   // true gradient ~ N(0, 1e-3): global norm ~ 8 at 2^26 (clipped to 1)
-constexpr float param_sigma = 0.02f;  // initial weights ~ N(0, 0.02)
 
 template <class Precision, class Scaler, class Rule>
 void run_case(const config& cfg, std::string_view precision, std::string_view rule, bool fused,
@@ -366,7 +271,7 @@ void run_case(const config& cfg, std::string_view precision, std::string_view ru
   using opt_t = mpopt::optimizer<Precision, Scaler, mpopt::replicated, Rule>;
   const std::string_view layout = fused ? "fused" : "unfused";
   const std::string name = std::string(precision) + "/" + std::string(rule) + "/" + std::string(layout);
-  if (!cfg.filter.empty() && name.find(cfg.filter) == std::string::npos) return;
+  if (!cfg.wants(name)) return;
   std::fprintf(stderr, "optimizer_step: %s ...\n", name.c_str());
 
   const std::size_t n = cfg.params;
@@ -392,13 +297,11 @@ void run_case(const config& cfg, std::string_view precision, std::string_view ru
     grads.push_back(g.grad(0));
   } else {
     auto& g = opt.add_group(ro);
-    const std::size_t nt = std::min(unfused_tensors, n);
-    for (std::size_t t = 0; t < nt; ++t) {
-      const std::size_t sz = n / nt + (t < n % nt ? 1 : 0);
+    for (std::size_t sz : unfused_sizes(n)) {
       user_params.emplace_back(sz);
       user_grads.emplace_back(sz);
     }
-    for (std::size_t t = 0; t < nt; ++t) {
+    for (std::size_t t = 0; t < user_params.size(); ++t) {
       g.add(user_params[t], user_grads[t], "t" + std::to_string(t));
       params.push_back(user_params[t]);
       grads.push_back(user_grads[t]);
@@ -452,11 +355,7 @@ void run_case(const config& cfg, std::string_view precision, std::string_view ru
   }
   if (keep == 0x12345678u) std::fprintf(stderr, " ");  // keeps the reference reductions alive
 
-  auto gbps = [&](std::vector<double> ts) {
-    for (auto& t : ts) t = total / t / 1e9;
-    return summarize(ts);
-  };
-  const stats step = gbps(t_step), copy = gbps(t_copy), same = gbps(t_same);
+  const stats step = gbps(t_step, total), copy = gbps(t_copy, total), same = gbps(t_same, total);
   const double copy_gbps = std::max(copy.median, same.median);
   std::printf(
       "{\"bench\":\"optimizer_step\",\"precision\":\"%.*s\",\"rule\":\"%.*s\",\"layout\":\"%.*s\",\"params\":%zu,"
@@ -468,63 +367,18 @@ void run_case(const config& cfg, std::string_view precision, std::string_view ru
   std::fflush(stdout);
 }
 
-[[noreturn]] void usage(int code) {
-  std::fprintf(code ? stderr : stdout,
-               "usage: optimizer_step [--params N] [--repeat R] [--filter SUBSTR] [--quick]\n"
-               "  --params N      parameters per case (default 2^26 = 67108864)\n"
-               "  --repeat R      timed rounds per case (default 7); the median is reported\n"
-               "  --filter SUBSTR run only cases whose \"precision/rule/layout\" contains SUBSTR\n"
-               "  --quick         smoke test: 2^20 parameters, 3 rounds\n");
-  std::exit(code);
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  config cfg;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) usage(2);
-      return argv[++i];
-    };
-    try {
-      if (a == "--params") {
-        cfg.params = std::stoull(value());
-      } else if (a == "--repeat") {
-        cfg.repeat = std::stoi(value());
-      } else if (a == "--filter") {
-        cfg.filter = value();
-      } else if (a == "--quick") {
-        cfg.params = std::size_t{1} << 20;
-        cfg.repeat = 3;
-      } else if (a == "--help" || a == "-h") {
-        usage(0);
-      } else {
-        usage(2);
-      }
-    } catch (const std::exception&) {
-      usage(2);
-    }
-  }
-  if (cfg.params == 0 || cfg.repeat < 1) usage(2);
+  const config cfg = parse(argc, argv);
 
   // memcpy buffers for the largest case (LAMB fp32: 44 B/param), first-touched once.
-  aligned_bytes src(cfg.params * 22 + 64), dst(cfg.params * 22 + 64);
+  aligned_bytes src(cfg.params * largest_bytes_per_param / 2 + 64), dst(cfg.params * largest_bytes_per_param / 2 + 64);
 
   try {
-    run_case<mpopt::fp32, mpopt::no_scaling, mpopt::adam>(cfg, "fp32", "adam", true, src, dst);
-    run_case<mpopt::fp32, mpopt::no_scaling, mpopt::adam>(cfg, "fp32", "adam", false, src, dst);
-    run_case<mpopt::fp32, mpopt::no_scaling, mpopt::lamb>(cfg, "fp32", "lamb", true, src, dst);
-    run_case<mpopt::fp32, mpopt::no_scaling, mpopt::lamb>(cfg, "fp32", "lamb", false, src, dst);
-    run_case<mpopt::fp16, mpopt::static_scale, mpopt::adam>(cfg, "fp16", "adam", true, src, dst);
-    run_case<mpopt::fp16, mpopt::static_scale, mpopt::adam>(cfg, "fp16", "adam", false, src, dst);
-    run_case<mpopt::fp16, mpopt::static_scale, mpopt::lamb>(cfg, "fp16", "lamb", true, src, dst);
-    run_case<mpopt::fp16, mpopt::static_scale, mpopt::lamb>(cfg, "fp16", "lamb", false, src, dst);
-    run_case<mpopt::bf16, mpopt::no_scaling, mpopt::adam>(cfg, "bf16", "adam", true, src, dst);
-    run_case<mpopt::bf16, mpopt::no_scaling, mpopt::adam>(cfg, "bf16", "adam", false, src, dst);
-    run_case<mpopt::bf16, mpopt::no_scaling, mpopt::lamb>(cfg, "bf16", "lamb", true, src, dst);
-    run_case<mpopt::bf16, mpopt::no_scaling, mpopt::lamb>(cfg, "bf16", "lamb", false, src, dst);
+    for_each_case([&]<class P, class S, class R>(std::string_view precision, std::string_view rule, bool fused) {
+      run_case<P, S, R>(cfg, precision, rule, fused, src, dst);
+    });
   } catch (const mpopt::error& e) {
     std::fprintf(stderr, "optimizer_step: mpopt::error: %s\n", e.what());
     return 1;

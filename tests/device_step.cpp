@@ -40,18 +40,19 @@ TEST_SUITE("device") {
     CHECK(launches_per_step<mpopt::fp32, mpopt::adam>({}, 3) == std::vector<std::size_t>(3, 3));
   }
 
-  TEST_CASE("a LAMB step is five kernels: norm, moments (each with totals), apply") {
-    CHECK(launches_per_step<mpopt::fp16, mpopt::lamb, mpopt::dynamic_scale>({}, 3) == std::vector<std::size_t>(3, 5));
-    CHECK(launches_per_step<mpopt::bf16, mpopt::lamb>({}, 3) == std::vector<std::size_t>(3, 5));
-    CHECK(launches_per_step<mpopt::fp32, mpopt::lamb>({}, 3) == std::vector<std::size_t>(3, 5));
+  TEST_CASE("a LAMB step is seven kernels: norm, moments (each with totals), per-tensor sums, trust ratios, apply") {
+    CHECK(launches_per_step<mpopt::fp16, mpopt::lamb, mpopt::dynamic_scale>({}, 3) == std::vector<std::size_t>(3, 7));
+    CHECK(launches_per_step<mpopt::bf16, mpopt::lamb>({}, 3) == std::vector<std::size_t>(3, 7));
+    CHECK(launches_per_step<mpopt::fp32, mpopt::lamb>({}, 3) == std::vector<std::size_t>(3, 7));
   }
 
-  TEST_CASE("1-bit LAMB on one rank: LAMB's five, one copy at the freeze step, the momentum scaling once") {
+  TEST_CASE("1-bit LAMB on one rank: LAMB's seven, one copy at the freeze step, then five; the momentum scaling once") {
     mpopt::onebit_lamb::options o;
     o.freeze_step = 3;
     // Steps 2..7 after the first: warm-up (2), the freeze step (3) copies the variance, the first
-    // compressed step (4) measures the momentum scales, then compressed steps.
-    const std::vector<std::size_t> want = {5, 6, 7, 5, 5, 5};
+    // compressed step (4) measures the momentum scales (its trust ratios are the frozen ones, made
+    // on the host), then compressed steps.
+    const std::vector<std::size_t> want = {7, 8, 7, 5, 5, 5};
     CHECK(launches_per_step<mpopt::bf16, mpopt::onebit_lamb>(o, 6) == want);
     CHECK(launches_per_step<mpopt::fp32, mpopt::onebit_lamb>(o, 6) == want);
   }

@@ -29,6 +29,7 @@
 #include "detail/backend_passes.hpp"
 #include "detail/config.hpp"
 #include "detail/device_buffer.hpp"
+#include "detail/device_reduce.hpp"
 #include "detail/passes.hpp"
 #include "detail/quad_lanes.hpp"
 #include "detail/square_sum.hpp"
@@ -217,6 +218,13 @@ class cuda : public detail::backend_passes<cuda> {
  private:
   friend detail::backend_passes<cuda>;
 
+  detail::stream_handle handle() const {
+#if MPOPT_DEVICE_IS_GPU
+    return stream();
+#else
+    return nullptr;
+#endif
+  }
   auto policy() const {
 #if MPOPT_DEVICE_IS_GPU
     return thrust::cuda::par_nosync.on(stream());
@@ -234,6 +242,19 @@ class cuda : public detail::backend_passes<cuda> {
   template <class Pass>
   void run_flat(const Pass& pass, bool aligned) {
     launch(pass, pass.count(), aligned);
+  }
+  /// CUB's segmented reduction on a GPU, in order off it (detail/device_reduce.hpp).
+  template <class T>
+  void sum_segments(const T* x, const std::size_t* offsets, std::size_t segments, double* sums) {
+    if (segments == 0) return;
+    ++launches_;
+    reducer_.sum(policy(), handle(), x, offsets, segments, sums);
+  }
+  template <class F>
+  void for_each_index(std::size_t n, const F& f) {
+    if (n == 0) return;
+    ++launches_;
+    thrust::for_each_n(policy(), thrust::counting_iterator<std::size_t>(0), n, f);
   }
 
   /// One kernel over chunks x threads, then (if the pass sums anything) one over chunks.
@@ -323,6 +344,7 @@ class cuda : public detail::backend_passes<cuda> {
   std::unique_ptr<std::remove_pointer_t<cudaStream_t>, stream_destroyer> stream_;  // the backend's own
 #endif
   std::size_t launches_ = 0;
+  detail::segmented_reducer reducer_;
   std::vector<published_list> lists_;
   std::vector<published_table> tables_;
   buffer<float> sums_, sums2_;

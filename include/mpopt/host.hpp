@@ -88,6 +88,14 @@ struct host : detail::backend_passes<host> {
   static void run_flat(const Pass& pass, bool) {
     for (std::size_t ci = 0; ci < pass.count(); ++ci) run_chunk(pass, ci);
   }
+  template <class F>
+  static void for_each_index(std::size_t n, const F& f) {
+    for (std::size_t i = 0; i < n; ++i) f(i);
+  }
+  template <class T>
+  static void sum_segments(const T* x, const std::size_t* offsets, std::size_t segments, double* sums) {
+    for_each_index(segments, detail::segment_sum<T>{x, offsets, sums});
+  }
   static const detail::chunk* chunks(const detail::work_list& w) { return w.data(); }
   template <class P>
   static const detail::step_data<P>& placed(const detail::step_data<P>& d) {

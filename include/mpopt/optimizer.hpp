@@ -325,15 +325,25 @@ class optimizer {
         start_micro_step();
       }
     }
-    chunk_sum_.assign(work_.size(), 0.0f);
-    chunk_sum2_.assign(work_.size(), 0.0f);
+    chunk_sums_.assign(2 * work_.size(), 0.0f);
     chunk_nonfinite_.assign(work_.size(), 0);
     owner_sum_.assign(std::size_t(parts), 0.0);
     coefficients_.resize(groups_.size());
     trust_ratio_.assign(tensors_.size(), 1.0);
     tensor_sums_.assign(2 * tensors_.size(), 0.0);
     alpha_.assign(tensors_.size(), 0.0f);
-    if constexpr (lamb_like) step_size_.assign(groups_.size(), 0.0);
+    if constexpr (lamb_like) {
+      step_size_.assign(groups_.size(), 0.0);
+      ratio_limits_.resize(tensors_.size());
+      const detail::norm_segments segments(work_, tensors_.size());
+      auto publish = [&](const std::vector<std::size_t>& offsets, buffer<std::size_t>& to) {
+        to = buffer<std::size_t>(offsets.size());
+        backend_.to_device(to.data(), offsets.data(), offsets.size());
+      };
+      publish(segments.first, norm_segments_);
+      publish(segments.second, run_segments_);
+      run_sums_ = buffer<double>(segments.second.empty() ? 0 : 2 * segments.runs);
+    }
     if constexpr (is_onebit) onebit_.allocate(sizes, state_elements_, work_.size(), comm_.size(), comm_.rank());
     parameters_ = layout.parameters();
     finalized_ = true;
@@ -593,7 +603,9 @@ class optimizer {
                  k.gaps.capacity() * sizeof(k.gaps[0]);
     const std::size_t bookkeeping =
         work_.bytes() + tensors_.capacity() * sizeof(tensors_[0]) +
-        layout_->bytes() + (chunk_sum_.capacity() + chunk_sum2_.capacity()) * sizeof(float) +
+        layout_->bytes() + chunk_sums_.capacity() * sizeof(float) +
+        (norm_segments_.size() + run_segments_.size()) * sizeof(std::size_t) + run_sums_.size() * sizeof(double) +
+        ratio_limits_.capacity() * sizeof(detail::lamb_ratio_limits) +
         chunk_nonfinite_.capacity() + (owner_sum_.capacity() + tensor_sums_.capacity()) * sizeof(double) +
         coefficients_.capacity() * sizeof(coefficients_[0]) + trust_ratio_.capacity() * sizeof(double) +
         alpha_.capacity() * sizeof(float) + step_size_.capacity() * sizeof(double) + buckets +
@@ -1007,8 +1019,8 @@ class optimizer {
     d.m = m_.data();
     d.v = v_.data();
     d.accum = accumulated ? accum_.data() : nullptr;
-    d.chunk_sum = chunk_sum_.data();
-    d.chunk_sum2 = chunk_sum2_.data();
+    d.chunk_sum = chunk_sums_.data();
+    d.chunk_sum2 = chunk_sums_.data() + work_.size();
     d.chunk_nonfinite = chunk_nonfinite_.data();
     return d;
   }
@@ -1177,7 +1189,7 @@ class optimizer {
 
   /// The sum of per-chunk partials over chunks [c0, c1), formed per owner and added in rank order:
   /// exactly what a rank-ordered all-reduce of each shard's sum gives, so all partitions add alike.
-  double rank_ordered_sum(const shared<float>& partial, std::size_t c0, std::size_t c1) {
+  double rank_ordered_sum(const float* partial, std::size_t c0, std::size_t c1) {
     std::fill(owner_sum_.begin(), owner_sum_.end(), 0.0);
     for (std::size_t c = c0; c < c1; ++c) owner_sum_[work_[c].owner] += double(partial[c]);
     double total = 0;
@@ -1202,7 +1214,7 @@ class optimizer {
     backend_.gradient_norm(d);
     backend_.synchronize();
     std::uint8_t nonfinite = std::any_of(chunk_nonfinite_.begin(), chunk_nonfinite_.end(), [](auto b) { return b != 0; });
-    double sumsq = rank_ordered_sum(chunk_sum_, 0, work_.size());  // the same for any thread count
+    double sumsq = rank_ordered_sum(chunk_sums_.data(), 0, work_.size());  // the same for any thread count
     comm_.all_reduce(std::span<std::uint8_t>(&nonfinite, 1), reduce_op::max);
     if (Partition::sharded || compressing()) comm_.all_reduce(std::span<double>(&sumsq, 1), reduce_op::sum);
     return {nonfinite != 0, sumsq};
@@ -1234,6 +1246,11 @@ class optimizer {
       coefficients_[g] = UpdateRule::coefficients(groups_[g]->options_, groups_[g]->step_);
       if constexpr (lamb_like) step_size_[g] = UpdateRule::step_size(groups_[g]->options_, groups_[g]->step_);
     }
+    if constexpr (lamb_like)
+      for (std::size_t t = 0; t < tensors_.size(); ++t) {
+        const auto& o = groups_[tensors_[t].group]->options_;
+        ratio_limits_[t] = {o.min_coeff, o.max_coeff, step_size_[tensors_[t].group]};
+      }
     if constexpr (std::is_same_v<UpdateRule, adam>) {
       backend_.adam_update(d, coefficients_.data());
       pending_stage_ = Partition::sharded ? stage::gather : stage::none;
@@ -1279,7 +1296,7 @@ class optimizer {
     if constexpr (is_onebit) {
       backend_.sum_squares(work_, m_.data(), onebit_.chunk_sum.data());
       backend_.synchronize();
-      std::vector<double>& scale = tensor_sums_;  // free until the update's norms
+      auto& scale = tensor_sums_;  // free until the update's norms
       double mean = 0;
       for (std::size_t k = 0; k < tensors_.size(); ++k) {
         double sumsq = 0;
@@ -1306,8 +1323,9 @@ class optimizer {
         const auto& o = groups_[tensors_[t].group]->options_;
         const double largest = *std::max_element(onebit_.chunk_max.begin() + std::ptrdiff_t(c0),
                                                  onebit_.chunk_max.begin() + std::ptrdiff_t(c1));
-        const double factor = onebit_lamb::compression_factor(largest, std::sqrt(rank_ordered_sum(chunk_sum2_, c0, c1)),
-                                                              std::sqrt(rank_ordered_sum(chunk_sum_, c0, c1)),
+        const float *weights = chunk_sums_.data(), *updates = weights + work_.size();
+        const double factor = onebit_lamb::compression_factor(largest, std::sqrt(rank_ordered_sum(updates, c0, c1)),
+                                                              std::sqrt(rank_ordered_sum(weights, c0, c1)),
                                                               onebit_.last_factor[t], o);
         onebit_.last_factor[t] = factor;
         trust_ratio_[t] = onebit_.coeff_freeze[t] * factor;
@@ -1318,22 +1336,28 @@ class optimizer {
   }
 
   /// LAMB: the per-tensor norms (a tensor can straddle shards, so the partial sums are all-reduced),
-  /// trust ratios and the second pass, which needs only the moments and masters.
+  /// trust ratios and the second pass, which needs only the moments and masters. Unsharded, all of
+  /// it stays on the backend: the host reads the ratios after the step (lamb_coeffs()).
   void lamb_norms_and_apply() {
-    backend_.synchronize();  // the moments pass's sums
-    for (std::size_t t = 0; t < tensors_.size(); ++t) {
-      tensor_sums_[2 * t] = rank_ordered_sum(chunk_sum_, work_.first_chunk(t), work_.first_chunk(t + 1));
-      tensor_sums_[2 * t + 1] = rank_ordered_sum(chunk_sum2_, work_.first_chunk(t), work_.first_chunk(t + 1));
+    const std::size_t T = tensors_.size();
+    if (run_segments_.size() == 0) {
+      backend_.segmented_sum(chunk_sums_.data(), norm_segments_.data(), 2 * T, tensor_sums_.data());
+    } else {  // per (tensor, owner) run, then the runs of each tensor in rank order
+      backend_.segmented_sum(chunk_sums_.data(), norm_segments_.data(), run_sums_.size(), run_sums_.data());
+      backend_.segmented_sum(run_sums_.data(), run_segments_.data(), 2 * T, tensor_sums_.data());
     }
-    if constexpr (Partition::sharded) comm_.all_reduce(std::span<double>(tensor_sums_), reduce_op::sum);
-    for (std::size_t t = 0; t < tensors_.size(); ++t) {
-      const auto& o = groups_[tensors_[t].group]->options_;
-      trust_ratio_[t] = detail::lamb_trust_ratio(std::sqrt(tensor_sums_[2 * t]), std::sqrt(tensor_sums_[2 * t + 1]),
-                                                 o.min_coeff, o.max_coeff);
-      alpha_[t] = float(step_size_[tensors_[t].group] * trust_ratio_[t]);
-      if constexpr (is_onebit) onebit_.coeff_freeze[t] = onebit_lamb::freeze_coefficient(onebit_.coeff_freeze[t], trust_ratio_[t], o);
+    if constexpr (Partition::sharded) {
+      backend_.synchronize();
+      comm_.all_reduce(std::span<double>(tensor_sums_), reduce_op::sum);
     }
+    backend_.lamb_trust_ratios(tensor_sums_.data(), ratio_limits_.data(), T, trust_ratio_.data(), alpha_.data());
     backend_.lamb_apply(data(), coefficients_.data(), alpha_.data());
+    if constexpr (is_onebit) {
+      backend_.synchronize();
+      for (std::size_t t = 0; t < T; ++t)
+        onebit_.coeff_freeze[t] = onebit_lamb::freeze_coefficient(onebit_.coeff_freeze[t], trust_ratio_[t],
+                                                                  groups_[tensors_[t].group]->options_);
+    }
   }
 
   [[no_unique_address]] Backend backend_;  // first in, last out: its stream outlives the state
@@ -1350,12 +1374,15 @@ class optimizer {
   std::size_t state_elements_ = 0;
   buffer<float> master_, m_, v_;
   buffer<accumulate_type> accum_;
-  shared<float> chunk_sum_, chunk_sum2_;
+  shared<float> chunk_sums_;  // per chunk: the pass's sum, then (at work_.size()) its sum2
   shared<std::uint8_t> chunk_nonfinite_;
   std::vector<double> owner_sum_;    // per rank: partial sums added in rank order
-  std::vector<double> tensor_sums_;  // LAMB: per tensor, squared norms of the weights and the update
+  shared<double> tensor_sums_;  // LAMB: per tensor, squared norms of the weights, then of the updates
+  buffer<std::size_t> norm_segments_, run_segments_;  // LAMB: detail::norm_segments, on the backend
+  buffer<double> run_sums_;
+  shared<detail::lamb_ratio_limits> ratio_limits_;
   shared<decltype(UpdateRule::coefficients(group_options{}, 1))> coefficients_;
-  std::vector<double> trust_ratio_;
+  shared<double> trust_ratio_;
   shared<float> alpha_;
   std::vector<double> step_size_;  // LAMB: per group, lr with bias correction, fixed at commit
   [[no_unique_address]] std::conditional_t<is_onebit, detail::onebit_state<Backend>, detail::no_onebit_state> onebit_;

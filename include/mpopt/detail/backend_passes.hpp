@@ -6,11 +6,14 @@
 //   chunks(list)               the list's chunks, where B's kernels read them
 //   placed(d)                  d with its tensor table where B's kernels read it
 //   aligned(d)                 whether every tensor of d allows aligned vectors
+//   for_each_index(n, f)       f(i) for i in [0, n): one thread per index (short loops: per tensor)
+//   sum_segments(x, o, n, s)   segmented_sum below
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
+#include "lamb_math.hpp"
 #include "passes.hpp"
 #include "sign_compression.hpp"
 #include "step_data.hpp"
@@ -44,6 +47,17 @@ class backend_passes {
   template <class P>
   void lamb_apply(const step_data<P>& d, const lamb_coefficients* k, const float* alpha) {
     update(d, lamb_apply_pass<P>{{{placed(d), chunks(*d.work)}, k}, alpha});
+  }
+  /// sums[s] = the sum of x over [offsets[s], offsets[s + 1]) in double (segment_sum, square_sum.hpp;
+  /// on a GPU, CUB's order): per-chunk partials into per-tensor sums.
+  template <class T>
+  void segmented_sum(const T* x, const std::size_t* offsets, std::size_t segments, double* sums) {
+    self().sum_segments(x, offsets, segments, sums);
+  }
+  /// LAMB's per-tensor trust ratios and step sizes from the squared norms (lamb_math.hpp).
+  void lamb_trust_ratios(const double* sums, const lamb_ratio_limits* limits, std::size_t tensors, double* ratio,
+                         float* alpha) {
+    self().for_each_index(tensors, detail::lamb_trust_ratios{sums, limits, tensors, ratio, alpha});
   }
   template <class P>
   void zero_grad(const step_data<P>& d) {

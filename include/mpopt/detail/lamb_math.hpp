@@ -4,6 +4,9 @@
 // the second pass recomputes u from the stored moments, bit for bit, and applies lamb_apply.
 #pragma once
 
+#include <cmath>
+#include <cstddef>
+
 #include "config.hpp"
 #include "lanes.hpp"
 
@@ -52,5 +55,26 @@ MPOPT_HOST_DEVICE double lamb_trust_ratio(double weight_norm, double update_norm
   const double r = weight_norm / update_norm;
   return r < min_coeff ? min_coeff : (r > max_coeff ? max_coeff : r);
 }
+
+/// A tensor's clamp (its group's) and step size (lr with bias correction, fixed at commit).
+struct lamb_ratio_limits {
+  double min_coeff, max_coeff, step_size;
+};
+
+/// Tensor t's trust ratio from its squared norms, of the weights at sums[t] and of the update at
+/// sums[tensors + t], and its step alpha[t] = step_size * ratio (what lamb_apply_pass reads).
+struct lamb_trust_ratios {
+  const double* sums;
+  const lamb_ratio_limits* limits;
+  std::size_t tensors;
+  double* ratio;
+  float* alpha;
+
+  MPOPT_HOST_DEVICE void operator()(std::size_t t) const {
+    const lamb_ratio_limits& l = limits[t];
+    ratio[t] = lamb_trust_ratio(::sqrt(sums[t]), ::sqrt(sums[tensors + t]), l.min_coeff, l.max_coeff);
+    alpha[t] = float(l.step_size * ratio[t]);
+  }
+};
 
 }  // namespace mpopt::detail

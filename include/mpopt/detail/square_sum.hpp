@@ -28,6 +28,21 @@ MPOPT_HOST_DEVICE T lane_tree_sum(T (&a)[sum_lanes]) {
   return lane_tree<sum_lanes>(a, [](T x, T y) { return x + y; });
 }
 
+/// Per-chunk sums into per-tensor sums (the host backend, and the device backend off the GPU):
+/// sums[s] = x[offsets[s]] + ... + x[offsets[s + 1] - 1], in double, in order (0 when empty).
+template <class T>
+struct segment_sum {
+  const T* x;
+  const std::size_t* offsets;
+  double* sums;
+
+  MPOPT_HOST_DEVICE void operator()(std::size_t s) const {
+    double total = 0;
+    for (std::size_t i = offsets[s]; i < offsets[s + 1]; ++i) total += double(x[i]);
+    sums[s] = total;
+  }
+};
+
 template <class L>
 struct square_sum;
 

@@ -66,4 +66,45 @@ class work_list {
   std::vector<std::size_t> first_chunk_;  ///< first chunk of each tensor added so far
 };
 
+/// The segments that turn a list's per-chunk partials into per-tensor sums (segmented_sum), for
+/// partials laid out as [sum | sum2] (twice size() values) and sums as [tensors | tensors]. A tensor
+/// whose chunks all belong to one owner is one segment of `first`; if some tensor's chunks have
+/// several owners, `first` sums each (tensor, owner) run and `second` adds each tensor's runs, in
+/// rank order: what a rank-ordered reduction of per-shard sums gives.
+struct norm_segments {
+  std::vector<std::size_t> first, second;  ///< offsets, one more than segments; `second` empty if unused
+  std::size_t runs = 0;                    ///< (tensor, owner) runs, when `second` is used
+
+  norm_segments(const work_list& w, std::size_t tensors) {
+    std::vector<std::size_t> by_tensor{0}, run_starts, tensor_runs{0};
+    bool split = false;
+    for (std::size_t t = 0; t < tensors; ++t) {
+      const std::size_t c0 = w.first_chunk(t), c1 = w.first_chunk(t + 1);
+      for (std::size_t c = c0; c < c1; ++c)
+        if (c == c0 || w[c].owner != w[c - 1].owner) {
+          split = split || c != c0;
+          run_starts.push_back(c);
+        }
+      by_tensor.push_back(c1);
+      tensor_runs.push_back(run_starts.size());
+    }
+    if (!split) {
+      first = twice(by_tensor, w.size());
+      return;
+    }
+    runs = run_starts.size();
+    run_starts.push_back(w.size());
+    first = twice(run_starts, w.size());
+    second = twice(tensor_runs, runs);
+  }
+
+ private:
+  /// Offsets o (o[0] = 0, o.back() = total) over [x | x]: o, then total + o[1..].
+  static std::vector<std::size_t> twice(const std::vector<std::size_t>& o, std::size_t total) {
+    std::vector<std::size_t> r = o;
+    for (std::size_t i = 1; i < o.size(); ++i) r.push_back(total + o[i]);
+    return r;
+  }
+};
+
 }  // namespace mpopt::detail

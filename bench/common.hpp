@@ -1,0 +1,193 @@
+// What the host and the device benchmark share: the bytes a step must move, the data they step on,
+// the command line and the summary of timed rounds (protocol: /work/shared/BENCH.md).
+#pragma once
+
+#include <mpopt/mpopt.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <random>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#if defined(_OPENMP)
+#include <omp.h>
+#define BENCH_OMP(x) _Pragma(#x)
+#else
+#define BENCH_OMP(x)
+#endif
+
+namespace bench {
+
+using clock_type = std::chrono::steady_clock;
+
+inline int max_threads() {
+#if defined(_OPENMP)
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bytes per parameter. What the step must read plus what it must write, once each, per pass it makes
+// (a gradient pre-pass, then one Adam pass or two LAMB passes; the host and the device backend alike).
+//   gs = sizeof(grad) (4 fp32, 2 fp16/bf16), ps = sizeof(param); master/m/v are fp32 (4 each).
+//   fp32 has no separate master: the param (4 B) is the master, read and written once.
+//
+//   pre-pass (all cases): read g                                     -> gs
+//   Adam update pass:     read g, master, m, v; write m, v, master   -> gs + 12 + 12
+//                         + write param when it is not the master    -> + ps (fp16/bf16)
+//   LAMB pass 1:          read g, master, m, v; write m, v           -> gs + 12 + 8
+//   LAMB pass 2:          read master, m, v; write master            -> 12 + 4
+//                         + write param when it is not the master    -> + ps (fp16/bf16)
+//
+//   fp32 adam: 4 + (4+4+4+4 + 4+4+4)             = 32   fp32 lamb: 4 + (4+12+8) + (12+4)     = 44
+//   fp16 adam: 2 + (2+4+4+4 + 4+4+4 + 2)         = 30   fp16 lamb: 2 + (2+12+8) + (12+4+2)   = 42
+//   bf16 adam: 2 + (2+4+4+4 + 4+4+4 + 2)         = 30   bf16 lamb: 2 + (2+12+8) + (12+4+2)   = 42
+// ---------------------------------------------------------------------------------------------
+template <class Precision, class Rule>
+constexpr std::size_t bytes_per_param() {
+  constexpr std::size_t gs = sizeof(typename Precision::grad_type);
+  constexpr std::size_t ps = Precision::has_master ? sizeof(typename Precision::param_type) : 0;
+  constexpr std::size_t pre = gs;
+  if constexpr (std::is_same_v<Rule, mpopt::adam>) {
+    return pre + (gs + 12 + 12 + ps);
+  } else {
+    return pre + (gs + 12 + 8) + (12 + 4 + ps);
+  }
+}
+static_assert(bytes_per_param<mpopt::fp32, mpopt::adam>() == 32);
+static_assert(bytes_per_param<mpopt::fp16, mpopt::adam>() == 30);
+static_assert(bytes_per_param<mpopt::bf16, mpopt::adam>() == 30);
+static_assert(bytes_per_param<mpopt::fp32, mpopt::lamb>() == 44);
+static_assert(bytes_per_param<mpopt::fp16, mpopt::lamb>() == 42);
+static_assert(bytes_per_param<mpopt::bf16, mpopt::lamb>() == 42);
+constexpr std::size_t largest_bytes_per_param = 44;
+
+template <class T>
+inline T from_float(float x) {
+  if constexpr (std::is_same_v<T, float>) return x;
+  else return T(x);
+}
+
+/// Deterministic, thread-count independent fill: x[i] = T(sigma * N(0, 1)) from a generator seeded
+/// per block of 2^16 elements.
+template <class T>
+void fill_normal(T* x, std::size_t n, float sigma, std::uint64_t seed) {
+  constexpr std::size_t block = std::size_t{1} << 16;
+  const std::ptrdiff_t nb = std::ptrdiff_t((n + block - 1) / block);
+  BENCH_OMP(omp parallel for schedule(static))
+  for (std::ptrdiff_t b = 0; b < nb; ++b) {
+    std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + std::uint64_t(b));
+    std::normal_distribution<float> dist(0.0f, sigma);
+    const std::size_t e = std::min(n, std::size_t(b + 1) * block);
+    for (std::size_t i = std::size_t(b) * block; i < e; ++i) x[i] = from_float<T>(dist(rng));
+  }
+}
+
+constexpr std::size_t unfused_tensors = 1000;
+constexpr float grad_sigma = 1e-3f;   // true gradient ~ N(0, 1e-3): global norm ~ 8 at 2^26 (clipped to 1)
+constexpr float param_sigma = 0.02f;  // initial weights ~ N(0, 0.02)
+
+/// n parameters as the unfused cases split them: unfused_tensors sizes differing by at most one.
+inline std::vector<std::size_t> unfused_sizes(std::size_t n) {
+  const std::size_t nt = std::min(unfused_tensors, n);
+  std::vector<std::size_t> sizes;
+  for (std::size_t t = 0; t < nt; ++t) sizes.push_back(n / nt + (t < n % nt ? 1 : 0));
+  return sizes;
+}
+
+inline double seconds_since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+struct stats {
+  double median, min, max;
+};
+inline stats summarize(std::vector<double> x) {
+  std::sort(x.begin(), x.end());
+  const std::size_t n = x.size();
+  const double med = n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+  return {med, x.front(), x.back()};
+}
+/// Rounds' times as GB/s for `bytes` moved per round.
+inline stats gbps(std::vector<double> seconds, double bytes) {
+  for (auto& t : seconds) t = bytes / t / 1e9;
+  return summarize(seconds);
+}
+
+/// run.template operator()<Precision, Scaler, Rule>(precision, rule, fused) for every case, fused
+/// then unfused: fp32 and bf16 unscaled, fp16 with a static loss scale.
+template <class Run>
+void for_each_case(Run&& run) {
+  auto both = [&]<class P, class S, class R>(std::string_view precision, std::string_view rule) {
+    run.template operator()<P, S, R>(precision, rule, true);
+    run.template operator()<P, S, R>(precision, rule, false);
+  };
+  both.template operator()<mpopt::fp32, mpopt::no_scaling, mpopt::adam>("fp32", "adam");
+  both.template operator()<mpopt::fp32, mpopt::no_scaling, mpopt::lamb>("fp32", "lamb");
+  both.template operator()<mpopt::fp16, mpopt::static_scale, mpopt::adam>("fp16", "adam");
+  both.template operator()<mpopt::fp16, mpopt::static_scale, mpopt::lamb>("fp16", "lamb");
+  both.template operator()<mpopt::bf16, mpopt::no_scaling, mpopt::adam>("bf16", "adam");
+  both.template operator()<mpopt::bf16, mpopt::no_scaling, mpopt::lamb>("bf16", "lamb");
+}
+
+struct config {
+  std::size_t params = std::size_t{1} << 26;
+  int repeat = 7;
+  std::string filter;
+
+  /// Whether "precision/rule/layout" is a case to run.
+  bool wants(const std::string& name) const { return filter.empty() || name.find(filter) != std::string::npos; }
+};
+
+[[noreturn]] inline void usage(const char* program, int code) {
+  std::fprintf(code ? stderr : stdout,
+               "usage: %s [--params N] [--repeat R] [--filter SUBSTR] [--quick]\n"
+               "  --params N      parameters per case (default 2^26 = 67108864)\n"
+               "  --repeat R      timed rounds per case (default 7); the median is reported\n"
+               "  --filter SUBSTR run only cases whose \"precision/rule/layout\" contains SUBSTR\n"
+               "  --quick         smoke test: 2^20 parameters, 3 rounds\n",
+               program);
+  std::exit(code);
+}
+
+inline config parse(int argc, char** argv) {
+  config cfg;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage(argv[0], 2);
+      return argv[++i];
+    };
+    try {
+      if (a == "--params") {
+        cfg.params = std::stoull(value());
+      } else if (a == "--repeat") {
+        cfg.repeat = std::stoi(value());
+      } else if (a == "--filter") {
+        cfg.filter = value();
+      } else if (a == "--quick") {
+        cfg.params = std::size_t{1} << 20;
+        cfg.repeat = 3;
+      } else if (a == "--help" || a == "-h") {
+        usage(argv[0], 0);
+      } else {
+        usage(argv[0], 2);
+      }
+    } catch (const std::exception&) {
+      usage(argv[0], 2);
+    }
+  }
+  if (cfg.params == 0 || cfg.repeat < 1) usage(argv[0], 2);
+  return cfg;
+}
+
+}  // namespace bench
