@@ -123,6 +123,28 @@ inline stats gbps(std::vector<double> seconds, double bytes) {
   return summarize(seconds);
 }
 
+/// What every case steps with (bench/README, "Cases"): clipping at 1, no accumulation, fp16's
+/// static loss scale 1024, lr 1e-3 and weight decay 0.01 (AdamW, LAMB).
+template <class Scaler, class Rule>
+struct case_settings {
+  mpopt::optimizer_options optimizer;
+  typename Scaler::options scaler{};
+  typename Rule::options rule;
+
+  case_settings() {
+    optimizer.clip_grad = 1.0;
+    optimizer.accumulation_steps = 1;
+    if constexpr (std::is_same_v<Scaler, mpopt::static_scale>) scaler.scale = 1024.0;
+    rule.lr = 1e-3;
+    rule.weight_decay = 0.01;
+  }
+};
+
+/// "precision/rule/layout", what --filter matches.
+inline std::string case_name(std::string_view precision, std::string_view rule, bool fused) {
+  return std::string(precision) + "/" + std::string(rule) + (fused ? "/fused" : "/unfused");
+}
+
 /// run.template operator()<Precision, Scaler, Rule>(precision, rule, fused) for every case, fused
 /// then unfused: fp32 and bf16 unscaled, fp16 with a static loss scale.
 template <class Run>

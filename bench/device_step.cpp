@@ -57,19 +57,14 @@ void run_case(const config& cfg, std::string_view precision, std::string_view ru
   using P = typename Precision::param_type;
   using G = typename Precision::grad_type;
   const std::string_view layout = fused ? "fused" : "unfused";
-  const std::string name = std::string(precision) + "/" + std::string(rule) + "/" + std::string(layout);
+  const std::string name = case_name(precision, rule, fused);
   if (!cfg.wants(name)) return;
   std::fprintf(stderr, "device_step: %s ...\n", name.c_str());
 
   const std::size_t n = cfg.params;
-  mpopt::optimizer_options oo;
-  oo.clip_grad = 1.0;
-  typename Scaler::options so{};
-  if constexpr (std::is_same_v<Scaler, mpopt::static_scale>) so.scale = 1024.0;
-  mpopt::optimizer<Precision, Scaler, mpopt::replicated, Rule, device> opt(oo, so);
-  typename Rule::options ro;
-  ro.lr = 1e-3;
-  ro.weight_decay = 0.01;
+  const case_settings<Scaler, Rule> settings;
+  mpopt::optimizer<Precision, Scaler, mpopt::replicated, Rule, device> opt(settings.optimizer, settings.scaler);
+  const auto& ro = settings.rule;
 
   std::vector<device::buffer<P>> user_params;
   std::vector<device::buffer<G>> user_grads;

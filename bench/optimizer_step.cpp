@@ -270,21 +270,14 @@ void run_case(const config& cfg, std::string_view precision, std::string_view ru
   using G = typename Precision::grad_type;
   using opt_t = mpopt::optimizer<Precision, Scaler, mpopt::replicated, Rule>;
   const std::string_view layout = fused ? "fused" : "unfused";
-  const std::string name = std::string(precision) + "/" + std::string(rule) + "/" + std::string(layout);
+  const std::string name = case_name(precision, rule, fused);
   if (!cfg.wants(name)) return;
   std::fprintf(stderr, "optimizer_step: %s ...\n", name.c_str());
 
   const std::size_t n = cfg.params;
-  mpopt::optimizer_options oo;
-  oo.clip_grad = 1.0;
-  oo.accumulation_steps = 1;
-  typename Scaler::options so{};
-  if constexpr (std::is_same_v<Scaler, mpopt::static_scale>) so.scale = 1024.0;
-  opt_t opt(oo, so);
-
-  typename Rule::options ro;
-  ro.lr = 1e-3;
-  ro.weight_decay = 0.01;
+  const case_settings<Scaler, Rule> settings;
+  opt_t opt(settings.optimizer, settings.scaler);
+  const auto& ro = settings.rule;
 
   // Parameters and gradients: the flat group's views, or user-owned vectors.
   std::vector<std::vector<P>> user_params;
