@@ -91,6 +91,8 @@ struct both {
   mirrored<typename P::accumulate_type> accum;
   mirrored<float> sum, sum2;
   mirrored<std::uint8_t> nonfinite;
+  mirrored<mpopt::detail::step_decision> decision{1};
+  mirrored<double> decision_sums{2};
   mpopt::detail::step_data<P> host_data, device_data;
 
   explicit both(tensor_set<P>& t)
@@ -111,7 +113,16 @@ struct both {
     d.chunk_sum = pick(sum);
     d.chunk_sum2 = pick(sum2);
     d.chunk_nonfinite = pick(nonfinite);
+    d.decision = pick(decision);
     return d;
+  }
+  /// Both backends decide from their own overflow-and-norm sums; the device's decision is returned.
+  mpopt::detail::step_decision decide(mpopt::host& host_backend, mpopt::cuda& device, const mpopt::detail::step_rule& rule) {
+    host_backend.decide_step(sum.host.data(), nonfinite.host.data(), ts.work.size(), rule, decision_sums.host.data(),
+                             decision.host.data());
+    device.decide_step(sum.device.data(), nonfinite.device.data(), ts.work.size(), rule, decision_sums.device.data(),
+                       decision.device.data());
+    return decision.download(device)[0];
   }
   /// Every buffer written by either backend: the device's copy equals the host's, bit for bit.
   void check_elements(mpopt::cuda& b) {
@@ -183,6 +194,16 @@ void adam_and_lamb(std::size_t misalign) {
     device.gradient_norm(d);
     check_sums(s.sum.download(device), s.sum.host, 1e-5);
     CHECK(same_bits(s.nonfinite.download(device), s.nonfinite.host));
+    // The decision (clip 1: these gradients' norm is larger) from each backend's per-chunk sums, so
+    // within their tolerance; the update then reads the host's on both, so the elements match bits.
+    const mpopt::detail::step_rule rule{0.25, 1.0, 1.0, true};
+    const mpopt::detail::step_decision on_device = s.decide(host_backend, device, rule), &on_host = s.decision.host[0];
+    CHECK_FALSE(on_host.skip);
+    CHECK_FALSE(on_device.skip);
+    CHECK(on_host.clip < 1.0);
+    check_sums(std::vector<double>{on_device.sumsq, on_device.clip}, std::vector<double>{on_host.sumsq, on_host.clip}, 1e-5);
+    CHECK(on_host.grad_scale == float(0.25 * on_host.clip));
+    s.decision.upload(device);
     host_backend.adam_update(h, coefficients.host.data());
     device.adam_update(d, coefficients.device.data());
     s.check_elements(device);
@@ -214,6 +235,22 @@ void adam_and_lamb(std::size_t misalign) {
   const auto flags = s.nonfinite.download(device);
   CHECK(same_bits(flags, s.nonfinite.host));
   CHECK(std::count(flags.begin(), flags.end(), 1) == 1);
+
+  // ... and skips the step on both backends: the update passes then change nothing.
+  CHECK(s.decide(host_backend, device, {1.0, 1.0, 1.0, true}).skip);
+  CHECK(s.decision.host[0].skip);
+  const auto params = ts.params.host;
+  const auto m = s.m.host, v = s.v.host;
+  host_backend.adam_update(s.host_data, coefficients.host.data());
+  device.adam_update(s.device_data, coefficients.device.data());
+  host_backend.lamb_moments(s.host_data, lk.host.data());
+  device.lamb_moments(s.device_data, lk.device.data());
+  host_backend.lamb_apply(s.host_data, lk.host.data(), alpha.host.data());
+  device.lamb_apply(s.device_data, lk.device.data(), alpha.device.data());
+  s.check_elements(device);
+  CHECK(same_bits(ts.params.host, params));
+  CHECK(same_bits(s.m.host, m));
+  CHECK(same_bits(s.v.host, v));
 
   host_backend.zero_grad(s.host_data);
   device.zero_grad(s.device_data);

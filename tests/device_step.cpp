@@ -1,10 +1,11 @@
-// What a step costs on the device backend: the kernels it launches, counted by mpopt::cuda, for
-// each rule and precision; README's table of kernels and bytes per step is these numbers. Built
-// with g++ and THRUST_DEVICE_SYSTEM_OMP (the device backend's source, run on the host).
+// What a step costs on the device backend: the kernels it launches and the times the host waits
+// for the device, counted by mpopt::cuda, for each rule and precision; README's table of kernels and
+// bytes per step is these numbers. Built with g++ and THRUST_DEVICE_SYSTEM_OMP (the device
+// backend's source, run on the host).
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstddef>
-#include <string>
 #include <vector>
 
 #include <mpopt/cuda.hpp>
@@ -12,48 +13,66 @@
 
 namespace {
 
-/// Kernels launched by each of `steps` steps of a two-tensor fused optimizer, after a first step
-/// (which also initializes the state).
+/// What one step cost.
+struct step_cost {
+  std::size_t kernels, waits;
+  bool operator==(const step_cost&) const = default;
+};
+
+/// The cost of each of `steps` steps of a two-tensor fused optimizer, after a first step (which also
+/// initializes the state); step `overflow_at` sees an infinite gradient and is skipped.
 template <class Precision, class Rule, class Scaler = mpopt::no_scaling>
-std::vector<std::size_t> launches_per_step(typename Rule::options o, int steps) {
+std::vector<step_cost> cost_per_step(typename Rule::options o, int steps, int overflow_at = -1) {
   mpopt::optimizer<Precision, Scaler, mpopt::replicated, Rule, mpopt::cuda> opt;
   auto& g = opt.add_flat_group(o, {{"w", 70001}, {"b", 17}});
   using grad_t = typename Precision::grad_type;
   for (std::size_t t = 0; t < g.size(); ++t)
     for (std::size_t i = 0; i < g.grad(t).size(); ++i) g.grad(t)[i] = grad_t(float(i % 7) * 1e-3f - 2e-3f);
-  std::vector<std::size_t> per_step;
+  std::vector<step_cost> per_step;
   REQUIRE(opt.step().applied);
   for (int s = 0; s < steps; ++s) {
-    const std::size_t before = opt.backend().launches();
-    REQUIRE(opt.step().applied);
-    per_step.push_back(opt.backend().launches() - before);
+    g.grad(0)[5] = grad_t(s == overflow_at ? INFINITY : 3e-3f);
+    const std::size_t kernels = opt.backend().launches(), waits = opt.backend().waits();
+    REQUIRE(opt.step().applied == (s != overflow_at));
+    per_step.push_back({opt.backend().launches() - kernels, opt.backend().waits() - waits});
   }
   return per_step;
 }
 
+std::vector<step_cost> repeat(int steps, step_cost c) { return std::vector<step_cost>(std::size_t(steps), c); }
+
 }  // namespace
 
 TEST_SUITE("device") {
-  TEST_CASE("an Adam step is three kernels: overflow and norm (and its per-chunk totals), then the update") {
-    CHECK(launches_per_step<mpopt::fp16, mpopt::adam, mpopt::dynamic_scale>({}, 3) == std::vector<std::size_t>(3, 3));
-    CHECK(launches_per_step<mpopt::bf16, mpopt::adam>({}, 3) == std::vector<std::size_t>(3, 3));
-    CHECK(launches_per_step<mpopt::fp32, mpopt::adam>({}, 3) == std::vector<std::size_t>(3, 3));
+  TEST_CASE("an Adam step is six kernels and one wait: overflow and norm (with per-chunk totals), the two sums, "
+            "the decision, the update; the host reads the decision after the update") {
+    CHECK(cost_per_step<mpopt::fp16, mpopt::adam, mpopt::dynamic_scale>({}, 3) == repeat(3, {6, 1}));
+    CHECK(cost_per_step<mpopt::bf16, mpopt::adam>({}, 3) == repeat(3, {6, 1}));
+    CHECK(cost_per_step<mpopt::fp32, mpopt::adam>({}, 3) == repeat(3, {6, 1}));
   }
 
-  TEST_CASE("a LAMB step is seven kernels: norm, moments (each with totals), per-tensor sums, trust ratios, apply") {
-    CHECK(launches_per_step<mpopt::fp16, mpopt::lamb, mpopt::dynamic_scale>({}, 3) == std::vector<std::size_t>(3, 7));
-    CHECK(launches_per_step<mpopt::bf16, mpopt::lamb>({}, 3) == std::vector<std::size_t>(3, 7));
-    CHECK(launches_per_step<mpopt::fp32, mpopt::lamb>({}, 3) == std::vector<std::size_t>(3, 7));
+  TEST_CASE("a LAMB step is ten kernels and one wait: norm, sums, decision, moments (with totals), per-tensor "
+            "sums, trust ratios, apply") {
+    CHECK(cost_per_step<mpopt::fp16, mpopt::lamb, mpopt::dynamic_scale>({}, 3) == repeat(3, {10, 1}));
+    CHECK(cost_per_step<mpopt::bf16, mpopt::lamb>({}, 3) == repeat(3, {10, 1}));
+    CHECK(cost_per_step<mpopt::fp32, mpopt::lamb>({}, 3) == repeat(3, {10, 1}));
   }
 
-  TEST_CASE("1-bit LAMB on one rank: LAMB's seven, one copy at the freeze step, then five; the momentum scaling once") {
+  TEST_CASE("a skipped step is decided on the device too: the same kernels (over empty chunks), one wait") {
+    CHECK(cost_per_step<mpopt::fp16, mpopt::adam, mpopt::dynamic_scale>({}, 3, 1) == repeat(3, {6, 1}));
+    CHECK(cost_per_step<mpopt::fp32, mpopt::lamb>({}, 3, 1) == repeat(3, {10, 1}));
+  }
+
+  TEST_CASE("1-bit LAMB on one rank decides on the host: LAMB's passes, one copy at the freeze step, then five; "
+            "the momentum scaling once") {
     mpopt::onebit_lamb::options o;
     o.freeze_step = 3;
     // Steps 2..7 after the first: warm-up (2), the freeze step (3) copies the variance, the first
     // compressed step (4) measures the momentum scales (its trust ratios are the frozen ones, made
-    // on the host), then compressed steps.
-    const std::vector<std::size_t> want = {7, 8, 7, 5, 5, 5};
-    CHECK(launches_per_step<mpopt::bf16, mpopt::onebit_lamb>(o, 6) == want);
-    CHECK(launches_per_step<mpopt::fp32, mpopt::onebit_lamb>(o, 6) == want);
+    // on the host), then compressed steps. Waits: the decision, then the frozen coefficient (warm-up)
+    // or the compression factors, and the end of the step; the momentum scales once more.
+    const std::vector<step_cost> want = {{7, 3}, {8, 3}, {7, 4}, {5, 3}, {5, 3}, {5, 3}};
+    CHECK(cost_per_step<mpopt::bf16, mpopt::onebit_lamb>(o, 6) == want);
+    CHECK(cost_per_step<mpopt::fp32, mpopt::onebit_lamb>(o, 6) == want);
   }
 }

@@ -477,6 +477,7 @@ class rig {
 /// Every bit of observable optimizer state, to prove a skipped or failed step changed nothing.
 struct snapshot {
   std::vector<std::uint32_t> params, masters, m, v;
+  std::vector<std::uint64_t> coeffs;  // LAMB trust ratios (bits of the doubles)
   std::vector<std::uint64_t> group_steps;
   double scale = 0;
   bool operator==(const snapshot&) const = default;
@@ -493,6 +494,8 @@ snapshot take(const Opt& opt_c, const std::vector<std::span<typename Opt::param_
     for (float x : opt.moment(0, i)) s.m.push_back(bits(x));
     for (float x : opt.moment(1, i)) s.v.push_back(bits(x));
   }
+  if constexpr (requires { opt.lamb_coeffs(); })
+    for (double c : opt.lamb_coeffs()) s.coeffs.push_back(std::bit_cast<std::uint64_t>(c));
   for (std::size_t g = 0; g < opt.group_count(); ++g) s.group_steps.push_back(opt.group(g).step());
   s.scale = opt.loss_scale();
   return s;

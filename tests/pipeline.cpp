@@ -100,6 +100,7 @@ TEST_SUITE("pipeline") {
         CHECK(after.masters == before.masters);
         CHECK(after.m == before.m);
         CHECK(after.v == before.v);
+        CHECK(after.coeffs == before.coeffs);
         CHECK(after.group_steps == before.group_steps);
         // The scale: static never moves; dynamic (hysteresis 2) keeps it on the first overflow and halves
         // it on every later one (the counter refills only at a window increase, 1000 clean steps away).

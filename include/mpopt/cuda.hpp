@@ -90,15 +90,18 @@ struct device_sums {
       if (holds(t, j)) max.x[j] = detail::max(max.x[j], x.x[j]);
   }
 
-  /// Lanes 4t .. 4t + 3 of chunk ci (thread index = ci * T + t).
+  /// Lanes 4t .. 4t + 3 of chunk ci (thread index = ci * T + t). A pass that sums anything writes
+  /// every kind (the totals kernel reads only its own): one predicate, not one per kind, stays alive
+  /// across the element loop (ptxas spilled those).
   MPOPT_HOST_DEVICE void write(const pass_outputs& out, const device_partials& p, std::size_t thread) const {
+    if (!(out.sum || out.sum2 || out.sum64 || out.nonfinite || out.largest)) return;
     const std::size_t at = thread * 4;
     for (std::size_t j = 0; j < 4; ++j) {
-      if (out.sum) p.sum[at + j] = sum[j];
-      if (out.sum2) p.sum2[at + j] = sum2[j];
-      if (out.sum64) p.sum64[at + j] = sum64[j];
-      if (out.nonfinite) p.nonfinite[at + j] = any_nonfinite;
-      if (out.largest) p.largest[at + j] = max.x[j];
+      p.sum[at + j] = sum[j];
+      p.sum2[at + j] = sum2[j];
+      p.sum64[at + j] = sum64[j];
+      p.nonfinite[at + j] = any_nonfinite;
+      p.largest[at + j] = max.x[j];
     }
   }
 };
@@ -177,9 +180,12 @@ class cuda : public detail::backend_passes<cuda> {
 #endif
   /// Kernels launched so far (the README's table of kernels per step is checked against it).
   std::size_t launches() const { return launches_; }
+  /// Times the host has waited for the device so far (synchronize(), to_host()).
+  std::size_t waits() const { return waits_; }
 
   /// Waits for every pass issued so far.
   void synchronize() const {
+    ++waits_;
 #if MPOPT_DEVICE_IS_GPU
     detail::cuda_check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");
 #endif
@@ -192,6 +198,7 @@ class cuda : public detail::backend_passes<cuda> {
     detail::cuda_check(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyDeviceToHost, stream()), "cudaMemcpyAsync");
     synchronize();
 #else
+    synchronize();  // counted, as on a GPU
     std::copy_n(src, n, dst);
 #endif
   }
@@ -248,7 +255,13 @@ class cuda : public detail::backend_passes<cuda> {
   void sum_segments(const T* x, const std::size_t* offsets, std::size_t segments, double* sums) {
     if (segments == 0) return;
     ++launches_;
-    reducer_.sum(policy(), handle(), x, offsets, segments, sums);
+    reducer_.sum_segments(policy(), handle(), x, offsets, segments, sums);
+  }
+  /// CUB's reduction on a GPU, in order off it.
+  template <class T>
+  void sum_all(const T* x, std::size_t n, double* sum) {
+    ++launches_;
+    reducer_.sum_all(policy(), handle(), x, n, sum);
   }
   template <class F>
   void for_each_index(std::size_t n, const F& f) {
@@ -344,7 +357,8 @@ class cuda : public detail::backend_passes<cuda> {
   std::unique_ptr<std::remove_pointer_t<cudaStream_t>, stream_destroyer> stream_;  // the backend's own
 #endif
   std::size_t launches_ = 0;
-  detail::segmented_reducer reducer_;
+  mutable std::size_t waits_ = 0;
+  detail::device_reducer reducer_;
   std::vector<published_list> lists_;
   std::vector<published_table> tables_;
   buffer<float> sums_, sums2_;

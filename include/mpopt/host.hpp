@@ -96,6 +96,11 @@ struct host : detail::backend_passes<host> {
   static void sum_segments(const T* x, const std::size_t* offsets, std::size_t segments, double* sums) {
     for_each_index(segments, detail::segment_sum<T>{x, offsets, sums});
   }
+  template <class T>
+  static void sum_all(const T* x, std::size_t n, double* sum) {
+    const std::size_t whole[2] = {0, n};
+    detail::segment_sum<T>{x, whole, sum}(0);
+  }
   static const detail::chunk* chunks(const detail::work_list& w) { return w.data(); }
   template <class P>
   static const detail::step_data<P>& placed(const detail::step_data<P>& d) {

@@ -327,6 +327,8 @@ class optimizer {
     }
     chunk_sums_.assign(2 * work_.size(), 0.0f);
     chunk_nonfinite_.assign(work_.size(), 0);
+    decision_ = buffer<detail::step_decision>::zeroed(1);
+    decision_sums_ = buffer<double>::zeroed(2);
     owner_sum_.assign(std::size_t(parts), 0.0);
     coefficients_.resize(groups_.size());
     trust_ratio_.assign(tensors_.size(), 1.0);
@@ -423,35 +425,49 @@ class optimizer {
         (options_.combine == accumulation::mean ? double(options_.accumulation_steps) * world : 1.0) / local;
     const double unscale = 1.0 / (scale * divisor * double(send_scale()));
     d.grad_scale = float(unscale);
-    const auto [nonfinite, sumsq] = check_gradients(d);
+    const detail::step_rule rule{unscale, local, options_.clip_grad, options_.skip_nonfinite};
+    detail::step_decision decided;
+    if (decides_on_backend()) {
+      // The update runs behind the decision (a skipped step's passes change nothing), with the
+      // group counters advanced for its coefficients; the host reads the decision once, after it.
+      backend_.gradient_norm(d);
+      backend_.decide_step(chunk_sums_.data(), chunk_nonfinite_.data(), work_.size(), rule, decision_sums_.data(),
+                           decision_.data());
+      for (auto& g : groups_) ++g->step_;
+      update(d);
+      backend_.to_host(&decided, decision_.data(), 1);  // waits: the parameters are updated on return
+      if (decided.skip) {
+        for (auto& g : groups_) --g->step_;
+      } else {
+        count_applied();
+      }
+    } else {
+      decided = decide_on_host(d, rule);
+      if (!decided.skip) {
+        // The step is committed here: the first pass below changes the moments. Counters advance now,
+        // and a collective that fails after it leaves the rest for finish_step().
+        backend_.to_device(decision_.data(), &decided, 1);
+        for (auto& g : groups_) ++g->step_;
+        count_applied();
+        update(d);
+        backend_.synchronize();  // the parameters are updated when step() returns
+      }
+    }
 
-    if (options_.skip_nonfinite && (nonfinite || !std::isfinite(sumsq))) {
-      st.result = nonfinite ? step_result::skipped_nonfinite : step_result::skipped_norm_overflow;
-      st.grad_norm = st.grad_norm_clipped = std::sqrt(sumsq / local);
+    if (decided.skip) {
+      st.result = decided.nonfinite > 0 ? step_result::skipped_nonfinite : step_result::skipped_norm_overflow;
+      st.grad_norm = st.grad_norm_clipped = decided.norm;
       skip(scale);
       st.scale_after = scaler_.scale();
       st.skipped_steps = skipped_;
       st.consecutive_skips = consecutive_skips_;
       return reported(st);
     }
-
-    const double norm = std::sqrt(sumsq / local);
-    const double clip = options_.clip_grad > 0 ? std::min(1.0, options_.clip_grad / (norm + 1e-6)) : 1.0;
-    d.grad_scale = float(unscale * clip);
-    // The step is committed here: the first pass below changes the moments. Counters advance now, and
-    // a collective that fails after it leaves the rest for finish_step().
-    for (std::size_t g = 0; g < groups_.size(); ++g) ++groups_[g]->step_;
-    scaler_.update(false);
-    micro_step_ = 0;
-    ++applied_;
-    consecutive_skips_ = 0;
-    update(d);
-
     st.result = step_result::applied;
     st.applied = true;
-    st.grad_norm = norm;
-    st.clip_coef = clip;
-    st.grad_norm_clipped = norm * clip;
+    st.grad_norm = decided.norm;
+    st.clip_coef = decided.clip;
+    st.grad_norm_clipped = decided.norm * decided.clip;
     st.scale_after = scaler_.scale();
     st.step = groups_.front()->step_;
     st.consecutive_skips = 0;
@@ -607,6 +623,7 @@ class optimizer {
         (norm_segments_.size() + run_segments_.size()) * sizeof(std::size_t) + run_sums_.size() * sizeof(double) +
         ratio_limits_.capacity() * sizeof(detail::lamb_ratio_limits) +
         chunk_nonfinite_.capacity() + (owner_sum_.capacity() + tensor_sums_.capacity()) * sizeof(double) +
+        decision_.size() * sizeof(detail::step_decision) + decision_sums_.size() * sizeof(double) +
         coefficients_.capacity() * sizeof(coefficients_[0]) + trust_ratio_.capacity() * sizeof(double) +
         alpha_.capacity() * sizeof(float) + step_size_.capacity() * sizeof(double) + buckets +
         tensor_buckets_.capacity() * sizeof(bucket_range) + pending_.capacity() * sizeof(std::uint32_t) +
@@ -1022,6 +1039,7 @@ class optimizer {
     d.chunk_sum = chunk_sums_.data();
     d.chunk_sum2 = chunk_sums_.data() + work_.size();
     d.chunk_nonfinite = chunk_nonfinite_.data();
+    d.decision = decision_.data();
     return d;
   }
 
@@ -1203,21 +1221,33 @@ class optimizer {
     return reinterpret_cast<T*>(staging_.data());
   }
 
-  struct gradient_check {
-    bool nonfinite;  ///< some element is inf or NaN, on some rank
-    double sumsq;    ///< squared global L2 norm of the true gradient
-  };
+  /// One rank, replicated, has nothing to agree with others and no collective in its update: its
+  /// backend decides the step (step_decision.hpp). 1-bit LAMB's step logic reads the device mid-step
+  /// anyway (its frozen coefficients and compression factors), so it decides on the host.
+  bool decides_on_backend() const { return comm_.size() == 1 && !Partition::sharded && !is_onebit; }
 
-  /// The element-wise overflow test and the squared global norm, agreed by every rank. Every rank
-  /// runs every reduction, whatever it found locally.
-  gradient_check check_gradients(const detail::step_data<Precision>& d) {
+  /// The element-wise overflow test and the squared global norm, agreed by every rank, and the
+  /// decision they make. Every rank runs every reduction, whatever it found locally.
+  detail::step_decision decide_on_host(const detail::step_data<Precision>& d, const detail::step_rule& rule) {
     backend_.gradient_norm(d);
     backend_.synchronize();
     std::uint8_t nonfinite = std::any_of(chunk_nonfinite_.begin(), chunk_nonfinite_.end(), [](auto b) { return b != 0; });
     double sumsq = rank_ordered_sum(chunk_sums_.data(), 0, work_.size());  // the same for any thread count
     comm_.all_reduce(std::span<std::uint8_t>(&nonfinite, 1), reduce_op::max);
     if (Partition::sharded || compressing()) comm_.all_reduce(std::span<double>(&sumsq, 1), reduce_op::sum);
-    return {nonfinite != 0, sumsq};
+    detail::step_decision decided;
+    decided.sumsq = sumsq;
+    decided.nonfinite = nonfinite;
+    rule.decide(decided);
+    return decided;
+  }
+
+  /// An applied step's counters (the groups' apart) and the scaler's good step.
+  void count_applied() {
+    scaler_.update(false);
+    micro_step_ = 0;
+    ++applied_;
+    consecutive_skips_ = 0;
   }
 
   /// A skipped step: throws first if the scaler or the skip limit says the run cannot go on
@@ -1239,8 +1269,8 @@ class optimizer {
     ++consecutive_skips_;
   }
 
-  /// The update's first pass, then what follows it (finish_step). Coefficients are fixed here, so a
-  /// step finished later is the step that was committed.
+  /// The update's first pass, then what follows it (finish_step), issued to the backend (the caller
+  /// waits). Coefficients are fixed here, so a step finished later is the step that was committed.
   void update(detail::step_data<Precision>& d) {
     for (std::size_t g = 0; g < groups_.size(); ++g) {
       coefficients_[g] = UpdateRule::coefficients(groups_[g]->options_, groups_[g]->step_);
@@ -1261,7 +1291,6 @@ class optimizer {
       onebit_update(d);
     }
     finish_step();
-    backend_.synchronize();  // the parameters are updated when step() returns
   }
 
   /// 1-bit LAMB. Warm-up (steps 1..freeze_step): LAMB's passes; the last one freezes the variance.
@@ -1350,7 +1379,8 @@ class optimizer {
       backend_.synchronize();
       comm_.all_reduce(std::span<double>(tensor_sums_), reduce_op::sum);
     }
-    backend_.lamb_trust_ratios(tensor_sums_.data(), ratio_limits_.data(), T, trust_ratio_.data(), alpha_.data());
+    backend_.lamb_trust_ratios(tensor_sums_.data(), ratio_limits_.data(), T, trust_ratio_.data(), alpha_.data(),
+                               decision_.data());
     backend_.lamb_apply(data(), coefficients_.data(), alpha_.data());
     if constexpr (is_onebit) {
       backend_.synchronize();
@@ -1376,6 +1406,8 @@ class optimizer {
   buffer<accumulate_type> accum_;
   shared<float> chunk_sums_;  // per chunk: the pass's sum, then (at work_.size()) its sum2
   shared<std::uint8_t> chunk_nonfinite_;
+  buffer<detail::step_decision> decision_;  // this step's, where the passes run
+  buffer<double> decision_sums_;            // its inputs: squared norm, non-finite chunks
   std::vector<double> owner_sum_;    // per rank: partial sums added in rank order
   shared<double> tensor_sums_;  // LAMB: per tensor, squared norms of the weights, then of the updates
   buffer<std::size_t> norm_segments_, run_segments_;  // LAMB: detail::norm_segments, on the backend

@@ -8,6 +8,7 @@
 //   aligned(d)                 whether every tensor of d allows aligned vectors
 //   for_each_index(n, f)       f(i) for i in [0, n): one thread per index (short loops: per tensor)
 //   sum_segments(x, o, n, s)   segmented_sum below
+//   sum_all(x, n, s)           *s = the sum of x[0, n) in double (decide_step below)
 #pragma once
 
 #include <cstddef>
@@ -17,6 +18,7 @@
 #include "passes.hpp"
 #include "sign_compression.hpp"
 #include "step_data.hpp"
+#include "step_decision.hpp"
 #include "work_list.hpp"
 
 namespace mpopt::detail {
@@ -54,10 +56,19 @@ class backend_passes {
   void segmented_sum(const T* x, const std::size_t* offsets, std::size_t segments, double* sums) {
     self().sum_segments(x, offsets, segments, sums);
   }
-  /// LAMB's per-tensor trust ratios and step sizes from the squared norms (lamb_math.hpp).
+  /// The step's decision from the overflow-and-norm pass's per-chunk results, where they are:
+  /// their sums (sums[0] squared norm, sums[1] non-finite chunks), then one thread deciding.
+  void decide_step(const float* chunk_sums, const std::uint8_t* chunk_nonfinite, std::size_t chunks,
+                   const step_rule& rule, double* sums, step_decision* out) {
+    self().sum_all(chunk_sums, chunks, sums);
+    self().sum_all(chunk_nonfinite, chunks, sums + 1);
+    self().for_each_index(1, detail::decide_step{rule, sums, out});
+  }
+  /// LAMB's per-tensor trust ratios and step sizes from the squared norms (lamb_math.hpp), unless
+  /// the step is skipped: the ratios are state (lamb_coeffs).
   void lamb_trust_ratios(const double* sums, const lamb_ratio_limits* limits, std::size_t tensors, double* ratio,
-                         float* alpha) {
-    self().for_each_index(tensors, detail::lamb_trust_ratios{sums, limits, tensors, ratio, alpha});
+                         float* alpha, const step_decision* decision) {
+    self().for_each_index(tensors, unless_skipped<detail::lamb_trust_ratios>{decision, {sums, limits, tensors, ratio, alpha}});
   }
   template <class P>
   void zero_grad(const step_data<P>& d) {

@@ -118,10 +118,12 @@ struct tensor_pass {
   MPOPT_HOST_DEVICE chunk_slice<P> at(std::size_t ci) const { return slice_of(d, chunks[ci]); }
 };
 
-/// The slice of a pass with per-group coefficients K, copied once per chunk.
+/// The slice of an update pass: per-group coefficients K and the decision's gradient scale, copied
+/// once per chunk.
 template <class P, class K>
 struct coefficient_slice : chunk_slice<P> {
   K c;
+  float scale;
 };
 
 template <class P>
@@ -166,14 +168,16 @@ struct gradient_norm_pass : tensor_pass<P> {
   }
 };
 
-/// A pass with per-group coefficients K (k[g] for group g), copied into each chunk's slice.
+/// An update pass: per-group coefficients K (k[g] for group g) and the step's decision, copied
+/// into each chunk's slice. A skipped step's chunks are empty, so it changes nothing.
 template <class P, class K>
 struct coefficient_pass : tensor_pass<P> {
   const K* k;
   using slice = coefficient_slice<P, K>;
+  MPOPT_HOST_DEVICE std::size_t size(std::size_t ci) const { return this->d.decision->skip ? 0 : this->chunks[ci].size; }
   MPOPT_HOST_DEVICE slice at(std::size_t ci) const {
     const auto s = tensor_pass<P>::at(ci);
-    return {s, k[s.group]};
+    return {s, k[s.group], this->d.decision->grad_scale};
   }
 };
 
@@ -185,7 +189,7 @@ struct adam_pass : coefficient_pass<P, adam_coefficients> {
   MPOPT_HOST_DEVICE void apply(const slice& s, std::size_t i, Tail tail, R&) const {
     auto m = vload<L>(s.m + i, tail);
     auto v = vload<L>(s.v + i, tail);
-    const auto g = true_gradient<L>(s, i, tail, typename L::vec(this->d.grad_scale));
+    const auto g = true_gradient<L>(s, i, tail, typename L::vec(s.scale));
     const auto p = adam_update(g, m, v, vload<L>(s.master + i, tail), s.c);
     vstore<L>(s.m + i, m, tail);
     vstore<L>(s.v + i, v, tail);
@@ -205,7 +209,7 @@ struct lamb_moments_pass : lamb_pass<P> {
     auto m = vload<L>(s.m + i, tail);
     auto v = vload<L>(s.v + i, tail);
     const auto p = vload<L>(s.master + i, tail);
-    const auto u = lamb_moments(true_gradient<L>(s, i, tail, typename L::vec(this->d.grad_scale)), m, v, p, s.c);
+    const auto u = lamb_moments(true_gradient<L>(s, i, tail, typename L::vec(s.scale)), m, v, p, s.c);
     vstore<L>(s.m + i, m, tail);
     vstore<L>(s.v + i, v, tail);
     r.square(i, p, tail);
@@ -266,7 +270,7 @@ struct onebit_feed_pass : onebit_pass<P> {
   template <class L, class S, class Tail, class R>
   MPOPT_HOST_DEVICE void apply(const S& s, std::size_t i, Tail tail, R& r) const {
     float* w = worker + s.fused + i;
-    const auto g = true_gradient<L>(s, i, tail, typename L::vec(this->d.grad_scale));
+    const auto g = true_gradient<L>(s, i, tail, typename L::vec(s.scale));
     const auto x = vload<L>(w, tail) + onebit_local_momentum(g, vload<L>(s.m + i, tail), typename L::vec(s.scaling), s.c);
     vstore<L>(w, x, tail);
     r.square64(i, x, tail);
@@ -283,7 +287,7 @@ struct onebit_momentum_pass : onebit_pass<P> {
   MPOPT_HOST_DEVICE void apply(const S& s, std::size_t i, Tail tail, R& r) const {
     const auto m = vload<L>(s.m + i, tail);
     const auto m_new = code.bits ? code.template load<L>(s.fused + i, tail) / typename L::vec(s.scaling)
-                            : lamb_first_moment(true_gradient<L>(s, i, tail, typename L::vec(this->d.grad_scale)), m, s.c);
+                            : lamb_first_moment(true_gradient<L>(s, i, tail, typename L::vec(s.scale)), m, s.c);
     auto fresh = vload<L>(s.v_fresh + i, tail);
     typename L::vec u0, ratio;
     const auto u = onebit_lamb_direction(m_new, m, fresh, vload<L>(s.v + i, tail), vload<L>(s.master + i, tail), s.c,

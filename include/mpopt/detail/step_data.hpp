@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "step_decision.hpp"
 #include "work_list.hpp"
 
 namespace mpopt::detail {
@@ -17,8 +18,9 @@ struct tensor_slot {
 };
 
 /// Pointers and scalars for one pass. Kernels read the true gradient as
-/// (accum + grad) * grad_scale, grad * grad_scale without accumulation, or accum * grad_scale once
-/// the gradients have been reduced across ranks into accum (grads_reduced).
+/// (accum + grad) * scale, grad * scale without accumulation, or accum * scale once the gradients
+/// have been reduced across ranks into accum (grads_reduced). The scale is grad_scale in the
+/// overflow-and-norm pass and the decision's grad_scale in the update passes.
 template <class Precision>
 struct step_data {
   using param_type = typename Precision::param_type;
@@ -36,7 +38,8 @@ struct step_data {
   float* chunk_sum = nullptr;     ///< per-chunk partial sums of squares
   float* chunk_sum2 = nullptr;    ///< a second per-chunk partial (LAMB: update norms)
   std::uint8_t* chunk_nonfinite = nullptr;
-  float grad_scale = 1.0f;
+  float grad_scale = 1.0f;                  ///< the unscale, for the overflow-and-norm pass
+  const step_decision* decision = nullptr;  ///< where the backend runs: read by the update passes
   bool grads_reduced = false;
 };
 
