@@ -161,6 +161,19 @@ void for_each_case(Run&& run) {
   both.template operator()<mpopt::bf16, mpopt::no_scaling, mpopt::lamb>("bf16", "lamb");
 }
 
+/// for_each_case(run) as a benchmark's main ends with it: exit status 0, or 1 after printing the
+/// mpopt::error that stopped it.
+template <class Run>
+int run_every_case(const char* bench, Run&& run) {
+  try {
+    for_each_case(run);
+  } catch (const mpopt::error& e) {
+    std::fprintf(stderr, "%s: mpopt::error: %s\n", bench, e.what());
+    return 1;
+  }
+  return 0;
+}
+
 struct config {
   std::size_t params = std::size_t{1} << 26;
   int repeat = 7;

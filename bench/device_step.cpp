@@ -139,13 +139,8 @@ int main(int argc, char** argv) {
   // Copy buffers for the largest case (LAMB fp32: 44 B/param moved, half of it copied).
   const std::size_t words = (cfg.params * largest_bytes_per_param / 2 + 7) / 8;
   device::buffer<std::uint64_t> src(words), dst(words);
-  try {
-    for_each_case([&]<class P, class S, class R>(std::string_view precision, std::string_view rule, bool fused) {
-      run_case<P, S, R>(cfg, precision, rule, fused, src, dst);
-    });
-  } catch (const mpopt::error& e) {
-    std::fprintf(stderr, "device_step: mpopt::error: %s\n", e.what());
-    return 1;
-  }
-  return 0;
+  return run_every_case("device_step", [&]<class P, class S, class R>(std::string_view precision,
+                                                                      std::string_view rule, bool fused) {
+    run_case<P, S, R>(cfg, precision, rule, fused, src, dst);
+  });
 }

@@ -368,13 +368,8 @@ int main(int argc, char** argv) {
   // memcpy buffers for the largest case (LAMB fp32: 44 B/param), first-touched once.
   aligned_bytes src(cfg.params * largest_bytes_per_param / 2 + 64), dst(cfg.params * largest_bytes_per_param / 2 + 64);
 
-  try {
-    for_each_case([&]<class P, class S, class R>(std::string_view precision, std::string_view rule, bool fused) {
-      run_case<P, S, R>(cfg, precision, rule, fused, src, dst);
-    });
-  } catch (const mpopt::error& e) {
-    std::fprintf(stderr, "optimizer_step: mpopt::error: %s\n", e.what());
-    return 1;
-  }
-  return 0;
+  return run_every_case("optimizer_step", [&]<class P, class S, class R>(std::string_view precision,
+                                                                         std::string_view rule, bool fused) {
+    run_case<P, S, R>(cfg, precision, rule, fused, src, dst);
+  });
 }
