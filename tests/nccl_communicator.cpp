@@ -1,4 +1,5 @@
 // The NCCL communicator under mpirun, one GPU per rank: every collective of the communicator concept
+// (device memory, and host memory through its scratch)
 // against results each rank computes on the host, for every element type NCCL carries; size errors
 // throw on every rank before anything is enqueued. A standalone program (not doctest): every rank
 // must run every collective in the same order.
@@ -6,6 +7,9 @@
 // Without a GPU on every rank it checks what it can (construction fails as mpopt::error on every
 // rank), prints why it skips and exits 77 on every rank, so mpirun and Meson report a skip.
 #include <mpopt/nccl.hpp>
+
+#include "cuda_ranks.hpp"
+#include "mpi_checks.hpp"
 
 #include <algorithm>
 #include <cstdint>
@@ -18,40 +22,9 @@
 
 namespace {
 
-int world_rank = 0, world_size = 1;
-int passed = 0, failed = 0;
+using namespace mpi_checks;
+
 cudaStream_t stream = nullptr;
-
-void expect(bool ok, const std::string& what) {
-  if (ok) {
-    ++passed;
-    return;
-  }
-  ++failed;
-  std::fprintf(stderr, "nccl_communicator: rank %d: FAILED: %s\n", world_rank, what.c_str());
-}
-
-template <class F>
-void expect_error(const std::string& what, F&& f) {
-  try {
-    f();
-  } catch (const mpopt::error&) {
-    ++passed;
-    return;
-  } catch (const std::exception& e) {
-    return expect(false, what + ": threw something other than mpopt::error: " + e.what());
-  }
-  expect(false, what + ": did not throw");
-}
-
-/// Runs one case; an exception fails it (and, if other ranks carry on, they may wait for this one).
-void run(const std::string& name, const std::function<void()>& body) {
-  try {
-    body();
-  } catch (const std::exception& e) {
-    expect(false, name + ": " + e.what());
-  }
-}
 
 void cuda(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
@@ -246,6 +219,37 @@ void check_type(mpopt::nccl& comm) {
   run("broadcast <" + t + ">", [&] { check_broadcast<T>(comm); });
 }
 
+/// Host spans go through the communicator's device scratch and come back with the result, alone
+/// or paired with a device span; the scratch grows to the largest and stays.
+void check_host_memory(mpopt::nccl& comm) {
+  std::vector<double> flags = values<double>(comm.rank(), 3);
+  comm.all_reduce(std::span<double>(flags), mpopt::reduce_op::max);
+  std::vector<float> expected(3);
+  for (std::size_t i = 0; i < 3; ++i) expected[i] = reduce(mpopt::reduce_op::max, i);
+  expect_equal("all_reduce in host memory", flags, expected);
+
+  const std::size_t block = 6, w = std::size_t(world_size);
+  const std::vector<float> mine = values<float>(comm.rank(), block);
+  std::vector<float> gathered(block * w), everyone;
+  comm.all_gather(std::span<const float>(mine), std::span<float>(gathered));
+  for (int r = 0; r < world_size; ++r)
+    for (std::size_t i = 0; i < block; ++i) everyone.push_back(value(r, i));
+  expect_equal("all_gather from host to host memory", gathered, everyone);
+
+  device_buffer<float> out(block * w);
+  comm.all_gather(std::span<const float>(mine), out.span());
+  expect_equal("all_gather from host to device memory", out.download(comm), everyone);
+
+  const std::vector<float> whole = values<float>(comm.rank(), block * w);
+  std::vector<float> piece(block);
+  device_buffer<float> in(whole);
+  comm.reduce_scatter(in.cspan(), std::span<float>(piece), mpopt::reduce_op::sum);
+  std::vector<float> sums(block);
+  for (std::size_t i = 0; i < block; ++i) sums[i] = reduce(mpopt::reduce_op::sum, std::size_t(comm.rank()) * block + i);
+  expect_equal("reduce_scatter from device to host memory", piece, sums);
+  expect(comm.workspace_bytes() >= block * w * sizeof(float), "the scratch held the largest host span");
+}
+
 /// Bad roots and sizes throw on every rank, and nothing is enqueued: the stream stays idle (an
 /// unmatched collective would wait for its peers) and the next collective still matches up.
 void check_bad_input(mpopt::nccl& comm) {
@@ -283,31 +287,20 @@ void check_bad_input(mpopt::nccl& comm) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  start(argc, argv, "nccl_communicator");
 
-  // Skip unless every rank has a device (all ranks decide together, so mpirun sees one exit code).
-  int devices = 0;
-  const cudaError_t probe = cudaGetDeviceCount(&devices);
-  if (probe != cudaSuccess) devices = 0;
-  int fewest = devices;
-  MPI_Allreduce(&devices, &fewest, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  if (fewest == 0) {
+  const cuda_ranks gpus = cuda_devices_on_every_rank();
+  if (gpus.devices == 0) {
     // Construction still fails cleanly, as mpopt::error, on every rank.
     expect_error("nccl over MPI_COMM_NULL", [] { mpopt::nccl comm(MPI_COMM_NULL); });
     expect_error("nccl without a usable device", [] { mpopt::nccl comm(MPI_COMM_WORLD); });
     if (world_rank == 0 && failed == 0)
-      std::printf("no CUDA device: %s; the NCCL communicator test needs a GPU per rank\n",
-                  probe != cudaSuccess ? cudaGetErrorString(probe) : "another rank has none");
-    int any_failed = failed;
-    MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    MPI_Finalize();
-    return any_failed ? 1 : 77;
+      std::printf("%s; the NCCL communicator test needs a GPU per rank\n", gpus.why.c_str());
+    return finish(77);
   }
 
   run("the communicator", [&] {
-    cuda(cudaSetDevice(world_rank % devices), "cudaSetDevice");
+    cuda(cudaSetDevice(world_rank % gpus.devices), "cudaSetDevice");
     cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
     mpopt::nccl comm(MPI_COMM_WORLD, stream);
     expect(comm.rank() == world_rank && comm.size() == world_size, "rank and size are those of MPI_COMM_WORLD");
@@ -321,10 +314,16 @@ int main(int argc, char** argv) {
     check_type<std::uint64_t>(comm);
     check_type<mpopt::half>(comm);
     check_type<mpopt::bfloat16>(comm);
+    run("host memory", [&] { check_host_memory(comm); });
     run("bad input", [&] { check_bad_input(comm); });
     run("barrier", [&] {
       comm.barrier();
       expect(cudaStreamQuery(comm.stream()) == cudaSuccess, "barrier waits for the stream");
+    });
+    run("a stream of its own", [&] {
+      mpopt::nccl own(MPI_COMM_WORLD);
+      expect(own.stream() != nullptr && own.stream() != stream, "without a stream, the communicator makes one");
+      check_all_reduce<float>(own);
     });
     run("move", [&] {
       mpopt::nccl moved(std::move(comm));
@@ -334,9 +333,5 @@ int main(int argc, char** argv) {
   });
   if (stream) (void)cudaStreamDestroy(stream);
 
-  std::printf("nccl_communicator: rank %d of %d: %d passed, %d failed\n", world_rank, world_size, passed, failed);
-  int any_failed = failed;
-  MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return any_failed ? 1 : 0;
+  return finish();
 }

@@ -150,6 +150,16 @@ struct chunk_totals_kernel {
   }
 };
 
+#if MPOPT_DEVICE_IS_GPU
+/// Destroys the backend's own stream; leaves a borrowed one to its owner.
+struct stream_destroyer {
+  bool owned = true;
+  void operator()(cudaStream_t s) const {
+    if (owned) cudaStreamDestroy(s);
+  }
+};
+#endif
+
 }  // namespace detail
 
 class cuda : public detail::backend_passes<cuda> {
@@ -172,6 +182,13 @@ class cuda : public detail::backend_passes<cuda> {
     stream_.reset(s);
 #endif
   }
+#if MPOPT_DEVICE_IS_GPU
+  /// Runs on `stream`, which stays the caller's. The optimizer passes its NCCL communicator's, so
+  /// that passes and collectives follow each other in order with no wait between them.
+  explicit cuda(cudaStream_t stream) : stream_(stream, detail::stream_destroyer{false}) {
+    if (!stream) detail::fail("cuda: a null stream (the legacy default stream) would serialize with every other");
+  }
+#endif
   cuda(cuda&&) noexcept = default;
   cuda& operator=(cuda&&) = delete;
 
@@ -351,10 +368,7 @@ class cuda : public detail::backend_passes<cuda> {
   };
 
 #if MPOPT_DEVICE_IS_GPU
-  struct stream_destroyer {
-    void operator()(cudaStream_t s) const { cudaStreamDestroy(s); }
-  };
-  std::unique_ptr<std::remove_pointer_t<cudaStream_t>, stream_destroyer> stream_;  // the backend's own
+  std::unique_ptr<std::remove_pointer_t<cudaStream_t>, detail::stream_destroyer> stream_;  // own, or borrowed
 #endif
   std::size_t launches_ = 0;
   mutable std::size_t waits_ = 0;

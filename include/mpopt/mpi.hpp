@@ -143,6 +143,7 @@ class mpi {
   const mpi_options& options() const { return options_; }
   /// Heap bytes of the deterministic mode's workspace (it grows to the largest collective once).
   std::size_t workspace_bytes() const { return workspace_.capacity(); }
+  static constexpr std::string_view workspace_purpose = "rank-ordered sums (deterministic mode)";
 
   template <class T>
   void all_reduce(std::span<T> data, reduce_op op) {

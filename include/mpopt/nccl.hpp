@@ -51,13 +51,16 @@ constexpr ncclRedOp_t nccl_op(reduce_op op) { return op == reduce_op::sum ? nccl
 
 /// Collectives over NCCL, one rank per GPU.
 ///
-/// Memory: every span passed to a collective is DEVICE memory of this communicator's GPU (the one
-/// current when it was constructed); host pointers are not checked and make NCCL fail or crash.
+/// Memory and ordering: spans in device memory of this communicator's GPU (the one current when it
+/// was constructed) are enqueued on stream() and the call returns before they run: kernels and
+/// copies the caller enqueues on the same stream see the results in order, and host code calls
+/// synchronize() before it reads results or reuses inputs. Spans in host memory (pageable or
+/// page-locked) go through a device scratch, and the call returns with the result in place: that is
+/// how the optimizer agrees on its overflow flag and norm. Sizes are checked on the host, before
+/// anything is enqueued, and throw mpopt::error on every rank that calls with bad sizes.
 ///
-/// Ordering: collectives are enqueued on stream() and return before they run. Kernels and copies
-/// the caller enqueues on the same stream see the results in order; host code must call
-/// synchronize() before it reads results or reuses input buffers. Sizes are checked on the host,
-/// before anything is enqueued, and throw mpopt::error on every rank that calls with bad sizes.
+/// An mpopt::optimizer with the cuda backend runs its passes on this communicator's stream, so
+/// its passes and collectives follow each other in order without waits.
 ///
 /// Counts are elements, as size_t (NCCL has no int limit).
 class nccl {
@@ -66,10 +69,12 @@ class nccl {
   static constexpr memory_space space = memory_space::device;
 
   /// Collective over `comm`: rank 0 creates NCCL's unique id and broadcasts it; every rank then
-  /// joins with the CUDA device current on its thread. Every step ends with all ranks agreeing on
-  /// success, so a failure on any rank throws mpopt::error on all of them instead of leaving some
-  /// waiting. (A rank that fails inside ncclCommInitRank itself may still leave peers waiting there.)
-  explicit nccl(MPI_Comm comm, cudaStream_t stream = nullptr) : stream_(stream) {
+  /// joins with the CUDA device current on its thread. Collectives run on `stream` (not owned), or
+  /// without one on a non-blocking stream of the communicator's own. Every step ends with all ranks
+  /// agreeing on success, so a failure on any rank throws mpopt::error on all of them instead of
+  /// leaving some waiting. (A rank that fails inside ncclCommInitRank itself may still leave peers
+  /// waiting there.)
+  explicit nccl(MPI_Comm comm, cudaStream_t stream = nullptr) : stream_(stream, destroy_stream{stream == nullptr}) {
     int initialized = 0;
     MPI_Initialized(&initialized);
     int finalized = 0;
@@ -90,11 +95,17 @@ class nccl {
     MPI_Comm_size(boot.comm, &size_);
 
     // This rank's CUDA side first (the usual failure: no usable device), agreed before NCCL starts.
+    std::string failed;
+    if (!stream_) {
+      cudaStream_t own = nullptr;
+      failed = failure("cudaStreamCreateWithFlags", cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking));
+      stream_.reset(own);
+    }
     void* flag = nullptr;
-    std::string failed = failure("cudaMalloc", cudaMalloc(&flag, 1));
-    flag_.reset(static_cast<std::uint8_t*>(flag));
+    if (failed.empty()) failed = failure("cudaMalloc", cudaMalloc(&flag, 1));
+    flag_.reset(static_cast<std::byte*>(flag));
     if (failed.empty()) failed = failure("cudaGetDevice", cudaGetDevice(&device_));
-    if (failed.empty()) failed = failure("cudaMemsetAsync", cudaMemsetAsync(flag, 0, 1, stream_));
+    if (failed.empty()) failed = failure("cudaMemsetAsync", cudaMemsetAsync(flag, 0, 1, this->stream()));
     agree(boot.comm, failed, "CUDA setup");
 
     struct {
@@ -116,13 +127,13 @@ class nccl {
   nccl& operator=(nccl&&) noexcept = default;
   nccl(const nccl&) = delete;  // one NCCL communicator per rank and device: create another explicitly
   nccl& operator=(const nccl&) = delete;
-  ~nccl() = default;  // ncclCommDestroy, then cudaFree of the barrier byte (members, in that order)
+  ~nccl() = default;  // ncclCommDestroy, cudaFree of scratch and barrier byte, then the stream if owned
 
   int rank() const { return rank_; }
   int size() const { return size_; }
   /// The CUDA device current at construction: every buffer and the stream belong to it.
   int device() const { return device_; }
-  cudaStream_t stream() const { return stream_; }
+  cudaStream_t stream() const { return stream_.get(); }
   ncclComm_t native() const { return comm_.get(); }
 
   /// Waits for everything enqueued on stream(). A collective that failed asynchronously (a lost
@@ -137,7 +148,7 @@ class nccl {
         abort_comm{}(comm_.release());
         detail::fail(failure("a collective", async), " (asynchronously; the communicator was aborted)");
       }
-      const cudaError_t done = cudaStreamQuery(stream_);
+      const cudaError_t done = cudaStreamQuery(stream());
       if (done == cudaSuccess) return;
       if (done != cudaErrorNotReady) check(done, "cudaStreamQuery");
       std::this_thread::yield();
@@ -148,8 +159,9 @@ class nccl {
   void all_reduce(std::span<T> data, reduce_op op) {
     ncclComm_t c = live();
     if (data.empty()) return;  // the same on every rank: sizes must match
-    check(ncclAllReduce(data.data(), data.data(), data.size(), type<T>(), detail::nccl_op(op), c, stream_),
-          "ncclAllReduce");
+    in_place(data, [&](T* d) {
+      check(ncclAllReduce(d, d, data.size(), type<T>(), detail::nccl_op(op), c, stream()), "ncclAllReduce");
+    });
   }
   /// out = my block of the reduction of in over ranks (block r has out.size() elements).
   template <class T>
@@ -157,8 +169,9 @@ class nccl {
     detail::check_blocks("reduce_scatter", in.size(), out.size(), std::size_t(size_), 1);
     ncclComm_t c = live();
     if (out.empty()) return;
-    check(ncclReduceScatter(in.data(), out.data(), out.size(), type<T>(), detail::nccl_op(op), c, stream_),
-          "ncclReduceScatter");
+    in_and_out(in, out, [&](const T* i, T* o) {
+      check(ncclReduceScatter(i, o, out.size(), type<T>(), detail::nccl_op(op), c, stream()), "ncclReduceScatter");
+    });
   }
   /// Variable pieces: rank r gets the next counts[r] elements of the reduction, in rank order.
   /// NCCL has no reduce-scatter-v, so it is one reduce per rank, fused in a group.
@@ -166,9 +179,11 @@ class nccl {
   void reduce_scatter(std::span<const T> in, std::span<T> out, std::span<const std::size_t> counts, reduce_op op) {
     detail::check_counts("reduce_scatter", in.size(), counts, rank_, size_, out.size());
     ncclComm_t c = live();
-    // out is written on the root only (NCCL ignores recvbuff elsewhere).
-    for_each_piece(counts, [&](int r, std::size_t at, std::size_t n) {
-      check(ncclReduce(in.data() + at, out.data(), n, type<T>(), detail::nccl_op(op), r, c, stream_), "ncclReduce");
+    in_and_out(in, out, [&](const T* i, T* o) {
+      // o is written on the root only (NCCL ignores recvbuff elsewhere).
+      for_each_piece(counts, [&](int r, std::size_t at, std::size_t n) {
+        check(ncclReduce(i + at, o, n, type<T>(), detail::nccl_op(op), r, c, stream()), "ncclReduce");
+      });
     });
   }
   /// In place: rank r's piece is the counts[r] elements after those of ranks < r; on return every
@@ -177,8 +192,10 @@ class nccl {
   void all_gather(std::span<T> data, std::span<const std::size_t> counts) {
     detail::check_counts("all_gather", data.size(), counts, rank_, size_);
     ncclComm_t c = live();
-    for_each_piece(counts, [&](int r, std::size_t at, std::size_t n) {
-      check(ncclBroadcast(data.data() + at, data.data() + at, n, type<T>(), r, c, stream_), "ncclBroadcast");
+    in_place(data, [&](T* d) {
+      for_each_piece(counts, [&](int r, std::size_t at, std::size_t n) {
+        check(ncclBroadcast(d + at, d + at, n, type<T>(), r, c, stream()), "ncclBroadcast");
+      });
     });
   }
   /// out = the in of every rank, in rank order.
@@ -187,7 +204,9 @@ class nccl {
     detail::check_blocks("all_gather", in.size(), out.size(), 1, std::size_t(size_));
     ncclComm_t c = live();
     if (in.empty()) return;
-    check(ncclAllGather(in.data(), out.data(), in.size(), type<T>(), c, stream_), "ncclAllGather");
+    in_and_out(in, out, [&](const T* i, T* o) {
+      check(ncclAllGather(i, o, in.size(), type<T>(), c, stream()), "ncclAllGather");
+    });
   }
   /// Block j of in goes to rank j; block i of out comes from rank i.
   template <class T>
@@ -195,11 +214,13 @@ class nccl {
     const std::size_t block = all_to_all_block(in.size(), out.size());
     ncclComm_t c = live();
     if (block == 0) return;
+    in_and_out(in, out, [&](const T* i, T* o) {
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
-    check(ncclAlltoAll(in.data(), out.data(), block, type<T>(), c, stream_), "ncclAlltoAll");
+      check(ncclAlltoAll(i, o, block, type<T>(), c, stream()), "ncclAlltoAll");
 #else
-    send_recv(in, out, block, c);
+      send_recv(i, o, block, c);
 #endif
+    });
   }
   /// all_to_all as NCCL before 2.28 runs it (a group of sends and receives), public so that both
   /// paths are compiled and tested whatever the NCCL version.
@@ -207,19 +228,24 @@ class nccl {
   void all_to_all_send_recv(std::span<const T> in, std::span<T> out) {
     const std::size_t block = all_to_all_block(in.size(), out.size());
     ncclComm_t c = live();
-    if (block != 0) send_recv(in, out, block, c);
+    if (block != 0) in_and_out(in, out, [&](const T* i, T* o) { send_recv(i, o, block, c); });
   }
   template <class T>
   void broadcast(std::span<T> data, int root) {
     if (root < 0 || root >= size_) detail::fail("broadcast: root ", root, " is not a rank of ", size_);
     ncclComm_t c = live();
     if (data.empty()) return;
-    check(ncclBroadcast(data.data(), data.data(), data.size(), type<T>(), root, c, stream_), "ncclBroadcast");
+    in_place(data, [&](T* d) {
+      check(ncclBroadcast(d, d, data.size(), type<T>(), root, c, stream()), "ncclBroadcast");
+    });
   }
+  /// Device bytes held to stage host spans: as much as the largest host collective needed so far.
+  std::size_t workspace_bytes() const { return scratch_bytes_; }
+  static constexpr std::string_view workspace_purpose = "device scratch for collectives over host memory";
   /// Returns once every rank has called barrier() and all work enqueued on stream() has finished:
   /// an all-reduce of one device byte cannot complete before every rank joins it.
   void barrier() {
-    check(ncclAllReduce(flag_.get(), flag_.get(), 1, ncclUint8, ncclMax, live(), stream_), "ncclAllReduce");
+    check(ncclAllReduce(flag_.get(), flag_.get(), 1, ncclUint8, ncclMax, live(), stream()), "ncclAllReduce");
     synchronize();
   }
 
@@ -261,14 +287,65 @@ class nccl {
   }
 
   template <class T>
-  void send_recv(std::span<const T> in, std::span<T> out, std::size_t block, ncclComm_t c) {
+  void send_recv(const T* in, T* out, std::size_t block, ncclComm_t c) {
     group g;
     for (int p = 0; p < size_; ++p) {
       const std::size_t at = std::size_t(p) * block;
-      check(ncclSend(in.data() + at, block, type<T>(), p, c, stream_), "ncclSend");
-      check(ncclRecv(out.data() + at, block, type<T>(), p, c, stream_), "ncclRecv");
+      check(ncclSend(in + at, block, type<T>(), p, c, stream()), "ncclSend");
+      check(ncclRecv(out + at, block, type<T>(), p, c, stream()), "ncclRecv");
     }
     g.end();
+  }
+
+  /// Memory NCCL cannot read or write: the host's, pageable or page-locked.
+  static bool on_host(const void* p) {
+    cudaPointerAttributes a{};
+    check(cudaPointerGetAttributes(&a, p), "cudaPointerGetAttributes");
+    return a.type == cudaMemoryTypeHost || a.type == cudaMemoryTypeUnregistered;
+  }
+
+  /// At least `bytes` of device scratch. Grows only when a larger host collective comes; nothing
+  /// staged is in flight then (every staged call waits before it returns).
+  std::byte* scratch(std::size_t bytes) {
+    if (bytes > scratch_bytes_) {
+      void* p = nullptr;
+      check(cudaMalloc(&p, bytes), "cudaMalloc");
+      scratch_.reset(static_cast<std::byte*>(p));
+      scratch_bytes_ = bytes;
+    }
+    return scratch_.get();
+  }
+
+  /// f(device pointer) for an in-place collective; host data is copied through the scratch and
+  /// back, and the call waits for it.
+  template <class T, class F>
+  void in_place(std::span<T> data, F&& f) {
+    if (data.empty() || !on_host(data.data())) return f(data.data());
+    T* d = reinterpret_cast<T*>(scratch(data.size_bytes()));
+    check(cudaMemcpyAsync(d, data.data(), data.size_bytes(), cudaMemcpyHostToDevice, stream()), "cudaMemcpyAsync");
+    f(d);
+    check(cudaMemcpyAsync(data.data(), d, data.size_bytes(), cudaMemcpyDeviceToHost, stream()), "cudaMemcpyAsync");
+    synchronize();
+  }
+
+  /// f(device in, device out); either side in host memory goes through the scratch (in copied
+  /// there before, out copied back after), and then the call waits for it.
+  template <class T, class F>
+  void in_and_out(std::span<const T> in, std::span<T> out, F&& f) {
+    const bool host_in = !in.empty() && on_host(in.data());
+    const bool host_out = !out.empty() && on_host(out.data());
+    if (!host_in && !host_out) return f(in.data(), out.data());
+    constexpr std::size_t align = 256;  // cudaMalloc's alignment, kept for the second piece
+    const std::size_t out_at = host_in ? (in.size_bytes() + align - 1) / align * align : 0;
+    std::byte* s = scratch(out_at + (host_out ? out.size_bytes() : 0));
+    const T* i = host_in ? reinterpret_cast<const T*>(s) : in.data();
+    T* o = host_out ? reinterpret_cast<T*>(s + out_at) : out.data();
+    if (host_in)
+      check(cudaMemcpyAsync(s, in.data(), in.size_bytes(), cudaMemcpyHostToDevice, stream()), "cudaMemcpyAsync");
+    f(i, o);
+    if (host_out)
+      check(cudaMemcpyAsync(out.data(), o, out.size_bytes(), cudaMemcpyDeviceToHost, stream()), "cudaMemcpyAsync");
+    synchronize();
   }
 
   ncclComm_t live() const {
@@ -316,7 +393,13 @@ class nccl {
 
   // Destructors cannot report errors, so the results of these are dropped.
   struct free_device {
-    void operator()(std::uint8_t* p) const noexcept { (void)cudaFree(p); }
+    void operator()(std::byte* p) const noexcept { (void)cudaFree(p); }
+  };
+  struct destroy_stream {
+    bool owned = true;
+    void operator()(cudaStream_t s) const noexcept {
+      if (owned) (void)cudaStreamDestroy(s);
+    }
   };
   struct destroy_comm {
     void operator()(ncclComm_t c) const noexcept { (void)ncclCommDestroy(c); }
@@ -325,11 +408,13 @@ class nccl {
     void operator()(ncclComm_t c) const noexcept { (void)ncclCommAbort(c); }
   };
 
-  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<std::remove_pointer_t<cudaStream_t>, destroy_stream> stream_;  // declared first: destroyed last
   int rank_ = 0;
   int size_ = 1;
   int device_ = -1;
-  std::unique_ptr<std::uint8_t, free_device> flag_;                          // barrier()'s device byte
+  std::unique_ptr<std::byte, free_device> flag_;     // barrier()'s device byte
+  std::unique_ptr<std::byte, free_device> scratch_;  // host spans staged
+  std::size_t scratch_bytes_ = 0;
   std::unique_ptr<std::remove_pointer_t<ncclComm_t>, destroy_comm> comm_;  // declared last: destroyed first
 };
 

@@ -21,6 +21,7 @@
 #include "detail/flat_layout.hpp"
 #include "detail/metered.hpp"
 #include "detail/onebit_state.hpp"
+#include "detail/square_sum.hpp"
 #include "detail/state_file.hpp"
 #include "detail/step_data.hpp"
 #include "detail/validate.hpp"
@@ -43,6 +44,25 @@ template <>
 struct state_dtype<half> : dtype_name<half> {};
 template <>
 struct state_dtype<bfloat16> : dtype_name<bfloat16> {};
+
+/// A communicator that works on device memory (mpopt::nccl) enqueues its collectives on a stream.
+template <class C>
+concept stream_communicator = requires(const C& c) {
+  requires C::space == memory_space::device;
+  c.stream();
+};
+
+/// The backend can run on the communicator's stream, or the communicator has none.
+template <class Backend, class C>
+concept runs_on_stream_of = !stream_communicator<C> || requires(const C& c) { Backend(c.stream()); };
+
+/// The backend of an optimizer over `comm`: on the communicator's stream when it has one, so that
+/// passes and collectives run in the order the step issues them, with no wait between them.
+template <class Backend, class C>
+Backend backend_for(const C& comm) {
+  if constexpr (stream_communicator<C>) return Backend(comm.stream());
+  else return Backend();
+}
 }  // namespace detail
 
 /// A tensor the optimizer allocates in a flat group: its name and element count.
@@ -97,6 +117,8 @@ class optimizer {
   static_assert(!std::is_same_v<UpdateRule, onebit_lamb> || std::is_same_v<Partition, replicated>,
                 "mpopt::onebit_lamb keeps the whole momentum on every rank (its compressed all-reduce averages it): "
                 "use mpopt::replicated");
+  static_assert(detail::runs_on_stream_of<Backend, Communicator>,
+                "a device communicator (mpopt::nccl) needs a backend that runs on its stream: mpopt::cuda");
 
  public:
   using precision = Precision;
@@ -203,7 +225,10 @@ class optimizer {
 
   /// Under onebit_lamb the constructor is collective: it checks the communicator (preflight).
   explicit optimizer(options o = {}, scaler_options s = {}, Communicator comm = {})
-      : options_(validated(o, std::is_same_v<LossScaler, no_scaling>)), scaler_(s), comm_(std::move(comm)) {
+      : backend_(detail::backend_for<Backend>(comm)),
+        options_(validated(o, std::is_same_v<LossScaler, no_scaling>)),
+        scaler_(s),
+        comm_(std::move(comm)) {
     if constexpr (is_onebit) preflight();
   }
   /// With the communicator first: optimizer opt{mpopt::mpi{MPI_COMM_WORLD}, {.clip_grad = 1}, {...}}.
@@ -629,10 +654,12 @@ class optimizer {
         tensor_buckets_.capacity() * sizeof(bucket_range) + pending_.capacity() * sizeof(std::uint32_t) +
         ready_.capacity() + onebit_bookkeeping;
     r.buffers.push_back({"work list", "tensor table, layout, chunks, buckets, partial sums, per-group scalars", bookkeeping, true});
-    if constexpr (requires { comm_.inner().workspace_bytes(); })
+    if constexpr (requires { comm_.inner().workspace_bytes(); }) {
+      std::string purpose = "the communicator's own buffers";
+      if constexpr (requires { Communicator::workspace_purpose; }) purpose = Communicator::workspace_purpose;
       if (comm_.inner().workspace_bytes())
-        r.buffers.push_back({"communicator workspace", "rank-ordered sums (deterministic mode)",
-                             comm_.inner().workspace_bytes(), true});
+        r.buffers.push_back({"communicator workspace", purpose, comm_.inner().workspace_bytes(), true});
+    }
     return r;
   }
 
@@ -1313,9 +1340,8 @@ class optimizer {
     backend_.onebit_feed(d, coefficients_.data(), onebit_.scaling.data(), onebit_.fused.data(),
                          onebit_.exchange.worker_error().data(), onebit_.chunk_sum.data());
     backend_.synchronize();
-    double sumsq = 0;
-    for (double x : onebit_.chunk_sum) sumsq += x;
-    onebit_.exchange.compress_worker(backend_, sumsq);
+    const auto& sums = onebit_.chunk_sum;
+    onebit_.exchange.compress_worker(backend_, detail::sum_in_order(sums.data(), 0, sums.size()));
     pending_stage_ = stage::onebit_exchange;
   }
 
@@ -1328,8 +1354,8 @@ class optimizer {
       auto& scale = tensor_sums_;  // free until the update's norms
       double mean = 0;
       for (std::size_t k = 0; k < tensors_.size(); ++k) {
-        double sumsq = 0;
-        for (std::size_t c = work_.first_chunk(k); c < work_.first_chunk(k + 1); ++c) sumsq += onebit_.chunk_sum[c];
+        const double sumsq =
+            detail::sum_in_order(onebit_.chunk_sum.data(), work_.first_chunk(k), work_.first_chunk(k + 1));
         scale[k] = std::sqrt(sumsq / double(tensors_[k].size));
         mean += scale[k] / double(tensors_.size());
       }

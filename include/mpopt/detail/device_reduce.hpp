@@ -55,8 +55,7 @@ class device_reducer {
       return cub::DeviceReduce::Reduce(temp, bytes, x, sum, std::int64_t(n), ::cuda::std::plus<double>{}, 0.0, stream);
     });
 #else
-    const std::size_t whole[2] = {0, n};  // the OpenMP system's device memory is the host's
-    segment_sum<T>{x, whole, sum}(0);
+    *sum = sum_in_order(x, 0, n);  // the OpenMP system's device memory is the host's
 #endif
   }
 

@@ -28,19 +28,23 @@ MPOPT_HOST_DEVICE T lane_tree_sum(T (&a)[sum_lanes]) {
   return lane_tree<sum_lanes>(a, [](T x, T y) { return x + y; });
 }
 
-/// Per-chunk sums into per-tensor sums (the host backend, and the device backend off the GPU):
-/// sums[s] = x[offsets[s]] + ... + x[offsets[s + 1] - 1], in double, in order (0 when empty).
+/// x[first] + ... + x[last - 1] in double, in order (0 when empty): how the host backend, and the
+/// device backend off the GPU, add per-chunk sums.
+template <class T>
+MPOPT_HOST_DEVICE double sum_in_order(const T* x, std::size_t first, std::size_t last) {
+  double total = 0;
+  for (std::size_t i = first; i < last; ++i) total += double(x[i]);
+  return total;
+}
+
+/// Per-chunk sums into per-tensor sums: sums[s] = the sum of x over [offsets[s], offsets[s + 1]).
 template <class T>
 struct segment_sum {
   const T* x;
   const std::size_t* offsets;
   double* sums;
 
-  MPOPT_HOST_DEVICE void operator()(std::size_t s) const {
-    double total = 0;
-    for (std::size_t i = offsets[s]; i < offsets[s + 1]; ++i) total += double(x[i]);
-    sums[s] = total;
-  }
+  MPOPT_HOST_DEVICE void operator()(std::size_t s) const { sums[s] = sum_in_order(x, offsets[s], offsets[s + 1]); }
 };
 
 template <class L>

@@ -1,0 +1,225 @@
+// The optimizer on the device backend over its device communicator against the same optimizer on
+// the host backend over MPI, fed the same gradients, under mpirun. ZeRO-2 fp16 Adam with dynamic
+// scaling and an overflow on one rank (no clipping: every sum the step makes is then the same on
+// both, so the states must agree bit for bit), ZeRO-1 Adam with clipping, replicated bf16 LAMB and
+// 1-bit LAMB into its compression stage (per-chunk norm sums add in another order on the device:
+// within 1e-5), and a checkpoint saved by the device optimizer and loaded by both.
+//
+// Built by nvcc with MPOPT_TEST_NCCL (nccl_optimizer.cu): mpopt::cuda on a GPU per rank over
+// mpopt::nccl; without a GPU on every rank it prints why and exits 77 on every rank (skipped).
+// Built by g++ with Thrust's OpenMP system: mpopt::cuda over mpopt::mpi, which runs here.
+//
+// A standalone program (not doctest): every rank must run every collective in the same order.
+#include <mpopt/cuda.hpp>
+#include <mpopt/host.hpp>
+#include <mpopt/mpi.hpp>
+#include <mpopt/mpopt.hpp>
+#ifdef MPOPT_TEST_NCCL
+#include <mpopt/nccl.hpp>
+
+#include "cuda_ranks.hpp"
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <limits>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include "mpi_checks.hpp"
+
+namespace {
+
+using namespace mpi_checks;
+
+#ifdef MPOPT_TEST_NCCL
+using device_comm = mpopt::nccl;
+
+void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+/// Host or device memory, either way (unified addressing).
+template <class T>
+std::vector<T> fetch(std::span<const T> s) {
+  std::vector<T> out(s.size());
+  if (!s.empty()) check_cuda(cudaMemcpy(out.data(), s.data(), s.size_bytes(), cudaMemcpyDefault), "cudaMemcpy");
+  return out;
+}
+template <class T>
+void put(std::span<T> dst, const std::vector<T>& src) {
+  if (!src.empty()) check_cuda(cudaMemcpy(dst.data(), src.data(), dst.size_bytes(), cudaMemcpyDefault), "cudaMemcpy");
+}
+#else
+using device_comm = mpopt::mpi;  // Thrust's OpenMP system: the device is the host
+
+template <class T>
+std::vector<T> fetch(std::span<const T> s) {
+  return {s.begin(), s.end()};
+}
+template <class T>
+void put(std::span<T> dst, const std::vector<T>& src) {
+  std::copy(src.begin(), src.end(), dst.begin());
+}
+#endif
+
+/// Deterministic values in [-1, 1) per (a, b, c, i).
+double unit(std::uint64_t a, std::uint64_t b, std::uint64_t c, std::uint64_t i) {
+  std::uint64_t x = ((a * 0x9E3779B97F4A7C15ull ^ b) * 0xBF58476D1CE4E5B9ull ^ c) * 0x94D049BB133111EBull ^ i;
+  x ^= x >> 31;
+  x *= 0xD6E8FEB86659FD93ull;
+  x ^= x >> 29;
+  return double(x >> 11) * 0x1p-52 - 1.0;
+}
+
+const std::vector<mpopt::tensor_spec> specs = {{"w", 4097}, {"b", 1}, {"e", 1000}};
+
+template <class Opt>
+void setup(Opt& opt, const typename Opt::group_options& g) {
+  auto& group = opt.add_flat_group(g, {specs.begin(), specs.end()});
+  for (std::size_t t = 0; t < specs.size(); ++t) {
+    std::vector<typename Opt::param_type> p(specs[t].size);
+    for (std::size_t i = 0; i < p.size(); ++i) p[i] = typename Opt::param_type(float(unit(1, t, 0, i)));
+    put(group.param(t), p);
+  }
+  opt.finalize();
+}
+
+/// This rank's gradients of step s; `overflow` puts an infinity in one element on the last rank.
+template <class Opt>
+void feed(Opt& opt, int s, double magnitude, bool overflow) {
+  using G = typename Opt::grad_type;
+  auto& group = opt.group(0);
+  for (std::size_t t = 0; t < specs.size(); ++t) {
+    std::vector<G> g(specs[t].size);
+    for (std::size_t i = 0; i < g.size(); ++i)
+      g[i] = G(float(magnitude * unit(2 + std::uint64_t(world_rank), std::uint64_t(s), t, i)));
+    if (overflow && t == 0 && world_rank == world_size - 1) g[g.size() / 2] = G(std::numeric_limits<float>::infinity());
+    put(group.grad(t), g);
+  }
+}
+
+/// Both optimizers' masters and parameters agree within `tolerance` (relative; 0: bit for bit).
+template <class A, class B>
+void compare(const std::string& name, A& device, B& host, double tolerance) {
+  const auto close = [&](double x, double y) {
+    return tolerance == 0 ? std::memcmp(&x, &y, sizeof x) == 0 : std::abs(x - y) <= tolerance * (std::abs(y) + 1e-3);
+  };
+  for (std::size_t t = 0; t < specs.size(); ++t) {
+    const auto dm = fetch(device.master(t)), hm = fetch(host.master(t));
+    const auto dp = fetch<typename A::param_type>(device.group(0).param(t));
+    const auto hp = fetch<typename B::param_type>(host.group(0).param(t));
+    std::size_t bad = 0;
+    for (std::size_t i = 0; i < dm.size() && i < hm.size(); ++i) bad += !close(dm[i], hm[i]);
+    for (std::size_t i = 0; i < dp.size() && i < hp.size(); ++i) bad += !close(double(float(dp[i])), double(float(hp[i])));
+    expect(dm.size() == hm.size() && dp.size() == hp.size() && bad == 0,
+           name + ": tensor " + specs[t].name + ": " + std::to_string(bad) + " elements differ");
+  }
+}
+
+/// Steps both optimizers `steps` times on the same gradients and compares statuses and states.
+template <class Precision, class Scaler, class Partition, class Rule>
+void case_of(const std::string& name, const typename Rule::options& g, mpopt::optimizer_options o, int steps,
+             int overflow_step, double tolerance) {
+  run(name, [&] {
+    mpopt::optimizer<Precision, Scaler, Partition, Rule, mpopt::cuda, device_comm> device(device_comm(MPI_COMM_WORLD), o);
+    mpopt::optimizer<Precision, Scaler, Partition, Rule, mpopt::host, mpopt::mpi> host(mpopt::mpi(MPI_COMM_WORLD), o);
+    setup(device, g);
+    setup(host, g);
+    for (int s = 0; s < steps; ++s) {
+      feed(device, s, 0.5, s == overflow_step);
+      feed(host, s, 0.5, s == overflow_step);
+      const auto a = device.step(), b = host.step();
+      expect(a.result == b.result && a.scale_after == b.scale_after && a.step == b.step,
+             name + ": step " + std::to_string(s) + ": " + std::string(a.reason()) + " vs " + std::string(b.reason()));
+      const bool norms = std::isfinite(b.grad_norm) ? std::abs(a.grad_norm - b.grad_norm) <= 1e-5 * b.grad_norm
+                                                    : !std::isfinite(a.grad_norm);
+      expect(norms, name + ": step " + std::to_string(s) + ": norms " + std::to_string(a.grad_norm) + " vs " +
+                        std::to_string(b.grad_norm));
+      expect(a.comm_bytes == b.comm_bytes, name + ": the same bytes handed to NCCL as to MPI");
+    }
+    compare(name, device, host, tolerance);
+#ifdef MPOPT_TEST_NCCL
+    const auto report = device.memory_report();
+    bool staged = false;
+    for (const auto& b : report.buffers) staged |= b.name == "communicator workspace" && b.bytes > 0;
+    expect(staged, name + ": the host agreements went through the communicator's device scratch");
+#endif
+  });
+}
+
+void checkpoint() {
+  using P = mpopt::fp16;
+  using S = mpopt::dynamic_scale;
+  run("checkpoint", [&] {
+    mpopt::adam::options g;
+    mpopt::optimizer<P, S, mpopt::zero2, mpopt::adam, mpopt::cuda, device_comm> device(device_comm(MPI_COMM_WORLD));
+    setup(device, g);
+    for (int s = 0; s < 3; ++s) {
+      feed(device, s, 0.5, false);
+      device.step();
+    }
+    std::string dir = world_rank == 0 ? std::filesystem::temp_directory_path() / ("cross_backend_" + std::to_string(::getpid())) : "";
+    unsigned length = unsigned(dir.size());
+    MPI_Bcast(&length, 1, MPI_UNSIGNED, 0, MPI_COMM_WORLD);
+    dir.resize(length);
+    MPI_Bcast(dir.data(), int(length), MPI_CHAR, 0, MPI_COMM_WORLD);
+    const std::filesystem::path file = std::filesystem::path(dir) / "state";
+    if (world_rank == 0) std::filesystem::create_directories(dir);
+    MPI_Barrier(MPI_COMM_WORLD);
+    device.save(file);  // whole tensors gathered into host memory over NCCL
+
+    mpopt::optimizer<P, S, mpopt::zero2, mpopt::adam, mpopt::host, mpopt::mpi> host(mpopt::mpi(MPI_COMM_WORLD));
+    setup(host, g);
+    host.load(file);
+    compare("checkpoint: loaded on the host", device, host, 0);
+    mpopt::optimizer<P, S, mpopt::zero2, mpopt::adam, mpopt::cuda, device_comm> again(device_comm(MPI_COMM_WORLD));
+    setup(again, g);
+    again.load(file);
+    feed(again, 3, 0.5, false);
+    feed(host, 3, 0.5, false);
+    again.step();
+    host.step();
+    compare("checkpoint: loaded over NCCL, one more step", again, host, 0);
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (world_rank == 0) std::filesystem::remove_all(dir);
+  });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  start(argc, argv, "cross_backend");
+
+#ifdef MPOPT_TEST_NCCL
+  const cuda_ranks gpus = cuda_devices_on_every_rank();
+  if (gpus.devices == 0) {
+    if (world_rank == 0) std::printf("%s; the optimizer over NCCL needs a GPU per rank\n", gpus.why.c_str());
+    return finish(77);
+  }
+  run("device", [&] { check_cuda(cudaSetDevice(world_rank % gpus.devices), "cudaSetDevice"); });
+#endif
+
+  mpopt::adam::options adam;
+  mpopt::lamb::options lamb;
+  mpopt::onebit_lamb::options onebit;
+  onebit.freeze_step = 3;
+  onebit.coeff_beta = 0.5;
+  case_of<mpopt::fp16, mpopt::dynamic_scale, mpopt::zero2, mpopt::adam>("zero2 fp16 Adam, no clipping", adam,
+                                                                         {.clip_grad = 0}, 5, 2, 0);
+  case_of<mpopt::fp16, mpopt::dynamic_scale, mpopt::zero1, mpopt::adam>("zero1 fp16 Adam, clipped", adam, {}, 4, 1, 1e-5);
+  case_of<mpopt::bf16, mpopt::no_scaling, mpopt::replicated, mpopt::lamb>("replicated bf16 LAMB", lamb, {}, 4, -1, 1e-5);
+  case_of<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, mpopt::onebit_lamb>("1-bit LAMB", onebit, {}, 6, -1, 1e-5);
+  checkpoint();
+
+  return finish();
+}
