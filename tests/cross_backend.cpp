@@ -31,6 +31,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <unistd.h>
@@ -108,19 +109,24 @@ void feed(Opt& opt, int s, double magnitude, bool overflow) {
   }
 }
 
-/// Both optimizers' masters and parameters agree within `tolerance` (relative; 0: bit for bit).
+/// Both optimizers' masters and parameters agree within `tolerance` (relative; 0: bit for bit). A
+/// 16-bit parameter rounded from masters that differ in their last bits may differ by one unit.
 template <class A, class B>
 void compare(const std::string& name, A& device, B& host, double tolerance) {
-  const auto close = [&](double x, double y) {
-    return tolerance == 0 ? std::memcmp(&x, &y, sizeof x) == 0 : std::abs(x - y) <= tolerance * (std::abs(y) + 1e-3);
+  using P = typename A::param_type;
+  const double param_ulp = std::is_same_v<P, float> ? 0 : std::is_same_v<P, mpopt::half> ? 0x1p-10 : 0x1p-7;
+  const auto close = [](double x, double y, double tol) {
+    return tol == 0 ? std::memcmp(&x, &y, sizeof x) == 0 : std::abs(x - y) <= tol * (std::abs(y) + 1e-3);
   };
   for (std::size_t t = 0; t < specs.size(); ++t) {
     const auto dm = fetch(device.master(t)), hm = fetch(host.master(t));
-    const auto dp = fetch<typename A::param_type>(device.group(0).param(t));
+    const auto dp = fetch<P>(device.group(0).param(t));
     const auto hp = fetch<typename B::param_type>(host.group(0).param(t));
+    const double param_tolerance = tolerance == 0 ? 0 : std::max(tolerance, param_ulp);
     std::size_t bad = 0;
-    for (std::size_t i = 0; i < dm.size() && i < hm.size(); ++i) bad += !close(dm[i], hm[i]);
-    for (std::size_t i = 0; i < dp.size() && i < hp.size(); ++i) bad += !close(double(float(dp[i])), double(float(hp[i])));
+    for (std::size_t i = 0; i < dm.size() && i < hm.size(); ++i) bad += !close(dm[i], hm[i], tolerance);
+    for (std::size_t i = 0; i < dp.size() && i < hp.size(); ++i)
+      bad += !close(double(float(dp[i])), double(float(hp[i])), param_tolerance);
     expect(dm.size() == hm.size() && dp.size() == hp.size() && bad == 0,
            name + ": tensor " + specs[t].name + ": " + std::to_string(bad) + " elements differ");
   }
@@ -135,6 +141,10 @@ void case_of(const std::string& name, const typename Rule::options& g, mpopt::op
     mpopt::optimizer<Precision, Scaler, Partition, Rule, mpopt::host, mpopt::mpi> host(mpopt::mpi(MPI_COMM_WORLD), o);
     setup(device, g);
     setup(host, g);
+    // The device backend agrees on the overflow in device memory as a count of chunks (a double),
+    // the host backend as a byte; 1-bit LAMB decides on the host on both.
+    constexpr bool device_decides = !std::is_same_v<Rule, mpopt::onebit_lamb>;
+    const std::uint64_t flag_bytes = device_decides && world_size > 1 ? sizeof(double) - 1 : 0;
     for (int s = 0; s < steps; ++s) {
       feed(device, s, 0.5, s == overflow_step);
       feed(host, s, 0.5, s == overflow_step);
@@ -145,7 +155,7 @@ void case_of(const std::string& name, const typename Rule::options& g, mpopt::op
                                                     : !std::isfinite(a.grad_norm);
       expect(norms, name + ": step " + std::to_string(s) + ": norms " + std::to_string(a.grad_norm) + " vs " +
                         std::to_string(b.grad_norm));
-      expect(a.comm_bytes == b.comm_bytes, name + ": the same bytes handed to NCCL as to MPI");
+      expect(a.comm_bytes == b.comm_bytes + flag_bytes, name + ": the bytes handed to the communicators");
     }
     compare(name, device, host, tolerance);
 #ifdef MPOPT_TEST_NCCL
@@ -217,7 +227,7 @@ int main(int argc, char** argv) {
   case_of<mpopt::fp16, mpopt::dynamic_scale, mpopt::zero2, mpopt::adam>("zero2 fp16 Adam, no clipping", adam,
                                                                          {.clip_grad = 0}, 5, 2, 0);
   case_of<mpopt::fp16, mpopt::dynamic_scale, mpopt::zero1, mpopt::adam>("zero1 fp16 Adam, clipped", adam, {}, 4, 1, 1e-5);
-  case_of<mpopt::bf16, mpopt::no_scaling, mpopt::replicated, mpopt::lamb>("replicated bf16 LAMB", lamb, {}, 4, -1, 1e-5);
+  case_of<mpopt::bf16, mpopt::no_scaling, mpopt::replicated, mpopt::lamb>("replicated bf16 LAMB", lamb, {}, 4, 2, 1e-5);
   case_of<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, mpopt::onebit_lamb>("1-bit LAMB", onebit, {}, 6, -1, 1e-5);
   checkpoint();
 

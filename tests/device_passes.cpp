@@ -118,10 +118,10 @@ struct both {
   }
   /// Both backends decide from their own overflow-and-norm sums; the device's decision is returned.
   mpopt::detail::step_decision decide(mpopt::host& host_backend, mpopt::cuda& device, const mpopt::detail::step_rule& rule) {
-    host_backend.decide_step(sum.host.data(), nonfinite.host.data(), ts.work.size(), rule, decision_sums.host.data(),
-                             decision.host.data());
-    device.decide_step(sum.device.data(), nonfinite.device.data(), ts.work.size(), rule, decision_sums.device.data(),
-                       decision.device.data());
+    host_backend.step_sums(sum.host.data(), nonfinite.host.data(), ts.work.size(), decision_sums.host.data());
+    host_backend.decide_step(rule, decision_sums.host.data(), decision.host.data());
+    device.step_sums(sum.device.data(), nonfinite.device.data(), ts.work.size(), decision_sums.device.data());
+    device.decide_step(rule, decision_sums.device.data(), decision.device.data());
     return decision.download(device)[0];
   }
   /// Every buffer written by either backend: the device's copy equals the host's, bit for bit.

@@ -21,9 +21,9 @@ struct step_cost {
 
 /// The cost of each of `steps` steps of a two-tensor fused optimizer, after a first step (which also
 /// initializes the state); step `overflow_at` sees an infinite gradient and is skipped.
-template <class Precision, class Rule, class Scaler = mpopt::no_scaling>
+template <class Precision, class Rule, class Scaler = mpopt::no_scaling, class Partition = mpopt::replicated>
 std::vector<step_cost> cost_per_step(typename Rule::options o, int steps, int overflow_at = -1) {
-  mpopt::optimizer<Precision, Scaler, mpopt::replicated, Rule, mpopt::cuda> opt;
+  mpopt::optimizer<Precision, Scaler, Partition, Rule, mpopt::cuda> opt;
   auto& g = opt.add_flat_group(o, {{"w", 70001}, {"b", 17}});
   using grad_t = typename Precision::grad_type;
   for (std::size_t t = 0; t < g.size(); ++t)
@@ -61,6 +61,19 @@ TEST_SUITE("device") {
   TEST_CASE("a skipped step is decided on the device too: the same kernels (over empty chunks), one wait") {
     CHECK(cost_per_step<mpopt::fp16, mpopt::adam, mpopt::dynamic_scale>({}, 3, 1) == repeat(3, {6, 1}));
     CHECK(cost_per_step<mpopt::fp32, mpopt::lamb>({}, 3, 1) == repeat(3, {10, 1}));
+  }
+
+  TEST_CASE("under ZeRO the device decides too, and the host reads the decision before the update, whose "
+            "collectives may fail after the commit") {
+    // Adam: the bucket packed, overflow and norm (2), the sums (2), the decision | the update, the
+    // all-gather's pack and unpack. Waits: the packed bucket, the decision | the gathered bucket,
+    // the end of the step. A skipped step stops at the bar.
+    CHECK(cost_per_step<mpopt::fp16, mpopt::adam, mpopt::dynamic_scale, mpopt::zero1>({}, 3, 1) ==
+          std::vector<step_cost>{{9, 4}, {6, 2}, {9, 4}});
+    // LAMB adds its moments (2), per-tensor sums and trust ratios, and waits for the per-tensor
+    // norms, which ranks add up.
+    CHECK(cost_per_step<mpopt::fp32, mpopt::lamb, mpopt::no_scaling, mpopt::zero2>({}, 3, 1) ==
+          std::vector<step_cost>{{13, 5}, {6, 2}, {13, 5}});
   }
 
   TEST_CASE("1-bit LAMB on one rank decides on the host: LAMB's passes, one copy at the freeze step, then five; "

@@ -453,29 +453,32 @@ class optimizer {
     const detail::step_rule rule{unscale, local, options_.clip_grad, options_.skip_nonfinite};
     detail::step_decision decided;
     if (decides_on_backend()) {
-      // The update runs behind the decision (a skipped step's passes change nothing), with the
-      // group counters advanced for its coefficients; the host reads the decision once, after it.
       backend_.gradient_norm(d);
-      backend_.decide_step(chunk_sums_.data(), chunk_nonfinite_.data(), work_.size(), rule, decision_sums_.data(),
-                           decision_.data());
-      for (auto& g : groups_) ++g->step_;
-      update(d);
-      backend_.to_host(&decided, decision_.data(), 1);  // waits: the parameters are updated on return
-      if (decided.skip) {
-        for (auto& g : groups_) --g->step_;
+      backend_.step_sums(chunk_sums_.data(), chunk_nonfinite_.data(), work_.size(), decision_sums_.data());
+      agree_on_backend();
+      backend_.decide_step(rule, decision_sums_.data(), decision_.data());
+      if constexpr (Partition::sharded) {
+        // ZeRO's update has collectives, which may fail once the moments changed: the host learns
+        // the decision first (the one copy a step makes, which the status needs anyway).
+        backend_.to_host(&decided, decision_.data(), 1);
+        if (!decided.skip) commit_and_update(d);
       } else {
-        count_applied();
+        // The update runs behind the decision (a skipped step's passes change nothing), with the
+        // group counters advanced for its coefficients; the host reads the decision once, after it.
+        for (auto& g : groups_) ++g->step_;
+        update(d);
+        backend_.to_host(&decided, decision_.data(), 1);  // waits: the parameters are updated on return
+        if (decided.skip) {
+          for (auto& g : groups_) --g->step_;
+        } else {
+          count_applied();
+        }
       }
     } else {
       decided = decide_on_host(d, rule);
       if (!decided.skip) {
-        // The step is committed here: the first pass below changes the moments. Counters advance now,
-        // and a collective that fails after it leaves the rest for finish_step().
         backend_.to_device(decision_.data(), &decided, 1);
-        for (auto& g : groups_) ++g->step_;
-        count_applied();
-        update(d);
-        backend_.synchronize();  // the parameters are updated when step() returns
+        commit_and_update(d);
       }
     }
 
@@ -1217,7 +1220,8 @@ class optimizer {
   void check_same_layout() {
     std::string text = std::string(Partition::name) + "|" + std::string(type_name<accumulate_type>) + "|" +
                        std::string(type_name<communicate_type>) + "|" + std::to_string(options_.accumulation_steps) +
-                       "|" + std::to_string(options_.bucket_elements) + "|" + std::to_string(options_.gradient_predivide);
+                       "|" + std::to_string(options_.bucket_elements) + "|" + std::to_string(options_.gradient_predivide) +
+                       "|" + std::to_string(options_.sum_by_shard);  // it chooses the collectives of a step
     for (const auto& g : groups_) {
       text += "|";
       for (const auto& e : g->entries_) text += e.name + ":" + std::to_string(e.size) + ";";
@@ -1229,7 +1233,7 @@ class optimizer {
     comm_.all_reduce(std::span<std::uint64_t>(seen), reduce_op::max);
     if (seen[0] != mine || seen[1] != ~mine)
       detail::fail("the ranks registered different parameters (groups, tensor names or sizes, accumulation or "
-                   "communication types, accumulation_steps, bucket_elements or gradient_predivide differ): every rank must register the same tensors in the same order");
+                   "communication types, accumulation_steps, bucket_elements, gradient_predivide or sum_by_shard differ): every rank must register the same tensors in the same order");
   }
 
   /// The sum of per-chunk partials over chunks [c0, c1), formed per owner and added in rank order:
@@ -1248,10 +1252,36 @@ class optimizer {
     return reinterpret_cast<T*>(staging_.data());
   }
 
-  /// One rank, replicated, has nothing to agree with others and no collective in its update: its
-  /// backend decides the step (step_decision.hpp). 1-bit LAMB's step logic reads the device mid-step
-  /// anyway (its frozen coefficients and compression factors), so it decides on the host.
-  bool decides_on_backend() const { return comm_.size() == 1 && !Partition::sharded && !is_onebit; }
+  /// Whether the backend decides the step (step_decision.hpp): one rank, replicated, always; a device
+  /// backend also across ranks and under ZeRO, so that the overflow flag and norm stay in device
+  /// memory, except for sum_by_shard, whose norm the host adds up by would-be shard in rank order.
+  /// 1-bit LAMB's step logic reads the device mid-step anyway (its frozen coefficients and
+  /// compression factors): the host decides.
+  bool decides_on_backend() const {
+    if (is_onebit) return false;
+    if (comm_.size() == 1 && !Partition::sharded) return true;
+    return Backend::space == memory_space::device && (Partition::sharded || !options_.sum_by_shard);
+  }
+
+  /// Across ranks, the backend's step sums are agreed where they are: the non-finite chunks (one
+  /// rank's overflow skips the step on all) and, under ZeRO, the squared norm of each shard.
+  /// Replicated, every rank's norm is already that of the same all-reduced gradients.
+  void agree_on_backend() {
+    if (comm_.size() == 1) return;
+    if constexpr (!detail::stream_communicator<Communicator>) backend_.synchronize();  // the sums are done
+    double* sums = decision_sums_.data();
+    if constexpr (Partition::sharded) comm_.all_reduce(std::span<double>(sums, 2), reduce_op::sum);
+    else comm_.all_reduce(std::span<double>(sums + 1, 1), reduce_op::sum);
+  }
+
+  /// An applied step: counters advance now, as the first pass below changes the moments, and a
+  /// collective that fails after it leaves the rest for finish_step().
+  void commit_and_update(detail::step_data<Precision>& d) {
+    for (auto& g : groups_) ++g->step_;
+    count_applied();
+    update(d);
+    backend_.synchronize();  // the parameters are updated when step() returns
+  }
 
   /// The element-wise overflow test and the squared global norm, agreed by every rank, and the
   /// decision they make. Every rank runs every reduction, whatever it found locally.

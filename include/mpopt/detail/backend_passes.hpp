@@ -8,7 +8,7 @@
 //   aligned(d)                 whether every tensor of d allows aligned vectors
 //   for_each_index(n, f)       f(i) for i in [0, n): one thread per index (short loops: per tensor)
 //   sum_segments(x, o, n, s)   segmented_sum below
-//   sum_all(x, n, s)           *s = the sum of x[0, n) in double (decide_step below)
+//   sum_all(x, n, s)           *s = the sum of x[0, n) in double (step_sums below)
 #pragma once
 
 #include <cstddef>
@@ -56,12 +56,14 @@ class backend_passes {
   void segmented_sum(const T* x, const std::size_t* offsets, std::size_t segments, double* sums) {
     self().sum_segments(x, offsets, segments, sums);
   }
-  /// The step's decision from the overflow-and-norm pass's per-chunk results, where they are:
-  /// their sums (sums[0] squared norm, sums[1] non-finite chunks), then one thread deciding.
-  void decide_step(const float* chunk_sums, const std::uint8_t* chunk_nonfinite, std::size_t chunks,
-                   const step_rule& rule, double* sums, step_decision* out) {
+  /// The overflow-and-norm pass's per-chunk results summed where they are: sums[0] the squared
+  /// norm, sums[1] the non-finite chunks (what ranks add up to agree on a skip).
+  void step_sums(const float* chunk_sums, const std::uint8_t* chunk_nonfinite, std::size_t chunks, double* sums) {
     self().sum_all(chunk_sums, chunks, sums);
     self().sum_all(chunk_nonfinite, chunks, sums + 1);
+  }
+  /// The step's decision from those sums, by one thread.
+  void decide_step(const step_rule& rule, const double* sums, step_decision* out) {
     self().for_each_index(1, detail::decide_step{rule, sums, out});
   }
   /// LAMB's per-tensor trust ratios and step sizes from the squared norms (lamb_math.hpp), unless

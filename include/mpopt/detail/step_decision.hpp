@@ -1,7 +1,8 @@
 // mpopt — what the overflow-and-norm pass decides about a step: skip it, or multiply the gradients
-// by the unscale times the clip coefficient. On one rank the backend decides (on a GPU no host
-// read sits between the norm and the update, whose passes read the decision where they run); across
-// ranks the host decides, after the norms are agreed, and hands the decision to the backend.
+// by the unscale times the clip coefficient. The device backend decides (replicated, no host read
+// sits between the norm and the update, whose passes read the decision where they run; under ZeRO
+// the host reads it before the update); the host backend across ranks, sum_by_shard and 1-bit LAMB
+// decide on the host, by the same rule, and hand the decision to the backend.
 #pragma once
 
 #include <cfloat>
