@@ -275,7 +275,7 @@ class rig {
     const std::size_t gi = model.add_group(rule_of<rule>, to_ref(o));
     const std::size_t first = params.size();
     for (std::size_t i = 0; i < group_sizes.size(); ++i)
-      names.push_back("g" + std::to_string(gi) + ".tensor" + std::to_string(i) + "_n" + std::to_string(group_sizes[i]));
+      names.push_back(std::string("g") + std::to_string(gi) + ".tensor" + std::to_string(i) + "_n" + std::to_string(group_sizes[i]));
     if (lay_ == layout::flat) {
       std::vector<mpopt::tensor_spec> specs;
       for (std::size_t i = 0; i < group_sizes.size(); ++i) specs.push_back({names[first + i], group_sizes[i]});

@@ -58,7 +58,7 @@ struct model {
       g.emplace_back(onebit_sizes[i]);
       for (std::size_t k = 0; k < p[i].size(); ++k) p[i][k] = to<P>(0.5 * unit(key(0xA1, i, k, 3)));
     }
-    for (std::size_t i = 0; i < p.size(); ++i) group.add(p[i], g[i], "t" + std::to_string(i));
+    for (std::size_t i = 0; i < p.size(); ++i) group.add(p[i], g[i], std::string("t") + std::to_string(i));
   }
   /// Writes the gradient (times the loss scale) and returns what the optimizer reads, unscaled.
   grads_t write(const grads_t& truth) {

@@ -39,7 +39,7 @@ struct tensors {
       g.emplace_back(n);
       for (auto& x : p.back()) x = from_double<P>(normal(rng));
     }
-    for (std::size_t i = 0; i < sizes.size(); ++i) group.add(p[i], g[i], std::string("t").append(std::to_string(i)));
+    for (std::size_t i = 0; i < sizes.size(); ++i) group.add(p[i], g[i], std::string("t") + std::to_string(i));
   }
   /// Writes truth * scale rounded to the gradient type; returns what the optimizer will read.
   std::vector<ref::tensor> write(const std::vector<ref::tensor>& truth, double scale = 1.0) {
