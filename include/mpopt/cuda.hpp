@@ -30,6 +30,9 @@
 #include "detail/config.hpp"
 #include "detail/device_buffer.hpp"
 #include "detail/device_reduce.hpp"
+#if MPOPT_DEVICE_IS_GPU
+#include "detail/cuda_stream.hpp"
+#endif
 #include "detail/passes.hpp"
 #include "detail/quad_lanes.hpp"
 #include "detail/square_sum.hpp"
@@ -149,16 +152,6 @@ struct chunk_totals_kernel {
     if (out.largest) out.largest[ci] = lane_tree<N>(partials.largest + at, [](float a, float b) { return detail::max(a, b); });
   }
 };
-
-#if MPOPT_DEVICE_IS_GPU
-/// Destroys the backend's own stream; leaves a borrowed one to its owner.
-struct stream_destroyer {
-  bool owned = true;
-  void operator()(cudaStream_t s) const {
-    if (owned) cudaStreamDestroy(s);
-  }
-};
-#endif
 
 }  // namespace detail
 
@@ -368,7 +361,7 @@ class cuda : public detail::backend_passes<cuda> {
   };
 
 #if MPOPT_DEVICE_IS_GPU
-  std::unique_ptr<std::remove_pointer_t<cudaStream_t>, detail::stream_destroyer> stream_;  // own, or borrowed
+  detail::stream_holder stream_;  // own, or borrowed
 #endif
   std::size_t launches_ = 0;
   mutable std::size_t waits_ = 0;

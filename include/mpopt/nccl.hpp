@@ -15,6 +15,7 @@
 #include <type_traits>
 
 #include "communicator.hpp"
+#include "detail/cuda_stream.hpp"
 #include "detail/mpi_c.hpp"
 #include "detail/validate.hpp"
 #include "numeric.hpp"
@@ -74,7 +75,7 @@ class nccl {
   /// agreeing on success, so a failure on any rank throws mpopt::error on all of them instead of
   /// leaving some waiting. (A rank that fails inside ncclCommInitRank itself may still leave peers
   /// waiting there.)
-  explicit nccl(MPI_Comm comm, cudaStream_t stream = nullptr) : stream_(stream, destroy_stream{stream == nullptr}) {
+  explicit nccl(MPI_Comm comm, cudaStream_t stream = nullptr) : stream_(stream, detail::stream_destroyer{stream == nullptr}) {
     int initialized = 0;
     MPI_Initialized(&initialized);
     int finalized = 0;
@@ -395,12 +396,6 @@ class nccl {
   struct free_device {
     void operator()(std::byte* p) const noexcept { (void)cudaFree(p); }
   };
-  struct destroy_stream {
-    bool owned = true;
-    void operator()(cudaStream_t s) const noexcept {
-      if (owned) (void)cudaStreamDestroy(s);
-    }
-  };
   struct destroy_comm {
     void operator()(ncclComm_t c) const noexcept { (void)ncclCommDestroy(c); }
   };
@@ -408,7 +403,7 @@ class nccl {
     void operator()(ncclComm_t c) const noexcept { (void)ncclCommAbort(c); }
   };
 
-  std::unique_ptr<std::remove_pointer_t<cudaStream_t>, destroy_stream> stream_;  // declared first: destroyed last
+  detail::stream_holder stream_;  // declared first: destroyed last
   int rank_ = 0;
   int size_ = 1;
   int device_ = -1;
