@@ -36,6 +36,7 @@
 
 #include <unistd.h>
 
+#include "counter_hash.hpp"
 #include "mpi_checks.hpp"
 
 namespace {
@@ -73,15 +74,6 @@ void put(std::span<T> dst, const std::vector<T>& src) {
 }
 #endif
 
-/// Deterministic values in [-1, 1) per (a, b, c, i).
-double unit(std::uint64_t a, std::uint64_t b, std::uint64_t c, std::uint64_t i) {
-  std::uint64_t x = ((a * 0x9E3779B97F4A7C15ull ^ b) * 0xBF58476D1CE4E5B9ull ^ c) * 0x94D049BB133111EBull ^ i;
-  x ^= x >> 31;
-  x *= 0xD6E8FEB86659FD93ull;
-  x ^= x >> 29;
-  return double(x >> 11) * 0x1p-52 - 1.0;
-}
-
 const std::vector<mpopt::tensor_spec> specs = {{"w", 4097}, {"b", 1}, {"e", 1000}};
 
 template <class Opt>
@@ -89,7 +81,7 @@ void setup(Opt& opt, const typename Opt::group_options& g) {
   auto& group = opt.add_flat_group(g, {specs.begin(), specs.end()});
   for (std::size_t t = 0; t < specs.size(); ++t) {
     std::vector<typename Opt::param_type> p(specs[t].size);
-    for (std::size_t i = 0; i < p.size(); ++i) p[i] = typename Opt::param_type(float(unit(1, t, 0, i)));
+    for (std::size_t i = 0; i < p.size(); ++i) p[i] = typename Opt::param_type(float(unit(key(1, t, 0, i))));
     put(group.param(t), p);
   }
   opt.finalize();
@@ -103,7 +95,7 @@ void feed(Opt& opt, int s, double magnitude, bool overflow) {
   for (std::size_t t = 0; t < specs.size(); ++t) {
     std::vector<G> g(specs[t].size);
     for (std::size_t i = 0; i < g.size(); ++i)
-      g[i] = G(float(magnitude * unit(2 + std::uint64_t(world_rank), std::uint64_t(s), t, i)));
+      g[i] = G(float(magnitude * unit(key(2 + std::uint64_t(world_rank), std::uint64_t(s), t, i))));
     if (overflow && t == 0 && world_rank == world_size - 1) g[g.size() / 2] = G(std::numeric_limits<float>::infinity());
     put(group.grad(t), g);
   }

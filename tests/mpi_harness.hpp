@@ -36,6 +36,7 @@
 #include <mpopt/mpi.hpp>
 #include <mpopt/mpopt.hpp>
 
+#include "counter_hash.hpp"
 #include "test_backend.hpp"
 
 #include "temp_dir.hpp"
@@ -55,20 +56,7 @@ int world_size() {
 
 enum class layout { unfused, flat };
 
-// ---------------------------------------------------------------- deterministic data
-
-/// splitmix64's finalizer: a counter-based generator, the same on every rank.
-constexpr std::uint64_t mix(std::uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-constexpr std::uint64_t key(std::uint64_t a, std::uint64_t b, std::uint64_t c, std::uint64_t d) {
-  return mix(mix(mix(mix(a) ^ b) ^ c) ^ d);
-}
-/// Uniform in [-1, 1).
-constexpr double unit(std::uint64_t h) { return double(h >> 11) * 0x1p-52 - 1.0; }
+// ---------------------------------------------------------------- deterministic data (counter_hash.hpp)
 
 using grads_t = std::vector<std::vector<double>>;  // true gradient, per tensor
 
