@@ -744,7 +744,7 @@ int run(const config& c, const task& data) {
                 data.train.size(), data.test.size(), c.steps,
                 c.accumulate > 1 ? (std::to_string(c.accumulate) + " x ").c_str() : "", c.batch);
     if (with_mpi) std::printf(" per rank; %s over %d ranks", std::string(Opt::partition::name).c_str(), world_size());
-    std::printf("\n");
+    std::printf("; host SIMD %s\n", std::string(mpopt::to_string(mpopt::host::simd())).c_str());
   }
 
   const run_result r = train<Opt>(c, data, true);

@@ -11,6 +11,7 @@
 #include <limits>
 #include <new>
 #include <random>
+#include <string>
 #include <vector>
 
 namespace {
@@ -62,12 +63,20 @@ void check_steady_state_allocates_nothing(Opt& opt, std::vector<std::vector<type
   fill(std::numeric_limits<float>::quiet_NaN());
   // The first step allocates the state (this also shows the counter sees the library's allocations).
   CHECK(count_allocations([&] { opt.step(); }) > 0);
-  for (int i = 0; i < 3 * steps_per_check; ++i) {
-    const bool overflow = i % 5 == 3;  // skipped steps take another path through step()
-    fill(overflow ? std::numeric_limits<float>::infinity() : std::numeric_limits<float>::quiet_NaN());
-    long n = count_allocations([&] { opt.step(); });
-    CHECK_MESSAGE(n == 0, "step ", i, " allocated ", n, " times");
+  // At every SIMD level this CPU runs (the host backend's passes; one level on the device backend).
+  const auto before = mpopt::host::simd();
+  for (auto level : {mpopt::simd_level::scalar, mpopt::simd_level::avx2, mpopt::simd_level::avx512}) {
+    if (!mpopt::cpu_supports(level)) continue;
+    CAPTURE(std::string(mpopt::to_string(level)));
+    mpopt::host::use_simd(level);
+    for (int i = 0; i < 3 * steps_per_check; ++i) {
+      const bool overflow = i % 5 == 3;  // skipped steps take another path through step()
+      fill(overflow ? std::numeric_limits<float>::infinity() : std::numeric_limits<float>::quiet_NaN());
+      long n = count_allocations([&] { opt.step(); });
+      CHECK_MESSAGE(n == 0, "step ", i, " allocated ", n, " times");
+    }
   }
+  mpopt::host::use_simd(before);
   CHECK(count_allocations([&] { opt.zero_grad(); }) == 0);
 }
 
@@ -87,6 +96,24 @@ TEST_SUITE("allocation") {
     std::vector<mpopt::bfloat16> w(70001, mpopt::bfloat16(0.5f)), gw(70001);
     opt.add_group({.weight_decay = 0.01}).add(w, gw, "w");
     check_steady_state_allocates_nothing(opt, {&gw}, 1);
+  }
+
+  TEST_CASE("bf16 Adam and fp16 LAMB allocate nothing after the first step") {
+    mpopt::optimizer<mpopt::bf16, mpopt::no_scaling, mpopt::replicated, mpopt::adam, test_backend> adam;
+    std::vector<mpopt::bfloat16> w(70001, mpopt::bfloat16(0.5f)), gw(70001);
+    adam.add_group({}).add(w, gw, "w");
+    check_steady_state_allocates_nothing(adam, {&gw}, 1);
+    mpopt::optimizer<mpopt::fp16, mpopt::static_scale, mpopt::replicated, mpopt::lamb, test_backend> lamb;
+    std::vector<mpopt::half> p(70001, mpopt::half(0.5f)), gp(70001);
+    lamb.add_group({.weight_decay = 0.01}).add(p, gp, "p");
+    check_steady_state_allocates_nothing(lamb, {&gp}, 1);
+  }
+
+  TEST_CASE("1-bit LAMB allocates nothing after the first step, in warm-up and compression") {
+    mpopt::optimizer<mpopt::bf16, mpopt::no_scaling, mpopt::replicated, mpopt::onebit_lamb, test_backend> opt;
+    std::vector<mpopt::bfloat16> w(70001, mpopt::bfloat16(0.5f)), gw(70001);
+    opt.add_group({.freeze_step = 4}).add(w, gw, "w");
+    check_steady_state_allocates_nothing(opt, {&gw}, 3);
   }
 
   TEST_CASE("fp32 Adam with gradient accumulation allocates nothing after the first step") {

@@ -1,6 +1,6 @@
-// Tests for mpopt/convert.hpp and the vector primitives of mpopt/detail/simd_convert.hpp: every
-// vector path must give the same bits as the scalar conversions, and partial accesses must not
-// touch memory past their last lane.
+// Tests for mpopt/convert.hpp, which runs the host backend's lanes at its SIMD level, and so for the
+// vector primitives of mpopt/detail/simd_convert.hpp: at every level this CPU runs, convert() gives
+// the scalar conversions' bits, and the tail of a vector touches no memory past its last element.
 #include <doctest/doctest.h>
 
 #include <mpopt/convert.hpp>
@@ -8,6 +8,7 @@
 #include <array>
 #include <bit>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <span>
@@ -73,22 +74,6 @@ std::vector<T> random_inputs(std::size_t n, std::uint64_t seed) {
   }
 }
 
-// Scalar reference for one element (for the vector primitive tests).
-#if MPOPT_HAVE_AVX512 || MPOPT_HAVE_AVX2
-float widen(float f) { return f; }
-float widen(half h) { return detail::half_bits_to_float(h.bits); }
-float widen(bfloat16 b) { return detail::bfloat16_bits_to_float(b.bits); }
-#endif
-template <class T>
-T narrow(float f) {
-  if constexpr (std::is_same_v<T, half>) {
-    return half::from_bits(detail::float_to_half_bits(f));
-  } else if constexpr (std::is_same_v<T, bfloat16>) {
-    return bfloat16::from_bits(detail::float_to_bfloat16_bits(f));
-  } else {
-    return f;
-  }
-}
 template <class T>
 std::uint32_t raw(T x) {
   if constexpr (std::is_same_v<T, float>) {
@@ -150,6 +135,19 @@ void check_mismatch(std::size_t in_n, std::size_t out_n) {
   expect_throw([&] { detail::convert_scalar(std::span<const From>(in), std::span<To>(out)); });
 }
 
+/// f() at every SIMD level this CPU runs, then back at the level before.
+template <class F>
+void at_every_level(F&& f) {
+  const auto before = mpopt::host::simd();
+  for (auto level : {mpopt::simd_level::scalar, mpopt::simd_level::avx2, mpopt::simd_level::avx512}) {
+    if (!mpopt::cpu_supports(level)) continue;
+    CAPTURE(std::string(mpopt::to_string(level)));
+    mpopt::host::use_simd(level);
+    f();
+  }
+  mpopt::host::use_simd(before);
+}
+
 #if defined(__unix__)
 // Two pages, the second inaccessible: any access at or past end() faults, so a partial load/store
 // that only touches its active lanes can be placed to end exactly there.
@@ -177,30 +175,42 @@ class guarded_page {
 }  // namespace
 
 TEST_SUITE("convert") {
-  TEST_CASE("the widest vector path the compiler targets is selected") {
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-    CHECK(MPOPT_HAVE_AVX512 == 1);
-#else
-    CHECK(MPOPT_HAVE_AVX512 == 0);
-#endif
-#if defined(__AVX2__) && defined(__F16C__)
-    CHECK(MPOPT_HAVE_AVX2 == 1);
-#else
-    CHECK(MPOPT_HAVE_AVX2 == 0);
-#endif
-    const std::string path = MPOPT_HAVE_AVX512 ? "AVX-512" : MPOPT_HAVE_AVX2 ? "AVX2+F16C" : "scalar";
-    MESSAGE("convert() path: " << path);
+  TEST_CASE("the SIMD level is the best this CPU runs (or MPOPT_SIMD's); use_simd refuses the others") {
+    const char* env = std::getenv("MPOPT_SIMD");
+    const auto best = mpopt::cpu_supports(mpopt::simd_level::avx512) ? mpopt::simd_level::avx512
+                      : mpopt::cpu_supports(mpopt::simd_level::avx2) ? mpopt::simd_level::avx2
+                                                                      : mpopt::simd_level::scalar;
+    if (env == nullptr || *env == '\0') CHECK(mpopt::host::simd() == best);
+    else CHECK(mpopt::to_string(mpopt::host::simd()) == env);
+    MESSAGE("host SIMD level: " << mpopt::to_string(mpopt::host::simd()) << " (best here: " << mpopt::to_string(best) << ")");
+    CHECK(mpopt::cpu_supports(mpopt::simd_level::scalar));
+    const auto before = mpopt::host::simd();
+    for (auto level : {mpopt::simd_level::avx2, mpopt::simd_level::avx512}) {
+      if (mpopt::cpu_supports(level)) continue;
+      try {
+        mpopt::host::use_simd(level);
+        FAIL_CHECK("use_simd accepted " << mpopt::to_string(level));
+      } catch (const mpopt::error& e) {
+        const std::string what = e.what(), name(mpopt::to_string(level));
+        const bool named = what.find("cannot run " + name) != std::string::npos ||
+                           what.find("use_simd: " + name + " is not in this build") != std::string::npos;
+        CHECK_MESSAGE(named, what);
+      }
+      CHECK(mpopt::host::simd() == before);
+    }
   }
 
   TEST_CASE_TEMPLATE_DEFINE("convert is bit-identical to convert_scalar for all sizes and unaligned starts", P,
                             bulk_directions) {
     using From = typename P::first_type;
     using To = typename P::second_type;
-    for (std::size_t n : {0u, 1u, 7u, 8u, 15u, 16u, 17u, 31u, 33u, 1000u, (1u << 20) + 3u}) {
-      check_bulk<From, To>(n, 0, 0);
-      check_bulk<From, To>(n, 1, 1);
-      check_bulk<From, To>(n, 1, 0);
-    }
+    at_every_level([] {
+      for (std::size_t n : {0u, 1u, 7u, 8u, 9u, 15u, 16u, 17u, 31u, 33u, 1000u, (1u << 20) + 3u}) {
+        check_bulk<From, To>(n, 0, 0);
+        check_bulk<From, To>(n, 1, 1);
+        check_bulk<From, To>(n, 1, 0);
+      }
+    });
   }
   TEST_CASE_TEMPLATE_INVOKE(bulk_directions, std::pair<float, half>, std::pair<float, bfloat16>,
                             std::pair<half, float>, std::pair<bfloat16, float>);
@@ -231,178 +241,61 @@ TEST_SUITE("convert") {
     std::vector<float> in(chunk);
     std::vector<half> h1(chunk), h2(chunk);
     std::vector<bfloat16> b1(chunk), b2(chunk);
-    std::size_t bad = 0;
-    for (std::uint64_t start = 0; start < (std::uint64_t{1} << 32); start += chunk) {
-      for (std::size_t i = 0; i < chunk; ++i) in[i] = std::bit_cast<float>(static_cast<std::uint32_t>(start + i));
-      mpopt::convert(in, h1);
-      detail::convert_scalar(in, h2);
-      mpopt::convert(in, b1);
-      detail::convert_scalar(in, b2);
-      bad += std::memcmp(h1.data(), h2.data(), chunk * sizeof(half)) != 0;
-      bad += std::memcmp(b1.data(), b2.data(), chunk * sizeof(bfloat16)) != 0;
-    }
-    CHECK(bad == 0);
-  }
-
-#if MPOPT_HAVE_AVX512
-  TEST_CASE("load16/store16 on full vectors are bit-identical to the scalar conversions") {
-    namespace simd = detail::simd;
-    std::vector<std::uint16_t> all(0x10000);
-    for (std::uint32_t i = 0; i < 0x10000; ++i) all[i] = static_cast<std::uint16_t>(i);
-    std::size_t bad = 0;
-    alignas(64) std::array<float, 16> lanes{};
-    for (std::size_t i = 0; i < all.size(); i += 16) {  // every half and bfloat16 pattern
-      simd::store16(lanes.data(), simd::load16(reinterpret_cast<const half*>(all.data() + i)));
-      for (std::size_t k = 0; k < 16; ++k) bad += raw(lanes[k]) != raw(widen(half::from_bits(all[i + k])));
-      simd::store16(lanes.data(), simd::load16(reinterpret_cast<const bfloat16*>(all.data() + i)));
-      for (std::size_t k = 0; k < 16; ++k) bad += raw(lanes[k]) != raw(widen(bfloat16::from_bits(all[i + k])));
-    }
-    const std::vector<float> f = random_floats(std::size_t{1} << 20, 77);
-    std::array<half, 16> h{};
-    std::array<bfloat16, 16> b{};
-    for (std::size_t i = 0; i < f.size(); i += 16) {
-      const __m512 v = simd::load16(f.data() + i);
-      simd::store16(h.data(), v);
-      simd::store16(b.data(), v);
-      simd::store16(lanes.data(), v);
-      for (std::size_t k = 0; k < 16; ++k) {
-        bad += h[k].bits != narrow<half>(f[i + k]).bits;
-        bad += b[k].bits != narrow<bfloat16>(f[i + k]).bits;
-        bad += raw(lanes[k]) != raw(f[i + k]);
+    at_every_level([&] {
+      std::size_t bad = 0;
+      for (std::uint64_t start = 0; start < (std::uint64_t{1} << 32); start += chunk) {
+        for (std::size_t i = 0; i < chunk; ++i) in[i] = std::bit_cast<float>(static_cast<std::uint32_t>(start + i));
+        mpopt::convert(in, h1);
+        detail::convert_scalar(in, h2);
+        mpopt::convert(in, b1);
+        detail::convert_scalar(in, b2);
+        bad += std::memcmp(h1.data(), h2.data(), chunk * sizeof(half)) != 0;
+        bad += std::memcmp(b1.data(), b2.data(), chunk * sizeof(bfloat16)) != 0;
       }
-    }
-    CHECK(bad == 0);
+      CHECK(bad == 0);
+    });
   }
 
-  TEST_CASE_TEMPLATE("masked load16 reads only the active lanes and zeroes the others, n = 0..16", T, float, half,
-                     bfloat16) {
-    namespace simd = detail::simd;
-    const std::vector<T> src = random_inputs<T>(16, 11);
-    std::array<float, 16> lanes{};
-    for (unsigned n = 0; n <= 16; ++n) {
-      CAPTURE(n);
-      simd::store16(lanes.data(), simd::load16(src.data(), simd::first_lanes16(n)));
-      for (unsigned k = 0; k < 16; ++k) CHECK(raw(lanes[k]) == (k < n ? raw(widen(src[k])) : 0u));
-#if defined(__unix__)
-      const guarded_page page;  // the first n elements end at the inaccessible page
-      T* p = page.end<T>() - n;
-      std::memcpy(static_cast<void*>(p), src.data(), n * sizeof(T));
-      simd::store16(lanes.data(), simd::load16(p, simd::first_lanes16(n)));
-      for (unsigned k = 0; k < n; ++k) CHECK(raw(lanes[k]) == raw(widen(src[k])));
-#endif
+  TEST_CASE("every half and bfloat16 bit pattern widens to the scalar conversion's bits") {
+    std::vector<half> h(0x10000);
+    std::vector<bfloat16> b(0x10000);
+    for (std::uint32_t i = 0; i < 0x10000; ++i) {
+      h[i] = half::from_bits(static_cast<std::uint16_t>(i));
+      b[i] = bfloat16::from_bits(static_cast<std::uint16_t>(i));
     }
-    std::mt19937 rng(3);
-    for (int rep = 0; rep < 64; ++rep) {  // arbitrary, non-prefix masks
-      const auto m = static_cast<__mmask16>(rng());
-      simd::store16(lanes.data(), simd::load16(src.data(), m));
-      for (unsigned k = 0; k < 16; ++k) CHECK(raw(lanes[k]) == (((m >> k) & 1) ? raw(widen(src[k])) : 0u));
-    }
+    std::vector<float> got(0x10000), want(0x10000);
+    at_every_level([&] {
+      mpopt::convert(h, got);
+      detail::convert_scalar(std::span<const half>(h), std::span<float>(want));
+      CHECK(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0);
+      mpopt::convert(b, got);
+      detail::convert_scalar(std::span<const bfloat16>(b), std::span<float>(want));
+      CHECK(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0);
+    });
   }
 
-  TEST_CASE_TEMPLATE("masked store16 writes only the active lanes, n = 0..16", T, float, half, bfloat16) {
-    namespace simd = detail::simd;
-    const std::vector<float> f = random_floats(16, 12);
-    const __m512 v = simd::load16(f.data());
-    for (unsigned n = 0; n <= 16; ++n) {
-      CAPTURE(n);
-      std::array<T, 18> buf;  // one guard element each side
-      std::memset(static_cast<void*>(buf.data()), sentinel, sizeof buf);
-      simd::store16(buf.data() + 1, v, simd::first_lanes16(n));
-      CHECK(untouched(buf.data(), 1));
-      for (unsigned k = 0; k < n; ++k) CHECK(raw(buf[1 + k]) == raw(narrow<T>(f[k])));
-      CHECK(untouched(buf.data() + 1 + n, 17 - n));
 #if defined(__unix__)
-      const guarded_page page;
-      T* p = page.end<T>() - n;
-      simd::store16(p, v, simd::first_lanes16(n));
-      for (unsigned k = 0; k < n; ++k) CHECK(raw(p[k]) == raw(narrow<T>(f[k])));
-#endif
-    }
-    std::mt19937 rng(4);
-    for (int rep = 0; rep < 64; ++rep) {
-      const auto m = static_cast<__mmask16>(rng());
-      std::array<T, 16> buf;
-      std::memset(static_cast<void*>(buf.data()), sentinel, sizeof buf);
-      simd::store16(buf.data(), v, m);
-      for (unsigned k = 0; k < 16; ++k) {
-        if ((m >> k) & 1) {
-          CHECK(raw(buf[k]) == raw(narrow<T>(f[k])));
-        } else {
-          CHECK(untouched(buf.data() + k, 1));
-        }
+  TEST_CASE_TEMPLATE_DEFINE("a tail of n = 0..33 elements ending at an inaccessible page reads and writes only them", P,
+                            guarded_directions) {
+    using From = typename P::first_type;
+    using To = typename P::second_type;
+    const std::vector<From> src = random_inputs<From>(33, 21);
+    at_every_level([&] {
+      for (std::size_t n = 0; n <= 33; ++n) {
+        CAPTURE(n);
+        const guarded_page in_page, out_page;  // input and output both end where the next page faults
+        From* in = in_page.end<From>() - n;
+        To* out = out_page.end<To>() - n;
+        std::memcpy(static_cast<void*>(in), src.data(), n * sizeof(From));
+        std::vector<To> want(n);
+        mpopt::convert(std::span<const From>(in, n), std::span<To>(out, n));
+        detail::convert_scalar(std::span<const From>(in, n), std::span<To>(want));
+        CHECK(std::memcmp(out, want.data(), n * sizeof(To)) == 0);
       }
-    }
+    });
   }
-#endif  // MPOPT_HAVE_AVX512
-
-#if MPOPT_HAVE_AVX2
-  TEST_CASE("load8/store8 on full vectors are bit-identical to the scalar conversions") {
-    namespace simd = detail::simd;
-    std::vector<std::uint16_t> all(0x10000);
-    for (std::uint32_t i = 0; i < 0x10000; ++i) all[i] = static_cast<std::uint16_t>(i);
-    std::size_t bad = 0;
-    std::array<float, 8> lanes{};
-    for (std::size_t i = 0; i < all.size(); i += 8) {
-      simd::store8(lanes.data(), simd::load8(reinterpret_cast<const half*>(all.data() + i)));
-      for (std::size_t k = 0; k < 8; ++k) bad += raw(lanes[k]) != raw(widen(half::from_bits(all[i + k])));
-      simd::store8(lanes.data(), simd::load8(reinterpret_cast<const bfloat16*>(all.data() + i)));
-      for (std::size_t k = 0; k < 8; ++k) bad += raw(lanes[k]) != raw(widen(bfloat16::from_bits(all[i + k])));
-    }
-    const std::vector<float> f = random_floats(std::size_t{1} << 20, 78);
-    std::array<half, 8> h{};
-    std::array<bfloat16, 8> b{};
-    for (std::size_t i = 0; i < f.size(); i += 8) {
-      const __m256 v = simd::load8(f.data() + i);
-      simd::store8(h.data(), v);
-      simd::store8(b.data(), v);
-      simd::store8(lanes.data(), v);
-      for (std::size_t k = 0; k < 8; ++k) {
-        bad += h[k].bits != narrow<half>(f[i + k]).bits;
-        bad += b[k].bits != narrow<bfloat16>(f[i + k]).bits;
-        bad += raw(lanes[k]) != raw(f[i + k]);
-      }
-    }
-    CHECK(bad == 0);
-  }
-
-  TEST_CASE_TEMPLATE("partial load8 reads only the first n elements and zeroes the rest, n = 0..8", T, float, half,
-                     bfloat16) {
-    namespace simd = detail::simd;
-    const std::vector<T> src = random_inputs<T>(8, 13);
-    std::array<float, 8> lanes{};
-    for (int n = 0; n <= 8; ++n) {
-      CAPTURE(n);
-      simd::store8(lanes.data(), simd::load8(src.data(), n));
-      for (int k = 0; k < 8; ++k) CHECK(raw(lanes[k]) == (k < n ? raw(widen(src[k])) : 0u));
-#if defined(__unix__)
-      const guarded_page page;
-      T* p = page.end<T>() - n;
-      std::memcpy(static_cast<void*>(p), src.data(), static_cast<std::size_t>(n) * sizeof(T));
-      simd::store8(lanes.data(), simd::load8(p, n));
-      for (int k = 0; k < n; ++k) CHECK(raw(lanes[k]) == raw(widen(src[k])));
+  TEST_CASE_TEMPLATE_INVOKE(guarded_directions, std::pair<float, half>, std::pair<float, bfloat16>,
+                            std::pair<half, float>, std::pair<bfloat16, float>);
 #endif
-    }
-  }
 
-  TEST_CASE_TEMPLATE("partial store8 writes only the first n elements, n = 0..8", T, float, half, bfloat16) {
-    namespace simd = detail::simd;
-    const std::vector<float> f = random_floats(8, 14);
-    const __m256 v = simd::load8(f.data());
-    for (int n = 0; n <= 8; ++n) {
-      CAPTURE(n);
-      std::array<T, 10> buf;
-      std::memset(static_cast<void*>(buf.data()), sentinel, sizeof buf);
-      simd::store8(buf.data() + 1, v, n);
-      CHECK(untouched(buf.data(), 1));
-      for (int k = 0; k < n; ++k) CHECK(raw(buf[1 + k]) == raw(narrow<T>(f[k])));
-      CHECK(untouched(buf.data() + 1 + n, static_cast<std::size_t>(9 - n)));
-#if defined(__unix__)
-      const guarded_page page;
-      T* p = page.end<T>() - n;
-      simd::store8(p, v, n);
-      for (int k = 0; k < n; ++k) CHECK(raw(p[k]) == raw(narrow<T>(f[k])));
-#endif
-    }
-  }
-#endif  // MPOPT_HAVE_AVX2
 }

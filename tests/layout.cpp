@@ -1,6 +1,7 @@
-// The layout and the thread count are invisible: user-owned tensors (add) and a flat group
-// (add_flat_group) give bit-identical params, masters, moments, trust ratios and statuses, with any
-// number of OpenMP threads.
+// The layout, the thread count and the SIMD level are invisible: user-owned tensors (add) and a flat
+// group (add_flat_group) give bit-identical params, masters, moments, trust ratios and statuses, with
+// any number of OpenMP threads, and the host backend's AVX2 and AVX-512 paths give its scalar path's
+// bits (each level this CPU runs is compared).
 #include <doctest/doctest.h>
 
 #include <cstring>
@@ -46,14 +47,16 @@ struct instance {
   using G = typename Opt::grad_type;
   Opt opt;
   int threads;
+  mpopt::simd_level simd;
   std::vector<std::span<P>> params;
   std::vector<std::span<G>> grads;
   std::vector<std::vector<P>> own_p;
   std::vector<std::vector<G>> own_g;
 
   instance(layout lay, int threads_, const std::vector<std::vector<std::size_t>>& groups,
-           const std::vector<typename Opt::group_options>& options, typename Opt::scaler_options so)
-      : opt({}, so), threads(threads_) {
+           const std::vector<typename Opt::group_options>& options, typename Opt::scaler_options so,
+           mpopt::simd_level simd_ = mpopt::host::simd())
+      : opt({}, so), threads(threads_), simd(simd_) {
     std::size_t n = 0;
     for (const auto& g : groups) n += g.size();
     own_p.reserve(n);
@@ -83,10 +86,11 @@ struct instance {
       for (auto& x : p) x = from_double<P>(0.5 * hashed(e++ ^ 0x5EED));
   }
 
-  /// Copies this step's gradients in and steps with this instance's thread count.
+  /// Copies this step's gradients in and steps with this instance's thread count and SIMD level.
   mpopt::step_status step(const std::vector<std::vector<G>>& g) {
     for (std::size_t i = 0; i < grads.size(); ++i) std::copy(g[i].begin(), g[i].end(), grads[i].begin());
     set_threads(threads);
+    mpopt::host::use_simd(simd);
     return opt.step();
   }
 };
@@ -148,8 +152,7 @@ void all_identical(std::vector<std::unique_ptr<instance<Opt>>>& runs, int steps)
         bad += !same_bits<float>(a.moment(1, i), b.moment(1, i));
       }
       CHECK_MESSAGE(bad == 0, bad << " tensors' params/masters/moments differ from run 0");
-      if constexpr (std::is_same_v<typename Opt::rule, mpopt::lamb>)
-        CHECK(same_bits<double>(a.lamb_coeffs(), b.lamb_coeffs()));
+      if constexpr (requires { a.lamb_coeffs(); }) CHECK(same_bits<double>(a.lamb_coeffs(), b.lamb_coeffs()));
       for (std::size_t g = 0; g < a.group_count(); ++g)
         CHECK(const_cast<Opt&>(a).group(g).step() == const_cast<Opt&>(b).group(g).step());
     }
@@ -176,6 +179,33 @@ void run_layouts(const std::vector<std::vector<std::size_t>>& groups, const std:
   set_threads(restore);
 }
 
+/// The scalar path with one thread against every other SIMD level this CPU runs, each with 1, 2 and 3
+/// threads and both layouts.
+template <class Opt>
+void run_simd_levels(const std::vector<std::vector<std::size_t>>& groups,
+                     const std::vector<typename Opt::group_options>& options, int steps) {
+  typename Opt::scaler_options so{};
+  if constexpr (std::is_same_v<typename Opt::scaler_options, mpopt::dynamic_scale_options>) {
+    so.init_scale = 1024;
+    so.window = 5;
+  }
+  std::vector<std::unique_ptr<instance<Opt>>> runs;
+  runs.push_back(std::make_unique<instance<Opt>>(layout::unfused, 1, groups, options, so, mpopt::simd_level::scalar));
+  std::string compared;
+  for (auto level : {mpopt::simd_level::avx2, mpopt::simd_level::avx512}) {
+    if (!mpopt::cpu_supports(level)) continue;
+    compared += " " + std::string(mpopt::to_string(level));
+    for (auto [lay, threads] : {std::pair{layout::unfused, 1}, {layout::flat, 2}, {layout::unfused, 3}})
+      runs.push_back(std::make_unique<instance<Opt>>(lay, threads, groups, options, so, level));
+  }
+  MESSAGE("compared with the scalar path:" << (compared.empty() ? " nothing (this CPU has no AVX2)" : compared));
+  const int restore_threads = max_threads();
+  const auto restore_simd = mpopt::host::simd();
+  all_identical(runs, steps);
+  set_threads(restore_threads);
+  mpopt::host::use_simd(restore_simd);
+}
+
 template <class Rule>
 std::vector<typename Rule::options> two_groups() {
   typename Rule::options a, b;
@@ -184,7 +214,8 @@ std::vector<typename Rule::options> two_groups() {
   b.lr = 2e-3;
   b.weight_decay = 0.0;
   if constexpr (std::is_same_v<Rule, mpopt::adam>) b.decoupled_weight_decay = false;
-  else b.eps_inside_sqrt = true;
+  else if constexpr (std::is_same_v<Rule, mpopt::lamb>) b.eps_inside_sqrt = true;
+  else a.freeze_step = b.freeze_step = 8;  // 1-bit LAMB: warm-up, then the compression stage
   return {a, b};
 }
 
@@ -229,3 +260,21 @@ TEST_SUITE("layout") {
     run_layouts<opt_t>(groups, two_groups<typename C::rule>(), 30);
   }
 }
+
+#ifndef MPOPT_TEST_DEVICE_BACKEND
+TEST_SUITE("simd") {
+  TEST_CASE_TEMPLATE("every SIMD level this CPU runs gives the scalar path's bits, with 1, 2 and 3 threads", C,
+                     LAYOUT_COMBOS, combo<mpopt::fp16, mpopt::onebit_lamb>, combo<mpopt::bf16, mpopt::onebit_lamb>) {
+    using opt_t = typename C::opt;
+    CAPTURE(std::string(C::precision::name));
+    CAPTURE(std::string(C::rule::name));
+    std::mt19937_64 rng(0x51D);
+    std::uniform_int_distribution<std::size_t> size(1, 3000);
+    std::vector<std::vector<std::size_t>> groups(2);
+    for (int i = 0; i < 60; ++i) groups[i % 2].push_back(size(rng));
+    // Every tail length of both vector widths, and chunk boundaries.
+    for (std::size_t n : {1, 2, 7, 8, 9, 15, 16, 17, 23, 31, 33, 65535, 65536, 65537, 140001}) groups[n % 2].push_back(n);
+    run_simd_levels<opt_t>(groups, two_groups<typename C::rule>(), 20);
+  }
+}
+#endif

@@ -1,6 +1,7 @@
 // mpopt — bulk conversion between float and the 16-bit storage types.
-// Vectorized with AVX-512 or AVX2+F16C when the compiler targets them, scalar otherwise; every path
-// gives the same bits as the scalar conversions (round to nearest even, NaN rules of float_bits.hpp).
+// Vectorized with AVX-512 or AVX2+F16C when the CPU has them (chosen at run time: simd.hpp), scalar
+// otherwise; every path gives the same bits as the scalar conversions (round to nearest even, NaN
+// rules of float_bits.hpp).
 #pragma once
 
 #include <cstddef>
@@ -8,8 +9,9 @@
 #include <string>
 
 #include "detail/float_bits.hpp"
-#include "detail/simd_convert.hpp"
+#include "detail/passes.hpp"
 #include "error.hpp"
+#include "host.hpp"
 #include "numeric.hpp"
 
 namespace mpopt {
@@ -40,30 +42,11 @@ inline void convert_scalar(std::span<const bfloat16> in, std::span<float> out) {
   for (std::size_t i = 0; i < in.size(); ++i) out[i] = bfloat16_bits_to_float(in[i].bits);
 }
 
-// Widest available vector loop with a partial last chunk; From/To are float, half or bfloat16.
+// The host backend's pass at its SIMD level (simd.hpp), on the calling thread.
 template <class From, class To>
 inline void convert_dispatch(std::span<const From> in, std::span<To> out) {
   check_convert_sizes(in.size(), out.size());
-  const From* src = in.data();
-  To* dst = out.data();
-  const std::size_t n = in.size();
-#if MPOPT_HAVE_AVX512
-  std::size_t i = 0;
-  for (; i + 16 <= n; i += 16) simd::store16(dst + i, simd::load16(src + i));
-  if (i < n) {
-    const __mmask16 m = simd::first_lanes16(static_cast<unsigned>(n - i));
-    simd::store16(dst + i, simd::load16(src + i, m), m);
-  }
-#elif MPOPT_HAVE_AVX2
-  std::size_t i = 0;
-  for (; i + 8 <= n; i += 8) simd::store8(dst + i, simd::load8(src + i));
-  if (i < n) {
-    const int r = static_cast<int>(n - i);
-    simd::store8(dst + i, simd::load8(src + i, r), r);
-  }
-#else
-  convert_scalar(std::span<const From>(src, n), std::span<To>(dst, n));
-#endif
+  host::run_flat(fold_pass<To, From>{out.data(), in.data(), in.size(), false}, true);
 }
 
 }  // namespace detail

@@ -1,5 +1,6 @@
 // mpopt — the host backend: OpenMP threads over the multi-tensor work list, SIMD lanes within a
-// chunk. It only decides how to run the passes of detail/passes.hpp; it owns no formula.
+// chunk (AVX-512, AVX2 or scalar, chosen at run time: simd.hpp). It only decides how to run the
+// passes of detail/passes.hpp; it owns no formula.
 #pragma once
 
 #include <algorithm>
@@ -14,6 +15,8 @@
 #endif
 
 #include "detail/aligned_buffer.hpp"
+#include "detail/avx2_lanes.hpp"
+#include "detail/avx512_lanes.hpp"
 #include "detail/backend_passes.hpp"
 #include "detail/config.hpp"
 #include "detail/lanes.hpp"
@@ -21,6 +24,7 @@
 #include "detail/square_sum.hpp"
 #include "detail/step_data.hpp"
 #include "detail/work_list.hpp"
+#include "simd.hpp"
 #include "tensor.hpp"
 
 namespace mpopt {
@@ -28,7 +32,15 @@ namespace mpopt {
 struct host : detail::backend_passes<host> {
   static constexpr std::string_view name = "host";
   static constexpr memory_space space = memory_space::host;
-  using lanes = detail::host_lanes;
+
+  /// The SIMD level passes run at: the best this CPU has, or MPOPT_SIMD's (simd.hpp).
+  static simd_level simd() { return detail::simd_setting().load(std::memory_order_relaxed); }
+  /// Runs the passes at level s from now on, in every thread. Throws mpopt::error, changing
+  /// nothing, if this CPU cannot run it.
+  static void use_simd(simd_level s) {
+    detail::require_simd(s, "host::use_simd");
+    detail::simd_setting().store(s, std::memory_order_relaxed);
+  }
 
   /// Optimizer state (masters, moments, accumulators, buckets): aligned, zeroed by `zeroed(n)`.
   template <class T>
@@ -81,12 +93,14 @@ struct host : detail::backend_passes<host> {
   /// chunk. Host lanes load any address: alignment does not matter.
   template <class Pass>
   static void run(const detail::work_list& work, const Pass& pass, bool = true) {
-    for_each_chunk(work, [&](std::size_t ci) { run_chunk(pass, ci); });
+    const auto chunk = chunk_runner<Pass>();
+    for_each_chunk(work, [&](std::size_t ci) { chunk(pass, ci); });
   }
   /// One flat range, on the calling thread.
   template <class Pass>
   static void run_flat(const Pass& pass, bool) {
-    for (std::size_t ci = 0; ci < pass.count(); ++ci) run_chunk(pass, ci);
+    const auto chunk = chunk_runner<Pass>();
+    for (std::size_t ci = 0; ci < pass.count(); ++ci) chunk(pass, ci);
   }
   template <class F>
   static void for_each_index(std::size_t n, const F& f) {
@@ -111,17 +125,38 @@ struct host : detail::backend_passes<host> {
   }
 
  private:
-  /// One chunk of a pass: its vectors in order (or 16-element granules), then its sums.
+  /// One chunk of a pass at the current SIMD level.
   template <class Pass>
+  static auto chunk_runner() -> void (*)(const Pass&, std::size_t) {
+#if MPOPT_X86_SIMD
+    if (simd() == simd_level::avx512) return run_chunk_avx512<Pass>;
+    if (simd() == simd_level::avx2) return run_chunk_avx2<Pass>;
+#endif
+    return run_chunk<detail::scalar_lanes, Pass>;
+  }
+#if MPOPT_X86_SIMD
+  // The pass compiled for each instruction set: everything it calls is inlined into these.
+  template <class Pass>
+  MPOPT_TARGET_ENTRY(MPOPT_ISA_AVX512) static void run_chunk_avx512(const Pass& pass, std::size_t ci) {
+    run_chunk<detail::avx512_lanes>(pass, ci);
+  }
+  template <class Pass>
+  MPOPT_TARGET_ENTRY(MPOPT_ISA_AVX2) static void run_chunk_avx2(const Pass& pass, std::size_t ci) {
+    run_chunk<detail::avx2_lanes>(pass, ci);
+  }
+#endif
+
+  /// One chunk of a pass in lanes L: its vectors in order (or 16-element granules), then its sums.
+  template <class L, class Pass>
   static void run_chunk(const Pass& pass, std::size_t ci) {
     const auto s = pass.at(ci);
     const std::size_t n = pass.size(ci);
-    detail::host_sums<lanes> sums;
+    detail::host_sums<L> sums;
     if constexpr (requires { Pass::granule; }) {
       for (std::size_t g = 0; g < n; g += Pass::granule)
-        pass.template apply_granule<lanes>(s, g, std::min(Pass::granule, n - g), sums);
+        pass.template apply_granule<L>(s, g, std::min(Pass::granule, n - g), sums);
     } else {
-      detail::for_each_vector<lanes>(n, [&](std::size_t i, auto tail) { pass.template apply<lanes>(s, i, tail, sums); });
+      detail::for_each_vector<L>(n, [&](std::size_t i, auto tail) { pass.template apply<L>(s, i, tail, sums); });
     }
     sums.write(pass.out, ci);
   }

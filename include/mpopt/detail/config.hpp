@@ -36,3 +36,28 @@
 #define MPOPT_INTRINSICS_BEGIN
 #define MPOPT_INTRINSICS_END
 #endif
+
+// Host SIMD chosen at run time (simd.hpp): on x86-64 with g++ or clang, the vector lane types are
+// compiled for their instruction set whatever the flags, between MPOPT_TARGET_BEGIN(isa) and
+// MPOPT_TARGET_END, and each pass is instantiated once per set behind an MPOPT_TARGET_ENTRY(isa)
+// function, which inlines the whole pass (flatten) so its vector code runs in that set. The
+// formulas' default-target copies are never called; g++ still notes once per file that they take
+// AVX vectors by value (-Wpsabi; only -Wno-psabi silences it). Their calls must be inlined (an AVX
+// function and a default one disagree on how a vector argument travels), which takes optimization:
+// unoptimized builds (-O0), like nvcc's host pass, keep to the scalar lanes.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__CUDACC__) && defined(__OPTIMIZE__)
+#define MPOPT_X86_SIMD 1
+#define MPOPT_ISA_AVX2 "avx2,fma,f16c"
+#define MPOPT_ISA_AVX512 "avx2,fma,f16c,avx512f,avx512bw"
+#define MPOPT_PRAGMA(x) _Pragma(#x)
+#if defined(__clang__)
+#define MPOPT_TARGET_BEGIN(isa) MPOPT_PRAGMA(clang attribute push(__attribute__((target(isa))), apply_to = function))
+#define MPOPT_TARGET_END MPOPT_PRAGMA(clang attribute pop)
+#else
+#define MPOPT_TARGET_BEGIN(isa) MPOPT_PRAGMA(GCC push_options) MPOPT_PRAGMA(GCC target(isa))
+#define MPOPT_TARGET_END MPOPT_PRAGMA(GCC pop_options)
+#endif
+#define MPOPT_TARGET_ENTRY(isa) __attribute__((target(isa), flatten))
+#else
+#define MPOPT_X86_SIMD 0
+#endif

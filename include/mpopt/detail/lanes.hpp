@@ -1,7 +1,8 @@
 // mpopt — the vector vocabulary the per-element math is written in. A formula is a template over a
-// lane type V (float on the device and in the scalar host path, f32x16 on AVX-512 hosts) using only
-// +, -, *, /, fma, sqrt, min, max and broadcasts, so one source serves every backend and every
-// multiply-add is an explicit fma (no compiler contraction decides the rounding).
+// lane type V (float on the device and in the scalar host path; f32x8 and f32x16 in the AVX2 and
+// AVX-512 host paths, avx2_lanes.hpp and avx512_lanes.hpp) using only +, -, *, /, fma, sqrt, min,
+// max and broadcasts, so one source serves every backend and every multiply-add is an explicit fma
+// (no compiler contraction decides the rounding).
 #pragma once
 
 #include <cmath>
@@ -9,7 +10,6 @@
 #include <cstdint>
 
 #include "config.hpp"
-#include "simd_convert.hpp"
 
 namespace mpopt::detail {
 
@@ -55,56 +55,6 @@ struct scalar_lanes {
   MPOPT_HOST_DEVICE static float keep(float x, float, full_t) { return x; }
   MPOPT_HOST_DEVICE static float max_lane(float x) { return x; }
 };
-
-#if MPOPT_HAVE_AVX512
-MPOPT_INTRINSICS_BEGIN
-/// Sixteen fp32 lanes in one zmm register.
-struct f32x16 {
-  __m512 r;
-  f32x16() = default;
-  f32x16(float s) : r(_mm512_set1_ps(s)) {}  // NOLINT: broadcasts read like scalars in formulas
-  explicit f32x16(__m512 v) : r(v) {}
-};
-inline f32x16 operator+(f32x16 a, f32x16 b) { return f32x16(_mm512_add_ps(a.r, b.r)); }
-inline f32x16 operator-(f32x16 a, f32x16 b) { return f32x16(_mm512_sub_ps(a.r, b.r)); }
-inline f32x16 operator*(f32x16 a, f32x16 b) { return f32x16(_mm512_mul_ps(a.r, b.r)); }
-inline f32x16 operator/(f32x16 a, f32x16 b) { return f32x16(_mm512_div_ps(a.r, b.r)); }
-inline f32x16 operator-(f32x16 a) { return f32x16(_mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(a.r), _mm512_set1_epi32(int(0x80000000u))))); }
-inline f32x16 fma(f32x16 a, f32x16 b, f32x16 c) { return f32x16(_mm512_fmadd_ps(a.r, b.r, c.r)); }
-inline f32x16 sqrt(f32x16 a) { return f32x16(_mm512_sqrt_ps(a.r)); }
-// Same operand order as the scalar max/min above, so NaN handling agrees lane for lane.
-inline f32x16 max(f32x16 a, f32x16 b) { return f32x16(_mm512_mask_blend_ps(_mm512_cmp_ps_mask(a.r, b.r, _CMP_GT_OQ), b.r, a.r)); }
-inline f32x16 min(f32x16 a, f32x16 b) { return f32x16(_mm512_mask_blend_ps(_mm512_cmp_ps_mask(a.r, b.r, _CMP_LT_OQ), b.r, a.r)); }
-inline __mmask16 nonnegative(f32x16 x) { return _mm512_cmp_ps_mask(x.r, _mm512_setzero_ps(), _CMP_GE_OQ); }
-inline f32x16 select(__mmask16 m, f32x16 a, f32x16 b) { return f32x16(_mm512_mask_blend_ps(m, b.r, a.r)); }
-
-struct avx512_lanes {
-  using vec = f32x16;
-  using tail = __mmask16;
-  static constexpr std::size_t width = 16;
-  static constexpr const char* name = "avx512";
-  static tail first(std::size_t n) { return static_cast<tail>((1u << n) - 1u); }
-  template <class T>
-  static f32x16 load(const T* p, full_t) { return f32x16(simd::load16(p)); }
-  template <class T>
-  static f32x16 load(const T* p, tail m) { return f32x16(simd::load16(p, m)); }
-  template <class T>
-  static void store(T* p, f32x16 x, full_t) { simd::store16(p, x.r); }
-  template <class T>
-  static void store(T* p, f32x16 x, tail m) { simd::store16(p, x.r, m); }
-  using mask = __mmask16;
-  static std::uint32_t bits_of(__mmask16 m) { return m; }
-  static __mmask16 mask_of(std::uint32_t bits) { return static_cast<__mmask16>(bits); }
-  static std::uint32_t bits_of(full_t) { return 0xFFFFu; }
-  static f32x16 keep(f32x16 x, f32x16, full_t) { return x; }
-  static f32x16 keep(f32x16 x, f32x16 fallback, tail m) { return f32x16(_mm512_mask_blend_ps(m, fallback.r, x.r)); }
-  static float max_lane(f32x16 x) { return _mm512_reduce_max_ps(x.r); }
-};
-MPOPT_INTRINSICS_END
-using host_lanes = avx512_lanes;
-#else
-using host_lanes = scalar_lanes;
-#endif
 
 /// Runs body(i, tail) over [0, n): full vectors, then one masked tail.
 template <class L, class Body>

@@ -2,36 +2,37 @@
 // Every function is bit-identical to the scalar conversions in float_bits.hpp for every input
 // (NaN payloads, inf, subnormals, -0), whatever MXCSR holds: the half conversions take an explicit
 // RNE immediate, and DAZ could only zero float subnormals, which round to ±0 in half anyway.
-// Functions for an instruction set the compiler does not target simply do not exist; test
-// MPOPT_HAVE_AVX512 / MPOPT_HAVE_AVX2 before using them.
+// They exist whenever MPOPT_X86_SIMD does, each compiled for its instruction set (config.hpp): call
+// them from code of that set (a lane type, an MPOPT_TARGET_ENTRY) or built for it
+// (MPOPT_HAVE_AVX512 / MPOPT_HAVE_AVX2: the compiler targets it).
 #pragma once
 
 #include "../numeric.hpp"
+#include "config.hpp"
 
-#if defined(__AVX512F__) && defined(__AVX512BW__)
+#if MPOPT_X86_SIMD && defined(__AVX512F__) && defined(__AVX512BW__)
 #define MPOPT_HAVE_AVX512 1
 #else
 #define MPOPT_HAVE_AVX512 0
 #endif
 
-#if defined(__AVX2__) && defined(__F16C__)
+#if MPOPT_X86_SIMD && defined(__AVX2__) && defined(__F16C__)
 #define MPOPT_HAVE_AVX2 1
 #else
 #define MPOPT_HAVE_AVX2 0
 #endif
 
-#if MPOPT_HAVE_AVX512 || MPOPT_HAVE_AVX2
+#if MPOPT_X86_SIMD
 #include <immintrin.h>
 
 #include <cstdint>
 #include <cstring>
-#endif
 
 MPOPT_INTRINSICS_BEGIN  // see config.hpp
 
 namespace mpopt::detail::simd {
 
-#if MPOPT_HAVE_AVX512
+MPOPT_TARGET_BEGIN(MPOPT_ISA_AVX512)
 
 // 16 lanes. Masked variants touch only the lanes set in m (masked-out lanes never fault) and give
 // +0.0f in the others.
@@ -83,9 +84,9 @@ inline void store16(bfloat16* p, __m512 v, __mmask16 m) { _mm512_mask_cvtepi32_s
 /// Mask of the first n lanes, n in 0..16.
 inline __mmask16 first_lanes16(unsigned n) { return static_cast<__mmask16>((1u << n) - 1u); }
 
-#endif  // MPOPT_HAVE_AVX512
+MPOPT_TARGET_END
 
-#if MPOPT_HAVE_AVX2
+MPOPT_TARGET_BEGIN(MPOPT_ISA_AVX2)
 
 // 8 lanes. Partial variants take the first n lanes (0 <= n <= 8), never read or write past them,
 // and give +0.0f in the other lanes.
@@ -139,8 +140,9 @@ inline __m128i bf16_narrow8(__m256 v) {
 inline void store8(bfloat16* p, __m256 v) { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), bf16_narrow8(v)); }
 inline void store8(bfloat16* p, __m256 v, int n) { store8_u16(p, bf16_narrow8(v), n); }
 
-#endif  // MPOPT_HAVE_AVX2
+MPOPT_TARGET_END
 
 }  // namespace mpopt::detail::simd
 
 MPOPT_INTRINSICS_END
+#endif  // MPOPT_X86_SIMD

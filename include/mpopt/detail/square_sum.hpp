@@ -1,6 +1,7 @@
 // mpopt — deterministic sum of squares. Element i of a chunk always goes to fp32 lane i % 16 and the
-// 16 lanes are combined by one fixed pairwise tree, so the AVX-512 path, the scalar path and any
-// thread count give the same bits; across chunks the caller adds in double, in chunk order.
+// 16 lanes are combined by one fixed pairwise tree, so every lane width (the AVX2 and AVX-512 sums
+// are in their lane headers) and any thread count give the same bits; across chunks the caller adds
+// in double, in chunk order.
 #pragma once
 
 #include <cstddef>
@@ -74,53 +75,14 @@ struct square_sum64<scalar_lanes> {
 /// True if any active lane is NaN or infinite.
 MPOPT_HOST_DEVICE bool any_nonfinite(float x, full_t) { return !(x <= 3.40282347e+38f && x >= -3.40282347e+38f); }
 
-#if MPOPT_HAVE_AVX512
-MPOPT_INTRINSICS_BEGIN
-template <>
-struct square_sum<avx512_lanes> {
-  __m512 acc = _mm512_setzero_ps();
-  void add(std::size_t, f32x16 x, full_t) { acc = _mm512_fmadd_ps(x.r, x.r, acc); }
-  void add(std::size_t, f32x16 x, __mmask16 m) { acc = _mm512_mask3_fmadd_ps(x.r, x.r, acc, m); }
-  float total() {
-    alignas(64) float a[sum_lanes];
-    _mm512_store_ps(a, acc);
-    return lane_tree_sum(a);
-  }
-};
-
-template <>
-struct square_sum64<avx512_lanes> {
-  __m512d lo = _mm512_setzero_pd(), hi = _mm512_setzero_pd();  // lanes 0..7 and 8..15
-  void add(std::size_t i, f32x16 x, full_t) { add(i, x, __mmask16(0xFFFF)); }
-  void add(std::size_t, f32x16 x, __mmask16 m) {
-    const __m512d a = _mm512_cvtps_pd(_mm512_castps512_ps256(x.r));
-    const __m512d b = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x.r), 1)));
-    lo = _mm512_mask3_fmadd_pd(a, a, lo, __mmask8(m & 0xFF));
-    hi = _mm512_mask3_fmadd_pd(b, b, hi, __mmask8(m >> 8));
-  }
-  double total() {
-    alignas(64) double a[sum_lanes];
-    _mm512_store_pd(a, lo);
-    _mm512_store_pd(a + 8, hi);
-    return lane_tree_sum(a);
-  }
-};
-
-inline bool any_nonfinite(f32x16 x, __mmask16 m) {
-  const __m512 magnitude = _mm512_abs_ps(x.r);
-  return _mm512_mask_cmp_ps_mask(m, magnitude, _mm512_set1_ps(3.40282347e+38f), _CMP_NLE_UQ) != 0;
-}
-inline bool any_nonfinite(f32x16 x, full_t) { return any_nonfinite(x, __mmask16(0xFFFF)); }
-MPOPT_INTRINSICS_END
-#endif
-
-/// The per-chunk sums of a host pass (passes.hpp), in the lane layout above.
+/// The per-chunk sums of a host pass (passes.hpp), in the lane layout above. The lane types' own
+/// any_nonfinite and max are found by argument-dependent lookup where the pass is instantiated.
 template <class L>
 struct host_sums {
   square_sum<L> sum, sum2;
   square_sum64<L> sum64;
-  bool any_nonfinite = false;
-  typename L::vec max = typename L::vec(0.0f);
+  bool seen_nonfinite = false;
+  typename L::vec running_max = typename L::vec(0.0f);
 
   template <class Tail>
   MPOPT_HOST_DEVICE void square(std::size_t i, typename L::vec x, Tail tail) { sum.add(i, x, tail); }
@@ -129,16 +91,16 @@ struct host_sums {
   template <class Tail>
   MPOPT_HOST_DEVICE void square64(std::size_t i, typename L::vec x, Tail tail) { sum64.add(i, x, tail); }
   template <class Tail>
-  MPOPT_HOST_DEVICE void nonfinite(typename L::vec x, Tail tail) { any_nonfinite |= detail::any_nonfinite(x, tail); }
+  MPOPT_HOST_DEVICE void nonfinite(typename L::vec x, Tail tail) { seen_nonfinite |= any_nonfinite(x, tail); }
   template <class Tail>
-  MPOPT_HOST_DEVICE void largest(typename L::vec x, Tail tail) { max = detail::max(max, L::keep(x, max, tail)); }
+  MPOPT_HOST_DEVICE void largest(typename L::vec x, Tail tail) { running_max = max(running_max, L::keep(x, running_max, tail)); }
 
   MPOPT_HOST_DEVICE void write(const pass_outputs& out, std::size_t ci) {
     if (out.sum) out.sum[ci] = sum.total();
     if (out.sum2) out.sum2[ci] = sum2.total();
     if (out.sum64) out.sum64[ci] = sum64.total();
-    if (out.nonfinite) out.nonfinite[ci] = any_nonfinite;
-    if (out.largest) out.largest[ci] = L::max_lane(max);
+    if (out.nonfinite) out.nonfinite[ci] = seen_nonfinite;
+    if (out.largest) out.largest[ci] = L::max_lane(running_max);
   }
 };
 
