@@ -92,13 +92,14 @@ void fill_normal(T* x, std::size_t n, float sigma, std::uint64_t seed) {
   }
 }
 
-constexpr std::size_t unfused_tensors = 1000;
+constexpr std::size_t host_unfused_tensors = 10000;   // ~6,700 elements each at 2^26 (optimizer_step)
+constexpr std::size_t device_unfused_tensors = 1000;  // device buffers (device_step)
 constexpr float grad_sigma = 1e-3f;   // true gradient ~ N(0, 1e-3): global norm ~ 8 at 2^26 (clipped to 1)
 constexpr float param_sigma = 0.02f;  // initial weights ~ N(0, 0.02)
 
-/// n parameters as the unfused cases split them: unfused_tensors sizes differing by at most one.
-inline std::vector<std::size_t> unfused_sizes(std::size_t n) {
-  const std::size_t nt = std::min(unfused_tensors, n);
+/// n parameters as the unfused cases split them: `tensors` sizes differing by at most one.
+inline std::vector<std::size_t> unfused_sizes(std::size_t n, std::size_t tensors) {
+  const std::size_t nt = std::min(tensors, n);
   std::vector<std::size_t> sizes;
   for (std::size_t t = 0; t < nt; ++t) sizes.push_back(n / nt + (t < n % nt ? 1 : 0));
   return sizes;

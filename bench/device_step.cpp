@@ -76,7 +76,7 @@ void run_case(const config& cfg, std::string_view precision, std::string_view ru
     grads.push_back({g.grad(0).data(), n, mpopt::memory_space::device});
   } else {
     auto& g = opt.add_group(ro);
-    for (std::size_t sz : unfused_sizes(n)) {
+    for (std::size_t sz : unfused_sizes(n, device_unfused_tensors)) {
       user_params.emplace_back(sz);
       user_grads.emplace_back(sz);
       params.push_back({user_params.back().data(), sz, mpopt::memory_space::device});

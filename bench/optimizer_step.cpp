@@ -5,15 +5,16 @@
 //
 // Cases: precision {fp32, fp16, bf16} x rule {adam, lamb} x layout {fused, unfused}.
 //   fused:   one flat group (add_flat_group) holding one tensor of N parameters;
-//   unfused: the same N split into 1000 user-owned tensors (std::vector) registered with add().
+//   unfused: the same N split into 10,000 user-owned tensors (std::vector) registered with add().
 // --filter matches a substring of "precision/rule/layout" (e.g. "fp16/adam", "/fused").
 //
 // Per case: warm-up (every buffer first-touched, one untimed step, one untimed run of each
-// reference), then R rounds of (memcpy reference, same-traffic reference, step), each timed alone.
-// One JSON line per case on stdout; progress and errors go to stderr.
+// reference), then R rounds of (memcpy reference, same-traffic reference, step, naive baseline),
+// each timed alone. One JSON line per case on stdout; progress and errors go to stderr.
 #include "common.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -26,58 +27,9 @@
 #include <type_traits>
 #include <vector>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#define BENCH_AVX512 1
-#else
-#define BENCH_AVX512 0
-#endif
-
-// GCC 12's AVX-512 intrinsics (the conversions and reductions below) start from self-initialized
-// "undefined" vectors, which -Wmaybe-uninitialized reports once inlined (GCC PR105593).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-
 namespace {
 
 using namespace bench;
-
-constexpr const char* simd_name = BENCH_AVX512 ? "avx512" : "scalar";
-
-// ---------------------------------------------------------------------------------------------
-// Element access for the same-traffic kernel: 16 lanes at a time (AVX-512) with conversions like the
-// step's (fp16 via VCVTPH2PS/VCVTPS2PH, bf16 by shifting; narrowing bf16 truncates: trivial
-// arithmetic), and one element at a time for tails and non-AVX-512 builds.
-// ---------------------------------------------------------------------------------------------
-inline float to_float(float x) { return x; }
-inline float to_float(mpopt::half x) { return static_cast<float>(x); }
-inline float to_float(mpopt::bfloat16 x) { return static_cast<float>(x); }
-
-#if BENCH_AVX512
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const mpopt::half* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-inline __m512 load16(const mpopt::bfloat16* p) {
-  return _mm512_castsi512_ps(
-      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
-}
-inline void store16(float* p, __m512 x) { _mm512_storeu_ps(p, x); }
-inline void store16(mpopt::half* p, __m512 x) {
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-}
-inline void store16(mpopt::bfloat16* p, __m512 x) {
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(x), 16)));
-}
-#endif
-
-inline std::uint32_t float_bits(float x) {
-  std::uint32_t u;
-  std::memcpy(&u, &x, sizeof u);
-  return u;
-}
 
 /// One tensor as the step sees it: the user's (or the flat group's) param and grad, the optimizer's
 /// fp32 master (== param for fp32) and moments.
@@ -112,118 +64,146 @@ std::vector<chunk> make_chunks(const std::vector<S>& segs) {
 /// (the gradients are finite) while every load, FMA and store really happens.
 volatile float runtime_zero = 0.0f;
 
-/// The same-traffic kernel: the step's own buffers, read and written as the step does, pass for
-/// pass, in place, with trivial arithmetic. Returns a value that depends on everything read by the
-/// reductions (so they are not dead code).
-template <class Precision, class Rule>
-std::uint32_t same_traffic(const std::vector<segment<Precision>>& segs, const std::vector<chunk>& chunks,
-                           std::vector<std::uint32_t>& sink) {
-  using P = typename Precision::param_type;
-  using G = typename Precision::grad_type;
+/// The same-traffic kernel on one chunk, pass `Pass` (0: the gradient pre-pass; 1: the Adam pass or
+/// LAMB pass 1; 2: LAMB pass 2), in the library's lane type L: its loads, stores and 16-bit
+/// conversions, nothing else of the step. Returns the largest lane of what the reductions read.
+template <class L, class Precision, class Rule, int Pass>
+float traffic_tile(const segment<Precision>& s, std::size_t b, std::size_t n, float k) {
+  using mpopt::detail::fma;
+  using mpopt::detail::max;
+  using V = typename L::vec;
   constexpr bool has_master = Precision::has_master;
   constexpr bool is_lamb = std::is_same_v<Rule, mpopt::lamb>;
-  const float k = runtime_zero;
+  const V kv(k);
+  V acc(0.0f);
+  mpopt::detail::for_each_vector<L>(n, [&](std::size_t i, auto t) {
+    const std::size_t j = b + i;
+    if constexpr (Pass == 0) {  // read g (the step: overflow check and sum of squares)
+      acc = fma(L::load(s.grad + j, t), kv, acc);
+    } else if constexpr (Pass == 1) {  // read g, master, m, v; write m, v (Adam: master and param too)
+      const V g = L::load(s.grad + j, t);
+      const V w = L::load(s.master + j, t);
+      L::store(s.m + j, fma(kv, g, L::load(s.m + j, t)), t);
+      L::store(s.v + j, fma(kv, g, L::load(s.v + j, t)), t);
+      if constexpr (is_lamb) {
+        acc = fma(w, kv, acc);
+      } else {
+        const V wn = fma(kv, g, w);
+        L::store(s.master + j, wn, t);
+        if constexpr (has_master) L::store(s.param + j, wn, t);
+      }
+    } else {  // LAMB pass 2: read master, m, v; write master (and param)
+      const V wn = fma(kv, L::load(s.m + j, t) + L::load(s.v + j, t), L::load(s.master + j, t));
+      L::store(s.master + j, wn, t);
+      if constexpr (has_master) L::store(s.param + j, wn, t);
+    }
+  });
+  return L::max_lane(max(acc, V(0.0f)));
+}
+
+template <class Precision, class Rule, int Pass>
+using tile_fn = float (*)(const segment<Precision>&, std::size_t, std::size_t, float);
+
+#if MPOPT_X86_SIMD
+template <class Precision, class Rule, int Pass>
+MPOPT_TARGET_ENTRY(MPOPT_ISA_AVX512) float traffic_tile_avx512(const segment<Precision>& s, std::size_t b, std::size_t n, float k) {
+  return traffic_tile<mpopt::detail::avx512_lanes, Precision, Rule, Pass>(s, b, n, k);
+}
+template <class Precision, class Rule, int Pass>
+MPOPT_TARGET_ENTRY(MPOPT_ISA_AVX2) float traffic_tile_avx2(const segment<Precision>& s, std::size_t b, std::size_t n, float k) {
+  return traffic_tile<mpopt::detail::avx2_lanes, Precision, Rule, Pass>(s, b, n, k);
+}
+#endif
+
+/// The tile at the host backend's SIMD level, so the reference vectorizes as the step does.
+template <class Precision, class Rule, int Pass>
+tile_fn<Precision, Rule, Pass> traffic_tile_at_level() {
+#if MPOPT_X86_SIMD
+  if (mpopt::host::simd() == mpopt::simd_level::avx512) return traffic_tile_avx512<Precision, Rule, Pass>;
+  if (mpopt::host::simd() == mpopt::simd_level::avx2) return traffic_tile_avx2<Precision, Rule, Pass>;
+#endif
+  return traffic_tile<mpopt::detail::scalar_lanes, Precision, Rule, Pass>;
+}
+
+/// One pass of the same-traffic kernel over every chunk, threads taking contiguous runs of chunks.
+template <class Precision, class Rule, int Pass>
+float traffic_pass(const std::vector<segment<Precision>>& segs, const std::vector<chunk>& chunks, float k) {
+  const auto tile = traffic_tile_at_level<Precision, Rule, Pass>();
   const std::ptrdiff_t nc = std::ptrdiff_t(chunks.size());
-
-  // Pre-pass: read every gradient once (the step: overflow check and sum of squares).
-  BENCH_OMP(omp parallel for schedule(static))
+  float largest = 0.0f;
+  BENCH_OMP(omp parallel for schedule(static) reduction(max : largest))
   for (std::ptrdiff_t c = 0; c < nc; ++c) {
     const auto& ch = chunks[std::size_t(c)];
-    const G* g = segs[ch.seg].grad + ch.begin;
-    std::uint32_t r = 0;
-    std::size_t i = 0;
-#if BENCH_AVX512
-    __m512i acc = _mm512_setzero_si512();
-    for (; i + 16 <= ch.n; i += 16) acc = _mm512_or_si512(acc, _mm512_castps_si512(load16(g + i)));
-    r = std::uint32_t(_mm512_reduce_or_epi32(acc));
-#else
-    BENCH_OMP(omp simd reduction(| : r))
-    for (std::size_t j = 0; j < ch.n; ++j) r |= float_bits(to_float(g[j]));
-    i = ch.n;
-#endif
-    for (; i < ch.n; ++i) r |= float_bits(to_float(g[i]));
-    sink[std::size_t(c)] = r;
+    largest = std::max(largest, tile(segs[ch.seg], ch.begin, ch.n, k));
   }
+  return largest;
+}
 
-  // Adam: one pass, read g, master, m, v; write m, v, master (+ param).
-  // LAMB pass 1: read g, master, m, v; write m, v (the step also sums squares of master and u).
-  BENCH_OMP(omp parallel for schedule(static))
-  for (std::ptrdiff_t c = 0; c < nc; ++c) {
-    const auto& ch = chunks[std::size_t(c)];
-    const auto& s = segs[ch.seg];
-    const G* g = s.grad + ch.begin;
-    float* w = s.master + ch.begin;
-    float* m = s.m + ch.begin;
-    float* v = s.v + ch.begin;
-    P* p = s.param + ch.begin;
-    std::uint32_t r = 0;
-    std::size_t i = 0;
-#if BENCH_AVX512
-    const __m512 kv = _mm512_set1_ps(k);
-    __m512i acc = _mm512_setzero_si512();
-    for (; i + 16 <= ch.n; i += 16) {
-      const __m512 gi = load16(g + i);
-      const __m512 wi = load16(w + i);
-      store16(m + i, _mm512_fmadd_ps(kv, gi, load16(m + i)));
-      store16(v + i, _mm512_fmadd_ps(kv, gi, load16(v + i)));
-      if constexpr (is_lamb) {
-        acc = _mm512_or_si512(acc, _mm512_castps_si512(wi));
-      } else {
-        const __m512 wn = _mm512_fmadd_ps(kv, gi, wi);
-        store16(w + i, wn);
-        if constexpr (has_master) store16(p + i, wn);
+/// The same-traffic kernel: the step's own buffers, read and written as the step does, pass for
+/// pass, in place, with trivial arithmetic. Returns a value that depends on everything the
+/// reductions read (so they are not dead code).
+template <class Precision, class Rule>
+float same_traffic(const std::vector<segment<Precision>>& segs, const std::vector<chunk>& chunks) {
+  const float k = runtime_zero;
+  float r = traffic_pass<Precision, Rule, 0>(segs, chunks, k);
+  r += traffic_pass<Precision, Rule, 1>(segs, chunks, k);
+  if constexpr (std::is_same_v<Rule, mpopt::lamb>) r += traffic_pass<Precision, Rule, 2>(segs, chunks, k);
+  return r;
+}
+
+/// The baseline: the step as straightforward code writes it, on one thread in plain scalar loops (the
+/// formulas of DeepSpeed's FusedAdam / FusedLamb with the wrapper's unscale, overflow check and
+/// global-norm clip), over the step's own buffers. It updates them for real (lr 1e-3, 1e-4 for
+/// LAMB), which does not change what the timed steps do. Returns the global norm.
+template <class Precision, class Rule>
+double naive_step(const std::vector<segment<Precision>>& segs, double loss_scale, int t) {
+  using P = typename Precision::param_type;
+  constexpr bool is_lamb = std::is_same_v<Rule, mpopt::lamb>;
+  const float b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, wd = 0.01f, lr = is_lamb ? 1e-4f : 1e-3f;
+  const float inv_scale = float(1.0 / loss_scale);
+  // Pass 1: overflow check and global norm of the unscaled gradient.
+  double ss = 0;
+  bool finite = true;
+  for (const auto& s : segs)
+    for (std::size_t i = 0; i < s.n; ++i) {
+      const float g = float(s.grad[i]) * inv_scale;
+      finite = finite && std::isfinite(g);
+      ss += double(g) * double(g);
+    }
+  const double norm = std::sqrt(ss);
+  if (!finite) return norm;
+  const float clip = norm > 1.0 ? float(1.0 / (norm + 1e-6)) : 1.0f;
+  const float bc1 = 1.0f - std::pow(b1, float(t)), bc2 = 1.0f - std::pow(b2, float(t));
+  for (const auto& s : segs) {
+    if constexpr (!is_lamb) {  // AdamW
+      for (std::size_t i = 0; i < s.n; ++i) {
+        const float g = float(s.grad[i]) * inv_scale * clip;
+        s.m[i] = b1 * s.m[i] + (1 - b1) * g;
+        s.v[i] = b2 * s.v[i] + (1 - b2) * g * g;
+        const float u = (s.m[i] / bc1) / (std::sqrt(s.v[i] / bc2) + eps) + wd * s.master[i];
+        s.master[i] -= lr * u;
+        if constexpr (Precision::has_master) s.param[i] = P(s.master[i]);
+      }
+    } else {  // LAMB: moments and the two norms, then the update with the trust ratio
+      double ww = 0, uu = 0;
+      for (std::size_t i = 0; i < s.n; ++i) {
+        const float g = float(s.grad[i]) * inv_scale * clip;
+        s.m[i] = b1 * s.m[i] + (1 - b1) * g;
+        s.v[i] = b2 * s.v[i] + (1 - b2) * g * g;
+        const float u = s.m[i] / (std::sqrt(s.v[i]) + eps) + wd * s.master[i];
+        ww += double(s.master[i]) * s.master[i];
+        uu += double(u) * u;
+      }
+      const float ratio = ww > 0 && uu > 0 ? std::clamp(float(std::sqrt(ww / uu)), 0.01f, 10.0f) : 1.0f;
+      const float step = lr * std::sqrt(bc2) / bc1 * ratio;
+      for (std::size_t i = 0; i < s.n; ++i) {
+        const float u = s.m[i] / (std::sqrt(s.v[i]) + eps) + wd * s.master[i];
+        s.master[i] -= step * u;
+        if constexpr (Precision::has_master) s.param[i] = P(s.master[i]);
       }
     }
-    r = std::uint32_t(_mm512_reduce_or_epi32(acc));
-#endif
-    for (; i < ch.n; ++i) {
-      const float gi = to_float(g[i]);
-      const float wi = w[i];
-      m[i] = k * gi + m[i];
-      v[i] = k * gi + v[i];
-      if constexpr (is_lamb) {
-        r |= float_bits(wi);
-      } else {
-        const float wn = k * gi + wi;
-        w[i] = wn;
-        if constexpr (has_master) p[i] = from_float<P>(wn);
-      }
-    }
-    (void)p;
-    sink[std::size_t(c)] |= r;
   }
-
-  // LAMB pass 2: read master, m, v; write master (+ param).
-  if constexpr (is_lamb) {
-    BENCH_OMP(omp parallel for schedule(static))
-    for (std::ptrdiff_t c = 0; c < nc; ++c) {
-      const auto& ch = chunks[std::size_t(c)];
-      const auto& s = segs[ch.seg];
-      float* w = s.master + ch.begin;
-      const float* m = s.m + ch.begin;
-      const float* v = s.v + ch.begin;
-      P* p = s.param + ch.begin;
-      std::size_t i = 0;
-#if BENCH_AVX512
-      const __m512 kv = _mm512_set1_ps(k);
-      for (; i + 16 <= ch.n; i += 16) {
-        const __m512 wn = _mm512_fmadd_ps(kv, _mm512_add_ps(load16(m + i), load16(v + i)), load16(w + i));
-        store16(w + i, wn);
-        if constexpr (has_master) store16(p + i, wn);
-      }
-#endif
-      for (; i < ch.n; ++i) {
-        const float wn = k * (m[i] + v[i]) + w[i];
-        w[i] = wn;
-        if constexpr (has_master) p[i] = from_float<P>(wn);
-      }
-      (void)p;
-    }
-  }
-
-  std::uint32_t all = 0;
-  for (auto x : sink) all |= x;
-  return all;
+  return norm;
 }
 
 /// Calls f(begin, end, thread) in each OpenMP thread for its contiguous, cache-line-aligned slice
@@ -290,7 +270,7 @@ void run_case(const config& cfg, std::string_view precision, std::string_view ru
     grads.push_back(g.grad(0));
   } else {
     auto& g = opt.add_group(ro);
-    for (std::size_t sz : unfused_sizes(n)) {
+    for (std::size_t sz : unfused_sizes(n, host_unfused_tensors)) {
       user_params.emplace_back(sz);
       user_grads.emplace_back(sz);
     }
@@ -326,37 +306,51 @@ void run_case(const config& cfg, std::string_view precision, std::string_view ru
                     const_cast<float*>(v.data()), params[t].size()});
   }
   const auto chunks = make_chunks(segs);
-  std::vector<std::uint32_t> sink(chunks.size());
-  std::uint32_t keep = same_traffic<Precision, Rule>(segs, chunks, sink);
+  float keep = same_traffic<Precision, Rule>(segs, chunks);
+  double norms = naive_step<Precision, Rule>(segs, opt.loss_scale(), 2);
 
   constexpr std::size_t bpp = bytes_per_param<Precision, Rule>();
   const double total = double(bpp) * double(n);
   const std::size_t half_bytes = std::size_t(total / 2);
   threaded_memcpy(copy_dst.p.get(), copy_src.p.get(), half_bytes);
 
-  std::vector<double> t_copy, t_same, t_step;
+  std::vector<double> t_copy, t_same, t_step, t_naive;
   for (int r = 0; r < cfg.repeat; ++r) {
     auto t0 = clock_type::now();
     threaded_memcpy(copy_dst.p.get(), copy_src.p.get(), half_bytes);
     t_copy.push_back(seconds_since(t0));
     t0 = clock_type::now();
-    keep ^= same_traffic<Precision, Rule>(segs, chunks, sink);
+    keep += same_traffic<Precision, Rule>(segs, chunks);
     t_same.push_back(seconds_since(t0));
     t0 = clock_type::now();
     checked_step();
     t_step.push_back(seconds_since(t0));
+    t0 = clock_type::now();
+    norms += naive_step<Precision, Rule>(segs, opt.loss_scale(), 3 + r);
+    t_naive.push_back(seconds_since(t0));
   }
-  if (keep == 0x12345678u) std::fprintf(stderr, " ");  // keeps the reference reductions alive
+  if (keep == 1234.5f || norms == 0.5) std::fprintf(stderr, " ");  // keeps the references' reductions alive
 
-  const stats step = gbps(t_step, total), copy = gbps(t_copy, total), same = gbps(t_same, total);
+  const stats step = gbps(t_step, total), copy = gbps(t_copy, total), same = gbps(t_same, total),
+              naive = gbps(t_naive, total);
   const double copy_gbps = std::max(copy.median, same.median);
+  // The unfused case against the fused one of the same run: step time ratio.
+  static std::string fused_case;
+  static double fused_seconds = 0;
+  const double seconds = summarize(t_step).median;
+  std::string vs_fused;
+  if (fused) fused_case = std::string(precision) + "/" + std::string(rule), fused_seconds = seconds;
+  else if (fused_case == std::string(precision) + "/" + std::string(rule))
+    vs_fused = ",\"time_vs_fused\":" + std::to_string(seconds / fused_seconds);
   std::printf(
       "{\"bench\":\"optimizer_step\",\"precision\":\"%.*s\",\"rule\":\"%.*s\",\"layout\":\"%.*s\",\"params\":%zu,"
-      "\"threads\":%d,\"simd\":\"%s\",\"bytes_per_param\":%zu,\"gbps\":%.2f,\"copy_gbps\":%.2f,\"ratio\":%.3f,"
-      "\"gbps_min\":%.2f,\"gbps_max\":%.2f,\"memcpy_gbps\":%.2f,\"same_traffic_gbps\":%.2f}\n",
+      "\"tensors\":%zu,\"threads\":%d,\"simd\":\"%s\",\"bytes_per_param\":%zu,\"gbps\":%.2f,\"copy_gbps\":%.2f,"
+      "\"ratio\":%.3f,\"baseline_ratio\":%.2f,\"gbps_min\":%.2f,\"gbps_max\":%.2f,\"memcpy_gbps\":%.2f,"
+      "\"same_traffic_gbps\":%.2f,\"baseline_gbps\":%.2f%s}\n",
       int(precision.size()), precision.data(), int(rule.size()), rule.data(), int(layout.size()), layout.data(), n,
-      max_threads(), simd_name, bpp, step.median, copy_gbps, step.median / copy_gbps, step.min, step.max,
-      copy.median, same.median);
+      params.size(), max_threads(), std::string(mpopt::to_string(mpopt::host::simd())).c_str(), bpp, step.median,
+      copy_gbps, step.median / copy_gbps, step.median / naive.median, step.min, step.max, copy.median, same.median,
+      naive.median, vs_fused.c_str());
   std::fflush(stdout);
 }
 
