@@ -66,16 +66,13 @@ struct host : detail::backend_passes<host> {
   }
   static constexpr bool accepts(memory_space s) { return s == memory_space::host; }
 
-  /// Below this many elements per thread a fork/join costs more than the work it shares.
-  static constexpr std::size_t min_elements_per_thread = std::size_t{1} << 16;
-
-  /// Calls f(chunk index) for every chunk; each thread takes one contiguous, element-balanced run.
-  /// Small steps run on the calling thread alone: no parallel region, no spinning pool.
+  /// Calls f(chunk index) for every chunk; each thread takes one contiguous, element-balanced run
+  /// (the pages of state it first touched: aligned_buffer::zeroed, the initialize pass). Small steps
+  /// run on the calling thread alone: no parallel region, no spinning pool.
   template <class F>
   static void for_each_chunk(const detail::work_list& work, F&& f) {
 #if defined(_OPENMP)
-    const std::size_t wanted = (work.elements() + min_elements_per_thread - 1) / min_elements_per_thread;
-    const int threads = int(std::min<std::size_t>(wanted, std::size_t(omp_get_max_threads())));
+    const int threads = detail::host_threads(work.elements());
     if (threads > 1) {
       MPOPT_PRAGMA_OMP(omp parallel num_threads(threads)) {
         const auto [first, last] = work.range(std::size_t(omp_get_thread_num()), std::size_t(omp_get_num_threads()));

@@ -9,7 +9,27 @@
 #include <new>
 #include <span>
 
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+#include "config.hpp"
+
 namespace mpopt::detail {
+
+/// Below this many elements per thread a fork/join costs more than the work it shares.
+constexpr std::size_t min_elements_per_thread = std::size_t{1} << 16;
+
+/// The OpenMP threads the host backend gives n elements of work (1 without OpenMP).
+inline int host_threads(std::size_t n) {
+#if defined(_OPENMP)
+  const std::size_t wanted = (n + min_elements_per_thread - 1) / min_elements_per_thread;
+  return int(std::max<std::size_t>(1, std::min<std::size_t>(wanted, std::size_t(omp_get_max_threads()))));
+#else
+  (void)n;
+  return 1;
+#endif
+}
 
 template <class T>
 class aligned_buffer {
@@ -21,10 +41,23 @@ class aligned_buffer {
     if (n) data_.reset(static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{alignment})));
   }
 
-  /// n elements, all value-initialized (zero).
+  /// n elements, all value-initialized (zero). A large buffer is zeroed by as many threads as the
+  /// host backend's passes over it use, each its contiguous share in order, as the passes split
+  /// their work: the first touch puts each page in the memory of the thread that will use it.
   static aligned_buffer zeroed(std::size_t n) {
     aligned_buffer b(n);
-    std::fill_n(b.data(), n, T{});
+    T* p = b.data();
+    const int threads = host_threads(n);
+    if (threads > 1) {
+      MPOPT_PRAGMA_OMP(omp parallel num_threads(threads)) {
+#if defined(_OPENMP)
+        const std::size_t t = std::size_t(omp_get_thread_num()), k = std::size_t(omp_get_num_threads());
+        std::fill(p + n * t / k, p + n * (t + 1) / k, T{});
+#endif
+      }
+      return b;
+    }
+    std::fill_n(p, n, T{});
     return b;
   }
 
