@@ -125,11 +125,13 @@ struct host : detail::backend_passes<host> {
   /// One chunk of a pass at the current SIMD level.
   template <class Pass>
   static auto chunk_runner() -> void (*)(const Pass&, std::size_t) {
+    switch (simd()) {
 #if MPOPT_X86_SIMD
-    if (simd() == simd_level::avx512) return run_chunk_avx512<Pass>;
-    if (simd() == simd_level::avx2) return run_chunk_avx2<Pass>;
+      case simd_level::avx512: return run_chunk_avx512<Pass>;
+      case simd_level::avx2: return run_chunk_avx2<Pass>;
 #endif
-    return run_chunk<detail::scalar_lanes, Pass>;
+      default: return run_chunk<detail::scalar_lanes, Pass>;
+    }
   }
 #if MPOPT_X86_SIMD
   // The pass compiled for each instruction set: everything it calls is inlined into these.

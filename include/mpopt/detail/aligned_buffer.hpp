@@ -47,16 +47,15 @@ class aligned_buffer {
   static aligned_buffer zeroed(std::size_t n) {
     aligned_buffer b(n);
     T* p = b.data();
-    const int threads = host_threads(n);
-    if (threads > 1) {
-      MPOPT_PRAGMA_OMP(omp parallel num_threads(threads)) {
 #if defined(_OPENMP)
+    if (const int threads = host_threads(n); threads > 1) {
+      MPOPT_PRAGMA_OMP(omp parallel num_threads(threads)) {
         const std::size_t t = std::size_t(omp_get_thread_num()), k = std::size_t(omp_get_num_threads());
         std::fill(p + n * t / k, p + n * (t + 1) / k, T{});
-#endif
       }
       return b;
     }
+#endif
     std::fill_n(p, n, T{});
     return b;
   }
