@@ -8,6 +8,7 @@
 #include <mpopt/mpopt.hpp>
 #include <mpopt/detail/state_file.hpp>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstddef>
@@ -678,8 +679,10 @@ TEST_CASE("load() of a file with one flipped byte throws, wherever the byte is, 
   std::vector<std::pair<std::size_t, unsigned>> flips;
   for (std::size_t pos = 0; pos < f.good_bytes.size(); ++pos) flips.emplace_back(pos, 0x01u);
   for (int i = 0; i < 600; ++i) flips.emplace_back(rng() % f.good_bytes.size(), 1u + unsigned(rng() % 255u));
-  for (const auto& [pos, mask] : flips) {
+  for (const auto& flip : flips) {  // no structured binding: clang before 16 cannot capture one
     {
+      const std::size_t pos = flip.first;
+      const unsigned mask = flip.second;
       CAPTURE(pos);
       CAPTURE(int(mask));
       auto bytes = f.good_bytes;
@@ -820,6 +823,189 @@ TEST_CASE("a failed load() into an optimizer that has not stepped yet still lets
   CHECK_ERROR(opt.load(dir / "missing.safetensors"), "missing.safetensors");
   CHECK_NOTHROW(opt.group(0).add(q, gq, "added_after_failed_load"));
   CHECK_NOTHROW(opt.add_group({}));
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Hardening: numbers that pass a check in double but break in float, counters written as floats or out of
+// range, memory shared between tensors.
+
+TEST_CASE("load() refuses a metadata counter that is not a non-negative integer in range, and changes nothing") {
+  // A float such as 1e30 used to reach a float-to-integer conversion (undefined behaviour); -1 wrapped to 2^64 - 1.
+  load_fixture f;
+  const auto p = f.dir / "counter.safetensors";
+  using edit = std::function<void(nlohmann::json&, const nlohmann::json&)>;
+  const std::vector<std::pair<std::string, edit>> fields = {
+      {"applied_steps", [](nlohmann::json& m, const nlohmann::json& v) { m["applied_steps"] = v; }},
+      {"skipped_steps", [](nlohmann::json& m, const nlohmann::json& v) { m["skipped_steps"] = v; }},
+      {"consecutive_skips", [](nlohmann::json& m, const nlohmann::json& v) { m["consecutive_skips"] = v; }},
+      {"step", [](nlohmann::json& m, const nlohmann::json& v) { m["groups"][1]["step"] = v; }},
+      {"iter", [](nlohmann::json& m, const nlohmann::json& v) { m["scaler"]["iter"] = v; }},
+      {"hysteresis_left", [](nlohmann::json& m, const nlohmann::json& v) { m["scaler"]["hysteresis_left"] = v; }},
+      {"last_overflow_iter", [](nlohmann::json& m, const nlohmann::json& v) { m["scaler"]["last_overflow_iter"] = v; }},
+  };
+  const std::vector<nlohmann::json> bad = {1e30, -1e30, 1.5, 2.0, -2, std::numeric_limits<std::uint64_t>::max(),
+                                           std::int64_t{1} << 60, "3", nullptr, true};
+  for (const auto& entry : fields)  // no structured binding: clang before 16 cannot capture one
+    for (const auto& v : bad) {
+      const std::string& field = entry.first;
+      const edit& set = entry.second;
+      CAPTURE(field);
+      CAPTURE(v.dump());
+      rewrite(f.good, p, [&](nlohmann::json& m) { set(m, v); });
+      f.reject(p, field);
+    }
+  for (const char* field : {"applied_steps", "skipped_steps", "consecutive_skips"}) {
+    CAPTURE(field);
+    rewrite(f.good, p, [&](nlohmann::json& m) { m[field] = -1; });
+    f.reject(p, field);
+  }
+  rewrite(f.good, p, [](nlohmann::json& m) { m["groups"][0]["step"] = -1; });
+  f.reject(p, "step");
+  check_twins(f.target, f.twin);
+}
+
+TEST_CASE("load() refuses counters that no run of the saved optimizer can reach, and changes nothing") {
+  load_fixture f;
+  const auto p = f.dir / "counts.safetensors";
+  const nlohmann::json meta = mpopt::detail::state_reader(f.good).metadata();
+  const auto applied = meta["applied_steps"].get<std::uint64_t>(), skipped = meta["skipped_steps"].get<std::uint64_t>();
+  REQUIRE(applied > 0);
+  REQUIRE(skipped > 0);
+  rewrite(f.good, p, [&](nlohmann::json& m) { m["groups"][0]["step"] = applied + 1; });  // steps only when applied
+  f.reject(p, "step");
+  rewrite(f.good, p, [&](nlohmann::json& m) { m["consecutive_skips"] = skipped + 1; });
+  f.reject(p, "consecutive_skips");
+  rewrite(f.good, p, [&](nlohmann::json& m) { m["scaler"]["iter"] = applied + skipped + 1; });  // one per boundary
+  f.reject(p, "iter");
+  check_twins(f.target, f.twin);
+}
+
+TEST_CASE("load() refuses options and scales that are finite doubles but not usable floats, and changes nothing") {
+  // An lr of 1e300 is infinite as a float and made every parameter non-finite; a scale of 1e300 skipped every step.
+  load_fixture f;
+  const auto p = f.dir / "float.safetensors";
+  rewrite(f.good, p, [](nlohmann::json& m) { m["groups"][1]["options"]["lr"] = 1e300; });
+  f.reject(p, "lr");
+  rewrite(f.good, p, [](nlohmann::json& m) { m["groups"][0]["options"]["weight_decay"] = 1e300; });
+  f.reject(p, "weight_decay");
+  rewrite(f.good, p, [](nlohmann::json& m) { m["groups"][0]["options"]["eps"] = 1e-50; });
+  f.reject(p, "eps");
+  rewrite(f.good, p, [](nlohmann::json& m) { m["groups"][0]["options"]["decoupled_weight_decay"] = 1; });
+  f.reject(p, "decoupled_weight_decay");
+  for (double scale : {1e300, 1e39, 0x1p65}) {
+    CAPTURE(scale);
+    rewrite(f.good, p, [&](nlohmann::json& m) { m["scaler"]["scale"] = scale; });
+    f.reject(p, "scale");
+  }
+  check_twins(f.target, f.twin);
+}
+
+template <class Opt>
+void check_float_options() {
+  using O = typename Opt::group_options;
+  Opt opt;
+  CHECK_ERROR(opt.add_group(O{.lr = 1e300}), "lr");
+  CHECK_ERROR(opt.add_group(O{.weight_decay = 1e300}), "weight_decay");
+  for (double eps : {1e-50, 1e-39}) {  // 0 as a float; a subnormal float, which flushes to 0 where denormals do
+    CAPTURE(eps);
+    CHECK_ERROR(opt.add_group(O{.eps = eps}), "eps");
+  }
+  CHECK(opt.group_count() == 0);
+  auto& g = opt.add_group(O{.eps = 1.1754943508222875e-38});  // the smallest normal float is fine
+  CHECK_ERROR(g.set_lr(1e300), "lr");
+  CHECK(g.lr() == doctest::Approx(O{}.lr));
+}
+
+TEST_CASE("options that pass the checks in double but break in float throw naming the field") {
+  check_float_options<fp32_adam>();
+  check_float_options<fp32_lamb>();
+  check_float_options<mpopt::optimizer<mpopt::fp32, mpopt::no_scaling, mpopt::replicated, mpopt::onebit_lamb>>();
+  // LAMB's step size lr * sqrt(1 - beta2) / (1 - beta1), times max_coeff, must be a float too.
+  fp32_lamb opt;
+  CHECK_ERROR(opt.add_group({.lr = 1e30, .beta1 = 1 - 1e-12}), "lr");
+  CHECK_ERROR(opt.add_group({.lr = 1e37, .max_coeff = 1e10}), "max_coeff");
+  // Scales and the predivide factor: a float whose reciprocal is a float too.
+  for (double bad : {1e300, 1e39, 0x1p65}) {
+    CAPTURE(bad);
+    CHECK_ERROR(fp16_dyn_adam({}, {.init_scale = bad}), "init_scale");
+    CHECK_ERROR(fp16_static_adam({}, {.scale = bad}), "scale");
+  }
+  CHECK_ERROR(fp16_dyn_adam({}, {.init_scale = 1e300, .min_scale = 1e300}), "scale");
+  for (double bad : {1e300, 1e-300, 1e-45}) {
+    CAPTURE(bad);
+    CHECK_ERROR(fp32_adam({.gradient_predivide = bad}), "gradient_predivide");
+  }
+  CHECK_NOTHROW(fp16_dyn_adam({}, {.init_scale = 0x1p64}));  // the largest loss scale
+}
+
+TEST_CASE("load() of a 1-bit LAMB state refuses its compression counters written as floats or out of range") {
+  using onebit = mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, mpopt::onebit_lamb>;
+  temp_dir dir;
+  const auto good = save_from<onebit>(dir, "onebit.safetensors", default_layout, scaler_opts);
+  rig<onebit> a(default_layout, {}, scaler_opts, 0.5f), b(default_layout, {}, scaler_opts, 0.5f);
+  a.step();
+  b.step();
+  const auto p = dir / "edited.safetensors";
+  auto reject = [&](const std::function<void(nlohmann::json&)>& edit, const std::string& needle) {
+    rewrite(good, p, edit);
+    CHECK_ERROR(a.opt.load(p), needle);
+    CHECK(a.snap() == b.snap());
+  };
+  reject([](nlohmann::json& m) { m["groups"][0]["options"]["freeze_step"] = 1e30; }, "freeze_step");
+  reject([](nlohmann::json& m) { m["groups"][0]["options"]["freeze_step"] = -1; }, "freeze_step");
+  reject([](nlohmann::json& m) { m["compression"]["compression_step"] = 1e30; }, "compression_step");
+  reject([](nlohmann::json& m) { m["compression"]["world_size"] = 1e30; }, "world_size");
+  reject([](nlohmann::json& m) { m["compression"]["world_size"] = 0; }, "world_size");
+  reject([](nlohmann::json& m) { m["compression"]["scaling_ready"] = 1; }, "scaling_ready");
+  check_twins(a, b);
+}
+
+TEST_CASE("registration refuses memory shared by two tensors, naming both, and registers nothing") {
+  fp32_adam opt;
+  std::vector<float> w(64, 1.0f), gw(64, 0.0f), b(8, 1.0f), gb(8, 0.0f), spare(64, 0.0f);
+  const std::span<float> ws(w), gws(gw), bs(b), spares(spare);
+  auto& g0 = opt.add_group({});
+  g0.add(w, gw, "w");
+  auto& g1 = opt.add_group({});
+  CHECK_ERROR(g1.add(w, spare, "w_again"), "'w'");  // the same parameter under two names, across groups
+  CHECK_ERROR(g1.add(w, spare, "w_again"), "'w_again'");
+  CHECK_ERROR(g0.add(b, gws.subspan(0, 8), "b"), "'w'");                  // another tensor's gradient
+  CHECK_ERROR(g0.add(gws.subspan(60, 4), spares.subspan(0, 4), "tail"), "'w'");  // a gradient as a parameter
+  CHECK_ERROR(g1.add(bs.subspan(0, 1), ws.subspan(63, 1), "last"), "'w'");  // the last element alone
+  CHECK(g0.size() == 1);
+  CHECK(g1.size() == 0);
+  CHECK_NOTHROW(g1.add(b, gb, "x"));
+  CHECK_ERROR(g1.add(gb, spares.subspan(0, 8), "y"), "'x'");  // x's gradient as y's parameter
+  CHECK(g1.size() == 1);
+  // Adjacent, not overlapping: accepted.
+  std::vector<float> whole(20, 0.0f);
+  const std::span<float> all(whole);
+  CHECK_NOTHROW(g1.add(all.subspan(0, 5), all.subspan(5, 5), "left"));
+  CHECK_NOTHROW(g1.add(all.subspan(10, 5), all.subspan(15, 5), "right"));
+  // A flat group's views handed to add() again.
+  auto& flat = opt.add_flat_group({}, {{"f", 6}});
+  CHECK_ERROR(g1.add(flat.param(0), spares.subspan(0, 6), "f_again"), "'f'");
+  CHECK(g1.size() == 3);
+  opt.step();
+}
+
+TEST_CASE("registration checks overlap across many tensors in any order") {
+  // 2,000 tensors carved out of two buffers in shuffled order, then one that overlaps a random one.
+  fp32_adam opt;
+  constexpr std::size_t n = 2000, size = 3;
+  std::vector<float> params(n * size, 0.5f), grads(n * size, 0.0f);
+  std::vector<std::size_t> order(n);
+  for (std::size_t i = 0; i < n; ++i) order[i] = i;
+  std::shuffle(order.begin(), order.end(), std::mt19937(11));
+  auto& g = opt.add_group({});
+  const std::span<float> ps(params), gs(grads);
+  for (std::size_t i : order) g.add(ps.subspan(i * size, size), gs.subspan(i * size, size), "t" + std::to_string(i));
+  std::vector<float> spare(size);
+  const std::string msg = error_of([&] { g.add(spare, gs.subspan(1234 * size + 2, size), "late"); });
+  INFO(msg);
+  CHECK(msg.find("'late'") != std::string::npos);
+  CHECK((msg.find("'t1234'") != std::string::npos || msg.find("'t1235'") != std::string::npos));
+  CHECK(g.size() == n);
 }
 
 }  // TEST_SUITE

@@ -43,6 +43,24 @@ void operator delete(void* p) noexcept { counted_delete(p); }
 void operator delete(void* p, std::size_t) noexcept { counted_delete(p); }
 void operator delete(void* p, std::align_val_t) noexcept { counted_delete(p); }
 void operator delete(void* p, std::size_t, std::align_val_t) noexcept { counted_delete(p); }
+// The nothrow forms (std::stable_sort's buffer) call the ones above by default, but a sanitizer's
+// runtime supplies its own, whose blocks would reach counted_delete without a header.
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
+  try {
+    return counted_new(n, 16);
+  } catch (const std::bad_alloc&) {
+    return nullptr;
+  }
+}
+void* operator new(std::size_t n, std::align_val_t a, const std::nothrow_t&) noexcept {
+  try {
+    return counted_new(n, static_cast<std::size_t>(a));
+  } catch (const std::bad_alloc&) {
+    return nullptr;
+  }
+}
+void operator delete(void* p, const std::nothrow_t&) noexcept { counted_delete(p); }
+void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept { counted_delete(p); }
 
 namespace {
 template <class F>

@@ -44,6 +44,8 @@ struct deepspeed_scaler {
   std::int64_t cur_iter = 0;
   std::int64_t last_overflow_iter = -1;
   std::int64_t cur_hysteresis;
+  // Not DeepSpeed's: our one decision against its rule, a largest scale (its scale doubles without end).
+  double max_scale = std::numeric_limits<double>::infinity();
 
   explicit deepspeed_scaler(const mpopt::dynamic_scale_options& o)
       : cur_scale(o.init_scale),
@@ -69,7 +71,7 @@ struct deepspeed_scaler {
       const std::int64_t stable = cur_iter - last_overflow_iter - 1;
       if (stable > 0 && stable % scale_window == 0) {
         if (!consecutive_hysteresis) cur_hysteresis = delayed_shift;
-        cur_scale *= 2.0;
+        cur_scale = std::min(cur_scale * 2.0, max_scale);
       }
     }
     cur_iter += 1;
@@ -172,6 +174,7 @@ using fp16_static = fp16_rig<mpopt::static_scale>;
 std::vector<double> run_schedule(const mpopt::dynamic_scale_options& o, const std::vector<bool>& overflows) {
   mpopt::dynamic_scale scaler(o);
   deepspeed_scaler model(o);
+  model.max_scale = mpopt::max_loss_scale;
   fp16_dynamic rig(o);
   std::vector<double> after;
   std::uint64_t skipped = 0, consecutive = 0, applied = 0;
@@ -447,6 +450,20 @@ TEST_CASE("the minimum scale is a floor that need not be a power of two") {
   CHECK(run_schedule(o, overflow(3) + clean(4)) == std::vector<double>{50, 30, 30, 30, 30, 30, 60});
 }
 
+TEST_CASE("the scale stops doubling at mpopt::max_loss_scale, 2^64 (DeepSpeed's would grow without end)") {
+  mpopt::dynamic_scale s({.init_scale = 0x1p62, .window = 1, .hysteresis = 1});
+  deepspeed_scaler m({.init_scale = 0x1p62, .window = 1, .min_scale = 1, .hysteresis = 1});
+  for (int i = 0; i < 6; ++i) {
+    s.update(false);
+    m.update_scale(false);
+    CHECK(s.scale() == std::min(m.cur_scale, 0x1p64));  // the same rule below the cap
+  }
+  CHECK(m.cur_scale > 0x1p64);
+  CHECK(s.scale() == mpopt::max_loss_scale);
+  s.update(true);  // and halves from there on overflow
+  CHECK(s.scale() == 0x1p63);
+}
+
 TEST_CASE("static_scale 138: constant scale; an overflow still skips the step and leaves the scale alone") {
   mpopt::static_scale s({.scale = 138});
   CHECK(s.scale() == 138);
@@ -533,6 +550,7 @@ TEST_CASE("randomized: 2000 random schedules and configurations on dynamic_scale
 
     mpopt::dynamic_scale s(o);
     deepspeed_scaler m(o);
+    m.max_scale = mpopt::max_loss_scale;
     for (std::int64_t i = 0; i < length; ++i) {
       const bool ov = std::bernoulli_distribution(p_overflow)(rng);
       const bool model_raises = m.would_raise(ov);
@@ -580,6 +598,7 @@ TEST_CASE("randomized: 2000 random schedules through an fp16 optimizer match Dee
 
     fp16_dynamic rig(o);
     deepspeed_scaler m(o);
+    m.max_scale = mpopt::max_loss_scale;
     std::uint64_t skipped = 0, consecutive = 0, applied = 0;
     for (std::int64_t i = 0; i < length; ++i) {
       const bool ov = std::bernoulli_distribution(p_overflow)(rng);

@@ -39,20 +39,11 @@
 #include "counter_hash.hpp"
 #include "test_backend.hpp"
 
+#include "mpi_world.hpp"
 #include "temp_dir.hpp"
 
 namespace {
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int w = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &w);
-  return w;
-}
 
 enum class layout { unfused, flat };
 

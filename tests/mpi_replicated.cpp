@@ -17,6 +17,8 @@
 
 #include "mpi_harness.hpp"
 
+#include <deque>
+
 TEST_SUITE("mpi") {
   // ------------------------------------------------------------------------------------------ 1, 2
   TEST_CASE_TEMPLATE(
@@ -449,6 +451,40 @@ TEST_SUITE("mpi") {
     check_same_on_every_rank(a);
   }
 
+  TEST_CASE("ranks that load different valid checkpoints throw on every rank, naming what differs, and change nothing") {
+    using D = mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, mpopt::adam, test_backend, mpopt::mpi>;
+    const int w = world_size(), rank = world_rank();
+    const shape sh{{5, 33}, {7}};
+    const dataset ds{0xD1FF, sh.all(), true};
+    const shared_dir dir;
+    net<D> a(layout::unfused, sh, 1, mpopt::mpi{MPI_COMM_WORLD});
+    for (int s = 0; s < 6; ++s) {
+      a.write(ds.micro_batch(s, rank));
+      a.opt.step();
+      if (s == 2) a.opt.save(dir / "early.safetensors");
+    }
+    a.opt.save(dir / "late.safetensors");
+    const snapshot before = take(a);
+    const std::string msg = [&]() -> std::string {
+      try {
+        a.opt.load(dir / (rank == 1 ? "late.safetensors" : "early.safetensors"));
+      } catch (const mpopt::error& e) {
+        return e.what();
+      }
+      return "";
+    }();
+    INFO(msg);
+    if (w == 1) {
+      CHECK(msg.empty());
+      return;
+    }
+    CHECK(msg.find("the ranks disagree on the checkpoint's step counts (") != std::string::npos);
+    CHECK(msg.find("rank 1: 6 applied") != std::string::npos);
+    CHECK(msg.find("Every rank must load the same checkpoint") != std::string::npos);
+    const std::string diff = take(a).difference(before);
+    CHECK_MESSAGE(diff.empty(), "a failed load changed " << diff);
+  }
+
   // ------------------------------------------------------------------------------------------ 6
   TEST_CASE("collectives with mismatched sizes throw mpopt::error on every rank before communicating") {
     const int w = world_size();
@@ -502,4 +538,68 @@ TEST_SUITE("mpi") {
     // No communicator on MPI_COMM_NULL.
     CHECK_THROWS_AS(mpopt::mpi{MPI_COMM_NULL}, mpopt::error);
   }
+
+  // ------------------------------------------------------------------------------------------ 7
+  TEST_CASE("ranks that disagree on policies, options or tensors throw at finalize on every rank, naming what "
+            "differs and on which ranks") {
+    const int w = world_size();
+    const bool odd = world_rank() == 1;  // the rank that differs (with one rank, nothing can)
+    using adam_opt = mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, mpopt::adam, mpopt::host, mpopt::mpi>;
+    using lamb_opt = mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, mpopt::lamb, mpopt::host, mpopt::mpi>;
+    struct setup {
+      mpopt::mpi_options comm = {};
+      mpopt::optimizer_options opt = {};
+      mpopt::dynamic_scale_options scaler = {};
+      double lr = 1e-3;
+      std::size_t size = 8, groups = 2;
+    };
+    // What finalize() throws on this rank ("" if nothing); every rank calls it.
+    auto finalize = []<class Opt>(const setup& s, Opt*) -> std::string {
+      std::deque<std::vector<mpopt::half>> memory;  // stays in place as it grows
+      Opt opt{mpopt::mpi{MPI_COMM_WORLD, s.comm}, s.opt, s.scaler};
+      for (std::size_t g = 0; g < s.groups; ++g) {
+        auto& p = memory.emplace_back(g == 0 ? s.size : 3);
+        auto& gr = memory.emplace_back(p.size());
+        opt.add_group({.lr = s.lr}).add(p, gr, "t" + std::to_string(g));
+      }
+      try {
+        opt.finalize();
+      } catch (const mpopt::error& e) {
+        return e.what();
+      }
+      return "";
+    };
+    auto expect = [&](const std::string& msg, std::initializer_list<const char*> needles) {
+      INFO(msg);
+      if (w == 1) {
+        CHECK(msg.empty());
+        return;
+      }
+      CHECK(msg.find("the ranks disagree on ") != std::string::npos);
+      for (const char* n : needles) CHECK(msg.find(n) != std::string::npos);
+    };
+    adam_opt* adam = nullptr;
+    CHECK(finalize(setup{}, adam).empty());
+    expect(finalize(setup{.lr = odd ? 2e-3 : 1e-3}, adam), {"group 0.lr (", "rank 1: 0.002", ": 0.001"});
+    expect(finalize(setup{.opt = {.clip_grad = odd ? 0.5 : 1.0}}, adam), {"clip_grad (", "rank 1: 0.5"});
+    expect(finalize(setup{.opt = {.max_consecutive_skips = odd ? 3u : 0u}}, adam), {"max_consecutive_skips (", "rank 1: 3"});
+    expect(finalize(setup{.scaler = {.init_scale = odd ? 1024.0 : 2048.0}}, adam),
+           {"dynamic_scale.init_scale (", "rank 1: 1024.0", "dynamic_scale state.scale ("});
+    expect(finalize(setup{.scaler = {.on_min_scale = odd ? mpopt::at_min_scale::keep_skipping : mpopt::at_min_scale::raise}}, adam),
+           {"dynamic_scale.on_min_scale (", "rank 1: keep_skipping"});
+    expect(finalize(setup{.comm = {.deterministic = odd}}, adam), {"mpi.deterministic (", "rank 1: true"});
+    expect(finalize(setup{.size = odd ? 9u : 8u}, adam), {"group 0 tensors (", "rank 1: 1 tensors, 9 elements"});
+    expect(finalize(setup{.groups = odd ? 3u : 2u}, adam), {"number of groups (", "rank 1: 3"});
+    // Several at once: each is named.
+    expect(finalize(setup{.opt = {.clip_grad = odd ? 0.5 : 1.0}, .lr = odd ? 2e-3 : 1e-3}, adam), {"clip_grad (", "group 0.lr ("});
+    // Another update rule on one rank: the policies differ.
+    lamb_opt* lamb = nullptr;
+    std::string msg;
+    if (odd) msg = finalize(setup{}, lamb);
+    else msg = finalize(setup{}, adam);
+    expect(msg, {"policies (", "rank 1: fp16 dynamic_scale replicated lamb"});
+    // Afterwards the ranks agree again and train.
+    CHECK(finalize(setup{}, adam).empty());
+  }
+
 }

@@ -12,11 +12,14 @@
 #include "mpi_checks.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -284,6 +287,52 @@ void check_bad_input(mpopt::nccl& comm) {
   check_all_reduce<float>(comm);
 }
 
+/// A negative timeout is refused before anything is set up (no GPU needed), naming the field.
+void check_negative_timeout() {
+  try {
+    mpopt::nccl bad(MPI_COMM_WORLD, nullptr, {.timeout = std::chrono::milliseconds(-1)});
+    expect(false, "a negative timeout: did not throw");
+  } catch (const mpopt::error& e) {
+    expect(std::string_view(e.what()).find("nccl_options.timeout") != std::string_view::npos,
+           std::string("a negative timeout: the error names nccl_options.timeout: ") + e.what());
+  }
+}
+
+/// With a timeout the collectives work as without one. Then a wait that outlasts it throws on every
+/// rank, naming the last collective, and aborts the communicator: later calls throw at once. What
+/// outlasts it is a host function holding the stream after an all-reduce every rank joins, so no
+/// NCCL operation is left pending when the communicator is aborted.
+void check_timeout() {
+  using namespace std::chrono_literals;
+  using steady = std::chrono::steady_clock;
+  constexpr std::chrono::milliseconds timeout = 500ms;
+  mpopt::nccl timed(MPI_COMM_WORLD, stream, {.timeout = timeout});
+  expect(timed.options().timeout == timeout, "the options are kept");
+  check_all_reduce<float>(timed);
+  check_host_memory(timed);  // the staged paths, each waiting through synchronize()
+  timed.barrier();
+
+  device_buffer<float> data(values<float>(timed.rank(), 37));
+  timed.all_reduce(data.span(), mpopt::reduce_op::sum);
+  cuda(cudaLaunchHostFunc(stream, [](void*) { std::this_thread::sleep_for(2s); }, nullptr), "cudaLaunchHostFunc");
+  std::string message;
+  const auto start = steady::now();
+  try {
+    timed.synchronize();
+  } catch (const mpopt::error& e) {
+    message = e.what();
+  }
+  const auto took = steady::now() - start;
+  const std::string expected = "nccl: ncclAllReduce, or other work on the stream, did not complete within 500 ms on "
+                               "rank " + std::to_string(world_rank) + " of " + std::to_string(world_size);
+  expect(message.find(expected) != std::string::npos, "the timeout names the all-reduce and the rank: " + message);
+  expect(took >= timeout && took < timeout + 5s, "synchronize() threw after the timeout, not much later");
+  const auto again = steady::now();
+  expect_error("a barrier after the timeout", [&] { timed.barrier(); });
+  expect(steady::now() - again < 100ms, "a collective after the timeout throws at once");
+  cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");  // the host function has returned
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -294,6 +343,7 @@ int main(int argc, char** argv) {
     // Construction still fails cleanly, as mpopt::error, on every rank.
     expect_error("nccl over MPI_COMM_NULL", [] { mpopt::nccl comm(MPI_COMM_NULL); });
     expect_error("nccl without a usable device", [] { mpopt::nccl comm(MPI_COMM_WORLD); });
+    check_negative_timeout();
     if (world_rank == 0 && failed == 0)
       std::printf("%s; the NCCL communicator test needs a GPU per rank\n", gpus.why.c_str());
     return finish(77);
@@ -329,6 +379,10 @@ int main(int argc, char** argv) {
       mpopt::nccl moved(std::move(comm));
       check_all_reduce<float>(moved);
       expect_error("a moved-from communicator", [&] { comm.barrier(); });  // NOLINT(bugprone-use-after-move)
+    });
+    run("timeout", [&] {
+      check_negative_timeout();
+      check_timeout();
     });
   });
   if (stream) (void)cudaStreamDestroy(stream);

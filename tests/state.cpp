@@ -214,7 +214,8 @@ void check_file_layout(const fs::path& path, const run<Opt>& r) {
   REQUIRE(h.contains("__metadata__"));
   const auto& meta = h["__metadata__"];
   REQUIRE(meta.is_object());
-  for (const auto& [k, v] : meta.items()) CHECK_MESSAGE(v.is_string(), k);  // safetensors: str -> str
+  // Not a structured binding: clang before 16 cannot capture one in CHECK_MESSAGE's lambda.
+  for (const auto& item : meta.items()) CHECK_MESSAGE(item.value().is_string(), item.key());  // safetensors: str -> str
 
   const std::string param_dtype = std::is_same_v<typename Opt::param_type, float>            ? "F32"
                                   : std::is_same_v<typename Opt::param_type, mpopt::half>     ? "F16"

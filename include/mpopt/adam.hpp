@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "detail/adam_math.hpp"
+#include "detail/json_fields.hpp"
 #include "detail/validate.hpp"
 
 namespace mpopt {
@@ -28,10 +29,12 @@ struct adam {
     void validate(std::string_view group) const {
       const std::string g(group);
       detail::require_non_negative(g + ".lr", lr);
+      detail::require_float(g + ".lr", lr);
       detail::require_beta(g + ".beta1", beta1);
       detail::require_beta(g + ".beta2", beta2);
-      detail::require_positive(g + ".eps", eps);
+      detail::require_float_divisor(g + ".eps", eps);
       detail::require_non_negative(g + ".weight_decay", weight_decay);
+      detail::require_float(g + ".weight_decay", weight_decay);
     }
   };
 
@@ -52,9 +55,9 @@ struct adam {
             {"bias_correction", o.bias_correction}};
   }
   static options from_json(const nlohmann::json& j) {
-    return {j.at("lr").get<double>(), j.at("beta1").get<double>(), j.at("beta2").get<double>(),
-            j.at("eps").get<double>(), j.at("weight_decay").get<double>(),
-            j.at("decoupled_weight_decay").get<bool>(), j.at("bias_correction").get<bool>()};
+    using namespace detail;
+    return {json_number(j, "lr"), json_number(j, "beta1"), json_number(j, "beta2"), json_number(j, "eps"),
+            json_number(j, "weight_decay"), json_flag(j, "decoupled_weight_decay"), json_flag(j, "bias_correction")};
   }
 };
 

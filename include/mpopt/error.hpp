@@ -3,6 +3,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace mpopt {
 
@@ -11,7 +12,12 @@ namespace mpopt {
 /// observable state (parameters, masters, moments, counters, loss scale) is unchanged.
 class error : public std::runtime_error {
  public:
-  explicit error(const std::string& what) : std::runtime_error("mpopt: " + what) {}
+  explicit error(const std::string& what) : std::runtime_error(std::string(prefix) + what) {}
+  /// The message without the "mpopt: " prefix: for code that adds context and throws again.
+  std::string_view message() const { return std::string_view(what()).substr(prefix.size()); }
+
+ private:
+  static constexpr std::string_view prefix = "mpopt: ";
 };
 
 }  // namespace mpopt

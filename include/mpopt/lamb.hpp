@@ -1,7 +1,9 @@
 // mpopt — the LAMB update rule (FusedLamb math): per-tensor trust ratio on uncorrected moments.
 #pragma once
 
+#include <algorithm>
 #include <array>
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -9,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "detail/json_fields.hpp"
 #include "detail/lamb_math.hpp"
 #include "detail/validate.hpp"
 
@@ -30,14 +33,21 @@ struct lamb {
     void validate(std::string_view group) const {
       const std::string g(group);
       detail::require_non_negative(g + ".lr", lr);
+      detail::require_float(g + ".lr", lr);
       detail::require_beta(g + ".beta1", beta1);
       detail::require_beta(g + ".beta2", beta2);
-      detail::require_positive(g + ".eps", eps);
+      detail::require_float_divisor(g + ".eps", eps);
       detail::require_non_negative(g + ".weight_decay", weight_decay);
+      detail::require_float(g + ".weight_decay", weight_decay);
       detail::require_non_negative(g + ".min_coeff", min_coeff);
       detail::require_positive(g + ".max_coeff", max_coeff);
       if (min_coeff > max_coeff)
         detail::fail(g, ".min_coeff (", min_coeff, ") must be <= max_coeff (", max_coeff, ")");
+      // The update's float factor: the step size (largest at step 1 or in the limit, lr) times a ratio.
+      const double largest = std::max(step_size(*this, 1), lr) * max_coeff;
+      if (!(largest <= FLT_MAX))
+        detail::fail(g, ".lr (", lr, ") with beta1, beta2 and max_coeff (", max_coeff, ") gives a step of ", largest,
+                     ", beyond the largest float");
     }
   };
 
@@ -61,9 +71,10 @@ struct lamb {
             {"eps_inside_sqrt", o.eps_inside_sqrt}, {"min_coeff", o.min_coeff}, {"max_coeff", o.max_coeff}};
   }
   static options from_json(const nlohmann::json& j) {
-    return {j.at("lr").get<double>(), j.at("beta1").get<double>(), j.at("beta2").get<double>(),
-            j.at("eps").get<double>(), j.at("weight_decay").get<double>(), j.at("bias_correction").get<bool>(),
-            j.at("eps_inside_sqrt").get<bool>(), j.at("min_coeff").get<double>(), j.at("max_coeff").get<double>()};
+    using namespace detail;
+    return {json_number(j, "lr"),           json_number(j, "beta1"),          json_number(j, "beta2"),
+            json_number(j, "eps"),          json_number(j, "weight_decay"),   json_flag(j, "bias_correction"),
+            json_flag(j, "eps_inside_sqrt"), json_number(j, "min_coeff"),     json_number(j, "max_coeff")};
   }
 };
 

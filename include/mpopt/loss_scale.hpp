@@ -8,9 +8,23 @@
 
 #include <nlohmann/json.hpp>
 
+#include "detail/json_fields.hpp"
 #include "detail/validate.hpp"
 
 namespace mpopt {
+
+/// The largest loss scale: 2^64. The loss is multiplied by it in float and the gradients by its
+/// reciprocal, so both must stay normal floats with room for the loss; and an fp16 gradient scaled
+/// by more than 2^40 overflows unless it is below fp16's smallest subnormal, so no run needs more.
+/// dynamic_scale stops growing here (DeepSpeed's has no cap: zero gradients double it without end).
+inline constexpr double max_loss_scale = 0x1p64;
+
+namespace detail {
+inline void require_loss_scale(std::string_view field, double x) {
+  require_positive(field, x);
+  if (!(x <= max_loss_scale)) fail(field, " must be <= 2^64 (mpopt::max_loss_scale), got ", x);
+}
+}  // namespace detail
 
 /// No scaling: bf16 and fp32 training. The scale is always 1.
 class no_scaling {
@@ -25,6 +39,7 @@ class no_scaling {
   void update(bool) {}
   nlohmann::json save() const { return nlohmann::json::object(); }
   void load(const nlohmann::json&) {}
+  nlohmann::json settings() const { return nlohmann::json::object(); }
 };
 
 struct static_scale_options {
@@ -38,14 +53,16 @@ class static_scale {
   static constexpr std::string_view name = "static_scale";
   static constexpr bool dynamic = false;
 
-  explicit static_scale(options o = {}) : scale_(o.scale) { detail::require_positive("static_scale.scale", o.scale); }
+  explicit static_scale(options o = {}) : scale_(o.scale) { detail::require_loss_scale("static_scale.scale", o.scale); }
   double scale() const { return scale_; }
   bool raises_on(bool) const { return false; }
   void update(bool) {}
   nlohmann::json save() const { return {{"scale", scale_}}; }
+  /// The options, which every rank must share (the optimizer compares them across ranks).
+  nlohmann::json settings() const { return save(); }
   void load(const nlohmann::json& j) {
-    const double scale = j.at("scale").get<double>();
-    detail::require_positive("saved static_scale.scale", scale);
+    const double scale = detail::json_number(j, "scale", "saved static_scale.scale");
+    detail::require_loss_scale("saved static_scale.scale", scale);
     scale_ = scale;
   }
 
@@ -79,8 +96,8 @@ class dynamic_scale {
   static constexpr double factor = 2.0;  // DeepSpeed fixes scale_factor at 2
 
   explicit dynamic_scale(options o = {}) : opt_(o) {
-    detail::require_positive("dynamic_scale.init_scale", o.init_scale);
-    detail::require_positive("dynamic_scale.min_scale", o.min_scale);
+    detail::require_loss_scale("dynamic_scale.init_scale", o.init_scale);
+    detail::require_loss_scale("dynamic_scale.min_scale", o.min_scale);
     if (o.window <= 0) detail::fail("dynamic_scale.window must be > 0, got ", o.window);
     if (o.hysteresis <= 0) detail::fail("dynamic_scale.hysteresis must be > 0, got ", o.hysteresis);
     if (o.min_scale > o.init_scale)
@@ -110,7 +127,7 @@ class dynamic_scale {
       const std::int64_t stable = iter_ - last_overflow_iter_ - 1;
       if (stable > 0 && stable % opt_.window == 0) {
         if (!opt_.consecutive_hysteresis) hysteresis_left_ = opt_.hysteresis;
-        scale_ *= factor;
+        scale_ = std::min(scale_ * factor, max_loss_scale);
       }
     }
     ++iter_;
@@ -123,19 +140,23 @@ class dynamic_scale {
     return {{"scale", scale_}, {"iter", iter_}, {"last_overflow_iter", last_overflow_iter_},
             {"hysteresis_left", hysteresis_left_}};
   }
+  /// The options, which every rank must share (the optimizer compares them across ranks).
+  nlohmann::json settings() const {
+    return {{"init_scale", opt_.init_scale}, {"window", opt_.window}, {"min_scale", opt_.min_scale},
+            {"hysteresis", opt_.hysteresis}, {"consecutive_hysteresis", opt_.consecutive_hysteresis},
+            {"on_min_scale", opt_.on_min_scale == at_min_scale::raise ? "raise" : "keep_skipping"}};
+  }
   /// Restores save()d state; the options stay this scaler's own (like DeepSpeed's min_loss_scale).
   /// Checks the state is one the rule can reach before changing anything.
   void load(const nlohmann::json& j) {
-    const double scale = j.at("scale").get<double>();
-    const auto iter = j.at("iter").get<std::int64_t>();
-    const auto last_overflow = j.at("last_overflow_iter").get<std::int64_t>();
-    const auto hysteresis_left = j.at("hysteresis_left").get<std::int64_t>();
-    detail::require_positive("saved dynamic_scale.scale", scale);
-    if (iter < 0 || last_overflow < -1 || last_overflow >= std::max<std::int64_t>(iter, 0))
-      detail::fail("saved dynamic_scale state is inconsistent: iter ", iter, ", last_overflow_iter ", last_overflow);
-    if (hysteresis_left < 1 || hysteresis_left > opt_.hysteresis)
-      detail::fail("saved dynamic_scale.hysteresis_left ", hysteresis_left, " is outside [1, hysteresis = ",
-                   opt_.hysteresis, "]");
+    using detail::json_integer;
+    const double scale = detail::json_number(j, "scale", "saved dynamic_scale.scale");
+    detail::require_loss_scale("saved dynamic_scale.scale", scale);
+    const auto iter = json_integer(j, "iter", 0, std::int64_t(detail::max_steps), "saved dynamic_scale.iter");
+    const auto last_overflow =
+        json_integer(j, "last_overflow_iter", -1, iter - 1, "saved dynamic_scale.last_overflow_iter (before iter)");
+    const auto hysteresis_left =
+        json_integer(j, "hysteresis_left", 1, opt_.hysteresis, "saved dynamic_scale.hysteresis_left (up to hysteresis)");
     scale_ = scale;
     iter_ = iter;
     last_overflow_iter_ = last_overflow;
@@ -160,6 +181,7 @@ concept loss_scaler_policy = requires(S s, const S cs, bool b, const nlohmann::j
   s.update(b);
   { cs.save() } -> std::convertible_to<nlohmann::json>;
   s.load(j);
+  { cs.settings() } -> std::convertible_to<nlohmann::json>;  // the options, compared across ranks
   { S::name } -> std::convertible_to<std::string_view>;
 };
 

@@ -2,9 +2,11 @@
 // needs no MPI header.
 #pragma once
 
+#include <chrono>
 #include <climits>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <span>
 #include <string>
 #include <string_view>
@@ -14,6 +16,7 @@
 
 #include "communicator.hpp"
 #include "detail/mpi_c.hpp"
+#include "detail/poll.hpp"
 #include "detail/validate.hpp"
 #include "numeric.hpp"
 
@@ -95,6 +98,11 @@ struct mpi_options {
   /// zero2 train identically). It runs as an all-to-all plus a local sum: the data volume of a
   /// reduce-scatter, with a workspace of W times the largest piece.
   bool deterministic = false;
+  /// How long each collective may wait for the other ranks; zero waits forever, as MPI does. With a
+  /// limit, collectives run as their nonblocking twins (MPI_Iallreduce, ...), polled until they
+  /// complete; one that does not complete in time throws mpopt::error, and the communicator is
+  /// unusable from then on (MPI cannot cancel a collective): end the job, e.g. with MPI_Abort.
+  std::chrono::milliseconds timeout{0};
 };
 
 /// Collectives over an MPI communicator (e.g. MPI_COMM_WORLD or a data-parallel sub-communicator).
@@ -105,12 +113,24 @@ class mpi {
   static constexpr std::string_view name = "mpi";
 
   explicit mpi(MPI_Comm comm, mpi_options options = {}) : options_(options) {
+    if (options_.timeout.count() < 0)
+      detail::fail("mpi_options.timeout must be >= 0 ms (0: no timeout), got ", options_.timeout.count(), " ms");
     int initialized = 0;
     MPI_Initialized(&initialized);
     if (!initialized) detail::fail("mpi: MPI_Init has not been called");
     if (comm == MPI_COMM_NULL) detail::fail("mpi: the communicator is MPI_COMM_NULL");
     check(MPI_Comm_dup(comm, &comm_), "MPI_Comm_dup");
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    // A blocking collective never matches a nonblocking one (MPI-3.1, 5.12): with a timeout on some
+    // ranks only, the first collective would hang. So every rank learns whether all agree.
+    int timed[2] = {options_.timeout.count() > 0, options_.timeout.count() == 0};  // both 1: they differ
+    const int agreed = MPI_Allreduce(MPI_IN_PLACE, timed, 2, MPI_INT, MPI_MAX, comm_);
+    if (agreed != MPI_SUCCESS || (timed[0] && timed[1])) {
+      MPI_Comm_free(&comm_);
+      check(agreed, "MPI_Allreduce");
+      detail::fail("mpi_options.timeout is set on some ranks and 0 on others: give every rank a timeout, or none "
+                   "(a collective with a timeout runs as MPI's nonblocking twin, which no blocking call matches)");
+    }
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
     counts_.resize(std::size_t(size_));
@@ -127,14 +147,18 @@ class mpi {
         displs_(std::move(o.displs_)),
         ones_(std::move(o.ones_)),
         steps_(std::move(o.steps_)),
-        workspace_(std::move(o.workspace_)) {}
+        workspace_(std::move(o.workspace_)),
+        timed_out_(std::exchange(o.timed_out_, MPI_REQUEST_NULL)),
+        timed_out_call_(o.timed_out_call_) {}
   mpi(const mpi&) = delete;  // duplicating is collective: do it explicitly with mpi(other.native())
   mpi& operator=(const mpi&) = delete;
   mpi& operator=(mpi&&) = delete;
   ~mpi() {
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm_);
+    if (finalized) return;
+    if (timed_out_ != MPI_REQUEST_NULL) release_timed_out();
+    if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
   }
 
   int rank() const { return rank_; }
@@ -154,36 +178,36 @@ class mpi {
         ordered_all_reduce(piece);
         continue;
       }
-      check(MPI_Allreduce(MPI_IN_PLACE, piece.data(), int(piece.size()), type<T>(), detail::mpi_type<T>::op(op), comm_),
-            "MPI_Allreduce");
+      collective("MPI_Allreduce", MPI_Allreduce, MPI_Iallreduce, MPI_IN_PLACE, piece.data(), int(piece.size()),
+                 type<T>(), detail::mpi_type<T>::op(op), comm_);
     }
   }
   template <class T>
   void reduce_scatter(std::span<const T> in, std::span<T> out, reduce_op op) {
     detail::check_blocks("reduce_scatter", in.size(), out.size(), std::size_t(size_), 1);
-    check(MPI_Reduce_scatter_block(in.data(), out.data(), count(out.size()), type<T>(), detail::mpi_type<T>::op(op), comm_),
-          "MPI_Reduce_scatter_block");
+    collective("MPI_Reduce_scatter_block", MPI_Reduce_scatter_block, MPI_Ireduce_scatter_block, in.data(), out.data(),
+               count(out.size()), type<T>(), detail::mpi_type<T>::op(op), comm_);
   }
   template <class T>
   void reduce_scatter(std::span<const T> in, std::span<T> out, std::span<const std::size_t> counts, reduce_op op) {
     detail::check_counts("reduce_scatter", in.size(), counts, rank_, size_, out.size());
     set_counts(counts);
     if (ordered<T>(op)) return ordered_reduce_scatter(in, out);
-    check(MPI_Reduce_scatter(in.data(), out.data(), counts_.data(), type<T>(), detail::mpi_type<T>::op(op), comm_),
-          "MPI_Reduce_scatter");
+    collective("MPI_Reduce_scatter", MPI_Reduce_scatter, MPI_Ireduce_scatter, in.data(), out.data(), counts_.data(),
+               type<T>(), detail::mpi_type<T>::op(op), comm_);
   }
   template <class T>
   void all_gather(std::span<T> data, std::span<const std::size_t> counts) {
     detail::check_counts("all_gather", data.size(), counts, rank_, size_);
     set_counts(counts);
-    check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data.data(), counts_.data(), displs_.data(), type<T>(), comm_),
-          "MPI_Allgatherv");
+    collective("MPI_Allgatherv", MPI_Allgatherv, MPI_Iallgatherv, MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data.data(),
+               counts_.data(), displs_.data(), type<T>(), comm_);
   }
   template <class T>
   void all_gather(std::span<const T> in, std::span<T> out) {
     detail::check_blocks("all_gather", in.size(), out.size(), 1, std::size_t(size_));
-    check(MPI_Allgather(in.data(), count(in.size()), type<T>(), out.data(), count(in.size()), type<T>(), comm_),
-          "MPI_Allgather");
+    collective("MPI_Allgather", MPI_Allgather, MPI_Iallgather, in.data(), count(in.size()), type<T>(), out.data(),
+               count(in.size()), type<T>(), comm_);
   }
   template <class T>
   void all_to_all(std::span<const T> in, std::span<T> out) {
@@ -191,14 +215,15 @@ class mpi {
     if (in.size() % std::size_t(size_) != 0)
       detail::fail("all_to_all: ", in.size(), " elements do not split into ", size_, " equal blocks");
     const int block = count(in.size() / std::size_t(size_));
-    check(MPI_Alltoall(in.data(), block, type<T>(), out.data(), block, type<T>(), comm_), "MPI_Alltoall");
+    collective("MPI_Alltoall", MPI_Alltoall, MPI_Ialltoall, in.data(), block, type<T>(), out.data(), block, type<T>(),
+               comm_);
   }
   template <class T>
   void broadcast(std::span<T> data, int root) {
     if (root < 0 || root >= size_) detail::fail("broadcast: root ", root, " is not a rank of ", size_);
-    check(MPI_Bcast(data.data(), count(data.size()), type<T>(), root, comm_), "MPI_Bcast");
+    collective("MPI_Bcast", MPI_Bcast, MPI_Ibcast, data.data(), count(data.size()), type<T>(), root, comm_);
   }
-  void barrier() { check(MPI_Barrier(comm_), "MPI_Barrier"); }
+  void barrier() { collective("MPI_Barrier", MPI_Barrier, MPI_Ibarrier, comm_); }
 
  private:
   static constexpr std::size_t max_count = std::size_t{1} << 30;
@@ -232,9 +257,8 @@ class mpi {
       ones_[r] = count(n);
       steps_[r] = count(r * n);
     }
-    check(MPI_Alltoallv(in.data(), counts_.data(), displs_.data(), type<T>(), pieces, ones_.data(), steps_.data(),
-                        type<T>(), comm_),
-          "MPI_Alltoallv");
+    collective("MPI_Alltoallv", MPI_Alltoallv, MPI_Ialltoallv, in.data(), counts_.data(), displs_.data(), type<T>(),
+               pieces, ones_.data(), steps_.data(), type<T>(), comm_);
     using acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
     for (std::size_t i = 0; i < n; ++i) {
       acc sum = acc(pieces[i]);
@@ -256,8 +280,8 @@ class mpi {
       at += c;
     }
     ordered_reduce_scatter(std::span<const T>(data), data.subspan(std::size_t(displs_[std::size_t(rank_)]), mine));
-    check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data.data(), counts_.data(), displs_.data(), type<T>(), comm_),
-          "MPI_Allgatherv");
+    collective("MPI_Allgatherv", MPI_Allgatherv, MPI_Iallgatherv, MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data.data(),
+               counts_.data(), displs_.data(), type<T>(), comm_);
   }
 
   template <class T>
@@ -268,6 +292,50 @@ class mpi {
     if (n > std::size_t(INT_MAX)) detail::fail("mpi: ", n, " elements exceed MPI's int count");
     return int(n);
   }
+  /// One collective, `call` named as MPI names it (a string literal). Without a timeout it is the
+  /// blocking call, as ever. With one it is the nonblocking twin, polled until it completes or the
+  /// timeout passes. `args` are the blocking call's, and the twin takes them and a request, so each
+  /// call site is written once.
+  template <class... Args>
+  void collective(std::string_view call, int (*blocking)(Args...),
+                  std::type_identity_t<int (*)(Args..., MPI_Request*)> nonblocking,
+                  std::type_identity_t<Args>... args) {
+    if (!timed_out_call_.empty())
+      detail::fail("mpi: the communicator is unusable after a timeout in ", timed_out_call_, " on rank ", rank_, " of ",
+                   size_, "; ", call, " not started: end the job, e.g. MPI_Abort");
+    if (options_.timeout.count() == 0) return check(blocking(args...), call);
+    MPI_Request request = MPI_REQUEST_NULL;
+    check(nonblocking(args..., &request), call);
+    int code = MPI_SUCCESS;
+    const bool ended = detail::poll_until(options_.timeout, [&] {
+      int done = 0;
+      code = MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+      return code != MPI_SUCCESS || done != 0;
+    });
+    if (ended) return check(code, call);
+    // MPI can neither cancel nor free a pending collective: the request is kept (the destructor
+    // deals with it), and nothing else may run on this communicator, as the ranks no longer agree
+    // on which collective comes next.
+    timed_out_ = request;
+    timed_out_call_ = call;
+    detail::fail("mpi: ", call, " did not complete within ", options_.timeout.count(), " ms on rank ", rank_, " of ",
+                 size_, ": another rank stopped calling the collectives (it missed a step(), or hangs); this "
+                 "communicator is unusable now: end the job, e.g. MPI_Abort");
+  }
+
+  /// The destructor's part after a timeout, without MPI_Wait (it could block forever). If the late
+  /// rank has joined since, the collective is complete and one MPI_Test frees its request.
+  /// Otherwise it stays pending: MPI_Comm_free is still allowed, it only marks the communicator to
+  /// be freed once its pending operations complete (MPI-3.1, 6.4.3). Should a late rank complete it
+  /// after all, MPI would read this object's counts and write into its workspace: those are leaked,
+  /// not freed. (The caller's buffers are the caller's; after a timeout the job is expected to end.)
+  void release_timed_out() {
+    int done = 0;
+    if (MPI_Test(&timed_out_, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done) return;
+    for (std::vector<int>* v : {&counts_, &displs_, &ones_, &steps_}) (void)new std::vector<int>(std::move(*v));
+    (void)new std::vector<std::byte>(std::move(workspace_));
+  }
+
   static void check(int code, std::string_view call) {
     if (code == MPI_SUCCESS) return;
     char text[MPI_MAX_ERROR_STRING];
@@ -282,6 +350,8 @@ class mpi {
   int size_ = 1;
   std::vector<int> counts_, displs_, ones_, steps_;  // per-rank counts and displacements of v-collectives
   std::vector<std::byte> workspace_;                 // the deterministic mode's received pieces
+  MPI_Request timed_out_ = MPI_REQUEST_NULL;         // the collective that timed out, still pending
+  std::string_view timed_out_call_;                  // its name; nonempty: the communicator is unusable
 };
 
 static_assert(communicator<mpi>);

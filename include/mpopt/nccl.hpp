@@ -5,18 +5,20 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <type_traits>
+#include <utility>
 
 #include "communicator.hpp"
 #include "detail/cuda_stream.hpp"
 #include "detail/mpi_c.hpp"
+#include "detail/poll.hpp"
 #include "detail/validate.hpp"
 #include "numeric.hpp"
 #include "tensor.hpp"
@@ -50,6 +52,15 @@ constexpr ncclRedOp_t nccl_op(reduce_op op) { return op == reduce_op::sum ? nccl
 
 }  // namespace detail
 
+/// Options of the NCCL communicator.
+struct nccl_options {
+  /// How long synchronize() (and so every collective over host memory, and barrier()) may wait for
+  /// the stream; zero waits forever, as NCCL does. On expiry the communicator is aborted
+  /// (ncclCommAbort) and mpopt::error names the last collective enqueued since the previous wait:
+  /// end the job, e.g. with MPI_Abort.
+  std::chrono::milliseconds timeout{0};
+};
+
 /// Collectives over NCCL, one rank per GPU.
 ///
 /// Memory and ordering: spans in device memory of this communicator's GPU (the one current when it
@@ -74,8 +85,11 @@ class nccl {
   /// without one on a non-blocking stream of the communicator's own. Every step ends with all ranks
   /// agreeing on success, so a failure on any rank throws mpopt::error on all of them instead of
   /// leaving some waiting. (A rank that fails inside ncclCommInitRank itself may still leave peers
-  /// waiting there.)
-  explicit nccl(MPI_Comm comm, cudaStream_t stream = nullptr) : stream_(stream, detail::stream_destroyer{stream == nullptr}) {
+  /// waiting there.) `options`: see nccl_options.
+  explicit nccl(MPI_Comm comm, cudaStream_t stream = nullptr, nccl_options options = {})
+      : stream_(stream, detail::stream_destroyer{stream == nullptr}), options_(options) {
+    if (options_.timeout.count() < 0)
+      detail::fail("nccl_options.timeout must be >= 0 ms (0: no timeout), got ", options_.timeout.count(), " ms");
     int initialized = 0;
     MPI_Initialized(&initialized);
     int finalized = 0;
@@ -136,24 +150,35 @@ class nccl {
   int device() const { return device_; }
   cudaStream_t stream() const { return stream_.get(); }
   ncclComm_t native() const { return comm_.get(); }
+  const nccl_options& options() const { return options_; }
 
   /// Waits for everything enqueued on stream(). A collective that failed asynchronously (a lost
   /// peer, a network error) would never complete, so this polls NCCL's error state meanwhile; on
-  /// such an error it aborts the communicator (unusable afterwards) and throws mpopt::error.
+  /// such an error, or when the timeout passes first (nccl_options), it aborts the communicator
+  /// (unusable afterwards) and throws mpopt::error.
   void synchronize() {
     ncclComm_t c = live();
-    for (;;) {
+    const bool done = detail::poll_until(options_.timeout, [&] {
       ncclResult_t async = ncclSuccess;
       check(ncclCommGetAsyncError(c, &async), "ncclCommGetAsyncError");
       if (async != ncclSuccess && async != ncclInProgress) {
-        abort_comm{}(comm_.release());
+        abort_after("an asynchronous error");
         detail::fail(failure("a collective", async), " (asynchronously; the communicator was aborted)");
       }
-      const cudaError_t done = cudaStreamQuery(stream());
-      if (done == cudaSuccess) return;
-      if (done != cudaErrorNotReady) check(done, "cudaStreamQuery");
-      std::this_thread::yield();
-    }
+      const cudaError_t e = cudaStreamQuery(stream());
+      if (e != cudaErrorNotReady) check(e, "cudaStreamQuery");
+      return e == cudaSuccess;
+    });
+    const std::string_view waited_for = std::exchange(last_enqueued_, {});
+    if (done) return;
+    // A collective whose peers never join would keep the GPU and this rank waiting: aborting ends
+    // NCCL's part of the work on the stream.
+    abort_after(std::string("a timeout in ").append(waited_for.empty() ? "synchronize()" : waited_for));
+    const std::string late = waited_for.empty() ? "the work on the stream (no collective since the last wait)"
+                                                : std::string(waited_for) + ", or other work on the stream,";
+    detail::fail("nccl: ", late, " did not complete within ", options_.timeout.count(), " ms on rank ", rank_, " of ",
+                 size_, ": another rank stopped calling the collectives (it missed a step(), or hangs), or a kernel "
+                 "hangs; the communicator was aborted: end the job, e.g. MPI_Abort");
   }
 
   template <class T>
@@ -161,7 +186,7 @@ class nccl {
     ncclComm_t c = live();
     if (data.empty()) return;  // the same on every rank: sizes must match
     in_place(data, [&](T* d) {
-      check(ncclAllReduce(d, d, data.size(), type<T>(), detail::nccl_op(op), c, stream()), "ncclAllReduce");
+      enqueue(ncclAllReduce(d, d, data.size(), type<T>(), detail::nccl_op(op), c, stream()), "ncclAllReduce");
     });
   }
   /// out = my block of the reduction of in over ranks (block r has out.size() elements).
@@ -171,7 +196,7 @@ class nccl {
     ncclComm_t c = live();
     if (out.empty()) return;
     in_and_out(in, out, [&](const T* i, T* o) {
-      check(ncclReduceScatter(i, o, out.size(), type<T>(), detail::nccl_op(op), c, stream()), "ncclReduceScatter");
+      enqueue(ncclReduceScatter(i, o, out.size(), type<T>(), detail::nccl_op(op), c, stream()), "ncclReduceScatter");
     });
   }
   /// Variable pieces: rank r gets the next counts[r] elements of the reduction, in rank order.
@@ -183,7 +208,7 @@ class nccl {
     in_and_out(in, out, [&](const T* i, T* o) {
       // o is written on the root only (NCCL ignores recvbuff elsewhere).
       for_each_piece(counts, [&](int r, std::size_t at, std::size_t n) {
-        check(ncclReduce(i + at, o, n, type<T>(), detail::nccl_op(op), r, c, stream()), "ncclReduce");
+        enqueue(ncclReduce(i + at, o, n, type<T>(), detail::nccl_op(op), r, c, stream()), "ncclReduce");
       });
     });
   }
@@ -195,7 +220,7 @@ class nccl {
     ncclComm_t c = live();
     in_place(data, [&](T* d) {
       for_each_piece(counts, [&](int r, std::size_t at, std::size_t n) {
-        check(ncclBroadcast(d + at, d + at, n, type<T>(), r, c, stream()), "ncclBroadcast");
+        enqueue(ncclBroadcast(d + at, d + at, n, type<T>(), r, c, stream()), "ncclBroadcast");
       });
     });
   }
@@ -206,7 +231,7 @@ class nccl {
     ncclComm_t c = live();
     if (in.empty()) return;
     in_and_out(in, out, [&](const T* i, T* o) {
-      check(ncclAllGather(i, o, in.size(), type<T>(), c, stream()), "ncclAllGather");
+      enqueue(ncclAllGather(i, o, in.size(), type<T>(), c, stream()), "ncclAllGather");
     });
   }
   /// Block j of in goes to rank j; block i of out comes from rank i.
@@ -217,7 +242,7 @@ class nccl {
     if (block == 0) return;
     in_and_out(in, out, [&](const T* i, T* o) {
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
-      check(ncclAlltoAll(i, o, block, type<T>(), c, stream()), "ncclAlltoAll");
+      enqueue(ncclAlltoAll(i, o, block, type<T>(), c, stream()), "ncclAlltoAll");
 #else
       send_recv(i, o, block, c);
 #endif
@@ -237,7 +262,7 @@ class nccl {
     ncclComm_t c = live();
     if (data.empty()) return;
     in_place(data, [&](T* d) {
-      check(ncclBroadcast(d, d, data.size(), type<T>(), root, c, stream()), "ncclBroadcast");
+      enqueue(ncclBroadcast(d, d, data.size(), type<T>(), root, c, stream()), "ncclBroadcast");
     });
   }
   /// Device bytes held to stage host spans: as much as the largest host collective needed so far.
@@ -246,7 +271,8 @@ class nccl {
   /// Returns once every rank has called barrier() and all work enqueued on stream() has finished:
   /// an all-reduce of one device byte cannot complete before every rank joins it.
   void barrier() {
-    check(ncclAllReduce(flag_.get(), flag_.get(), 1, ncclUint8, ncclMax, live(), stream()), "ncclAllReduce");
+    enqueue(ncclAllReduce(flag_.get(), flag_.get(), 1, ncclUint8, ncclMax, live(), stream()),
+            "ncclAllReduce (barrier)");
     synchronize();
   }
 
@@ -292,8 +318,8 @@ class nccl {
     group g;
     for (int p = 0; p < size_; ++p) {
       const std::size_t at = std::size_t(p) * block;
-      check(ncclSend(in + at, block, type<T>(), p, c, stream()), "ncclSend");
-      check(ncclRecv(out + at, block, type<T>(), p, c, stream()), "ncclRecv");
+      enqueue(ncclSend(in + at, block, type<T>(), p, c, stream()), "ncclSend");
+      enqueue(ncclRecv(out + at, block, type<T>(), p, c, stream()), "ncclRecv");
     }
     g.end();
   }
@@ -350,8 +376,23 @@ class nccl {
   }
 
   ncclComm_t live() const {
-    if (!comm_) detail::fail("nccl: the communicator was moved from, or aborted after an error");
+    if (!comm_ && !aborted_after_.empty())
+      detail::fail("nccl: the communicator is unusable: it was aborted after ", aborted_after_, " on rank ", rank_,
+                   " of ", size_, ": end the job, e.g. MPI_Abort");
+    if (!comm_) detail::fail("nccl: the communicator was moved from");
     return comm_.get();
+  }
+
+  /// Checks an enqueued collective (`call` a string literal) and remembers it for synchronize().
+  void enqueue(ncclResult_t r, std::string_view call) {
+    check(r, call);
+    last_enqueued_ = call;
+  }
+
+  /// After an error that leaves collectives unable to complete: ncclCommDestroy would wait for them.
+  void abort_after(std::string why) {
+    abort_comm{}(comm_.release());
+    aborted_after_ = std::move(why);
   }
 
   /// Every rank learns whether any rank failed a local step (its message `mine`, empty if not), so
@@ -410,6 +451,9 @@ class nccl {
   std::unique_ptr<std::byte, free_device> flag_;     // barrier()'s device byte
   std::unique_ptr<std::byte, free_device> scratch_;  // host spans staged
   std::size_t scratch_bytes_ = 0;
+  nccl_options options_;
+  std::string_view last_enqueued_;  // the last collective enqueued since the last synchronize()
+  std::string aborted_after_;       // why the communicator was aborted, if it was
   std::unique_ptr<std::remove_pointer_t<ncclComm_t>, destroy_comm> comm_;  // declared last: destroyed first
 };
 

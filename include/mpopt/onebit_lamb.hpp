@@ -11,13 +11,16 @@
 
 #include <algorithm>
 #include <array>
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <string_view>
 
 #include <nlohmann/json.hpp>
 
+#include "detail/json_fields.hpp"
 #include "detail/lamb_math.hpp"
 #include "detail/validate.hpp"
 
@@ -46,10 +49,12 @@ struct onebit_lamb {
     void validate(std::string_view group) const {
       const std::string g(group);
       detail::require_non_negative(g + ".lr", lr);
+      detail::require_float(g + ".lr", lr);
       detail::require_beta(g + ".beta1", beta1);
       detail::require_beta(g + ".beta2", beta2);
-      detail::require_positive(g + ".eps", eps);
+      detail::require_float_divisor(g + ".eps", eps);
       detail::require_non_negative(g + ".weight_decay", weight_decay);
+      detail::require_float(g + ".weight_decay", weight_decay);
       detail::require_non_negative(g + ".min_coeff", min_coeff);
       detail::require_positive(g + ".max_coeff", max_coeff);
       if (min_coeff > max_coeff) detail::fail(g, ".min_coeff (", min_coeff, ") must be <= max_coeff (", max_coeff, ")");
@@ -62,6 +67,11 @@ struct onebit_lamb {
         detail::fail(g, ".factor_min (", factor_min, ") must be <= factor_max (", factor_max, ")");
       detail::require_non_negative(g + ".factor_threshold", factor_threshold);
       if (!(factor_threshold < 1)) detail::fail(g, ".factor_threshold must be < 1, got ", factor_threshold);
+      // The update's float factor: lr times the frozen coefficient times the compression factor.
+      const double largest = lr * max_coeff * factor_max;
+      if (!(largest <= FLT_MAX))
+        detail::fail(g, ".lr (", lr, ") times max_coeff (", max_coeff, ") and factor_max (", factor_max,
+                     ") is beyond the largest float");
     }
   };
 
@@ -113,19 +123,20 @@ struct onebit_lamb {
             {"factor_threshold", o.factor_threshold}};
   }
   static options from_json(const nlohmann::json& j) {
+    using namespace detail;
     options o;
-    o.lr = j.at("lr").get<double>();
-    o.beta1 = j.at("beta1").get<double>();
-    o.beta2 = j.at("beta2").get<double>();
-    o.eps = j.at("eps").get<double>();
-    o.weight_decay = j.at("weight_decay").get<double>();
-    o.min_coeff = j.at("min_coeff").get<double>();
-    o.max_coeff = j.at("max_coeff").get<double>();
-    o.freeze_step = j.at("freeze_step").get<std::uint64_t>();
-    o.coeff_beta = j.at("coeff_beta").get<double>();
-    o.factor_max = j.at("factor_max").get<double>();
-    o.factor_min = j.at("factor_min").get<double>();
-    o.factor_threshold = j.at("factor_threshold").get<double>();
+    o.lr = json_number(j, "lr");
+    o.beta1 = json_number(j, "beta1");
+    o.beta2 = json_number(j, "beta2");
+    o.eps = json_number(j, "eps");
+    o.weight_decay = json_number(j, "weight_decay");
+    o.min_coeff = json_number(j, "min_coeff");
+    o.max_coeff = json_number(j, "max_coeff");
+    o.freeze_step = json_count(j, "freeze_step", std::numeric_limits<std::uint64_t>::max());
+    o.coeff_beta = json_number(j, "coeff_beta");
+    o.factor_max = json_number(j, "factor_max");
+    o.factor_min = json_number(j, "factor_min");
+    o.factor_threshold = json_number(j, "factor_threshold");
     return o;
   }
 };

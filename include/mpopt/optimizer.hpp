@@ -4,9 +4,13 @@
 #pragma once
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <iterator>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -19,8 +23,10 @@
 #include "compressed_allreduce.hpp"
 #include "detail/aligned_buffer.hpp"
 #include "detail/flat_layout.hpp"
+#include "detail/json_fields.hpp"
 #include "detail/metered.hpp"
 #include "detail/onebit_state.hpp"
+#include "detail/same_settings.hpp"
 #include "detail/square_sum.hpp"
 #include "detail/state_file.hpp"
 #include "detail/step_data.hpp"
@@ -168,8 +174,9 @@ class optimizer {
       if (name.empty()) name = label_ + "." + std::to_string(entries_.size());
       owner_->check_new_tensor(name, p.size, g.size, p.space, g.space);
       if (p.data == nullptr || g.data == nullptr) detail::fail("tensor '", name, "' has a null data pointer");
-      if (overlaps(p.data, p.size, g.data, g.size)) detail::fail("tensor '", name, "': parameter and gradient memory overlap");
+      owner_->check_unclaimed(name, p.data, g.data, p.size);
       entries_.push_back({std::move(name), p.data, g.data, p.size});
+      owner_->claim(index_, entries_.size() - 1);
     }
 
     std::size_t size() const { return entries_.size(); }
@@ -200,20 +207,17 @@ class optimizer {
       std::size_t size;
     };
 
-    param_group(optimizer* owner, std::string label, const group_options& o) : owner_(owner), label_(std::move(label)) {
+    param_group(optimizer* owner, std::uint32_t index, const group_options& o)
+        : owner_(owner), index_(index), label_("group " + std::to_string(index)) {
       set_options(o);
     }
     const entry& at(std::size_t i) const {
       if (i >= entries_.size()) detail::fail(label_, " has ", entries_.size(), " tensors, no tensor ", i);
       return entries_[i];
     }
-    static bool overlaps(const void* a, std::size_t an, const void* b, std::size_t bn) {
-      const auto* ab = static_cast<const std::byte*>(a);
-      const auto* bb = static_cast<const std::byte*>(b);
-      return std::less<>{}(ab, bb + bn * sizeof(grad_type)) && std::less<>{}(bb, ab + an * sizeof(param_type));
-    }
 
     optimizer* owner_;
+    std::uint32_t index_;
     std::string label_;
     group_options options_;
     std::vector<entry> entries_;
@@ -258,12 +262,18 @@ class optimizer {
       offsets.push_back(total);
       total = align_up(total + t.size);
     }
+    auto params = buffer<param_type>::zeroed(total);
+    auto grads = buffer<grad_type>::zeroed(total);
+    for (std::size_t i = 0; i < tensors.size(); ++i)  // new memory, unless a registered tensor was freed
+      check_unclaimed(names[i], params.data() + offsets[i], grads.data() + offsets[i], tensors[i].size);
     param_group& g = new_group(o);
     g.flat_ = true;
-    g.flat_param_ = buffer<param_type>::zeroed(total);
-    g.flat_grad_ = buffer<grad_type>::zeroed(total);
-    for (std::size_t i = 0; i < tensors.size(); ++i)
+    g.flat_param_ = std::move(params);
+    g.flat_grad_ = std::move(grads);
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
       g.entries_.push_back({std::move(names[i]), g.flat_param_.data() + offsets[i], g.flat_grad_.data() + offsets[i], tensors[i].size});
+      claim(g.index_, i);
+    }
     return g;
   }
   param_group& add_flat_group(const group_options& o, std::initializer_list<tensor_spec> tensors) {
@@ -300,7 +310,7 @@ class optimizer {
             detail::fail(g->label_, ".freeze_step (", g->options_.freeze_step, ") differs from group 0's (",
                          groups_.front()->options_.freeze_step, "): the compression stage starts for every group at once");
     });
-    check_same_layout();
+    check_same_settings();
     std::vector<std::uint32_t> tensor_groups;
     std::vector<std::size_t> sizes;
     for (std::uint32_t gi = 0; gi < groups_.size(); ++gi)
@@ -375,7 +385,7 @@ class optimizer {
     parameters_ = layout.parameters();
     finalized_ = true;
     backend_.initialize_state(data());
-    backend_.synchronize();
+    wait();
     if constexpr (is_onebit)
       if (comm_.size() > 1) {
         // Preflight at the real size: one exchange of zeros leaves the errors at zero.
@@ -395,6 +405,7 @@ class optimizer {
   /// replicated and zero1 the gradients are reduced in step(), and this only checks i.
   void grad_ready(std::size_t i) {
     finalize();
+    comm_.at("grad_ready()", next_step());
     finish_step();
     tensor_at(i);
     if constexpr (Partition::reduce_every_micro_step) {
@@ -426,6 +437,7 @@ class optimizer {
   /// accumulator; at the boundary it checks, clips and applies the update. Never silent.
   step_status step() {
     finalize();
+    comm_.at("step()", next_step());
     finish_step();
     step_status st;
     st.scale_before = st.scale_after = scaler_.scale();
@@ -460,6 +472,7 @@ class optimizer {
       if constexpr (Partition::sharded) {
         // ZeRO's update has collectives, which may fail once the moments changed: the host learns
         // the decision first (the one copy a step makes, which the status needs anyway).
+        wait_for_collectives();
         backend_.to_host(&decided, decision_.data(), 1);
         if (!decided.skip) commit_and_update(d);
       } else {
@@ -467,6 +480,7 @@ class optimizer {
         // group counters advanced for its coefficients; the host reads the decision once, after it.
         for (auto& g : groups_) ++g->step_;
         update(d);
+        wait_for_collectives();
         backend_.to_host(&decided, decision_.data(), 1);  // waits: the parameters are updated on return
         if (decided.skip) {
           for (auto& g : groups_) --g->step_;
@@ -537,7 +551,7 @@ class optimizer {
   void zero_grad() {
     finalize();
     backend_.zero_grad(data());
-    backend_.synchronize();  // before the next backward writes the gradients
+    wait();  // before the next backward writes the gradients
   }
 
   /// Per-tensor trust ratios of the last applied LAMB step, in registration order (1-bit LAMB's
@@ -675,6 +689,7 @@ class optimizer {
     if (micro_step_ != 0)
       detail::fail("save() at micro-step ", micro_step_, " of ", options_.accumulation_steps,
                    ": save after the accumulation boundary");
+    comm_.at("save()", next_step() - 1);
     finish_step();
     const bool writer = comm_.rank() == 0;
     std::optional<detail::state_stream> out;
@@ -749,10 +764,12 @@ class optimizer {
   void load(const std::filesystem::path& path, load_options o = {}) {
     std::optional<detail::state_reader> file;
     saved_header saved;
+    comm_.at("load()", next_step() - 1);
     agree("load", [&] {
       file.emplace(path);
       saved = check_saved(*file, path.string() + ": ", o);
     });
+    check_same_checkpoint(saved);
     finalize();
     std::vector<std::byte> staged;  // a tensor for device memory, read on the host first
     auto read = [&]<class T>(const std::string& key, std::size_t first, T* dst, std::size_t count, bool on_device) {
@@ -761,7 +778,7 @@ class optimizer {
       T* host = reinterpret_cast<T*>(staged.data());
       file->read(key, first, std::span(host, count));
       backend_.to_device(dst, host, count);
-      backend_.synchronize();  // before `staged` is reused
+      wait();  // before `staged` is reused
     };
     for_each_saved_tensor(*this, [&](const std::string& key, const saved_range& r, auto* dst) {
       read(key, r.first, dst, r.count, r.on_device);
@@ -795,6 +812,9 @@ class optimizer {
   }
 
  private:
+  /// The optimizer step the next boundary completes, counting applied and skipped ones from 1.
+  std::uint64_t next_step() const { return applied_ + skipped_ + 1; }
+
   /// What load() takes from a file besides the tensors.
   struct saved_header {
     LossScaler scaler{typename LossScaler::options{}};
@@ -823,19 +843,35 @@ class optimizer {
         if (groups[g].at("tensors") != mine["groups"][g]["tensors"])
           detail::fail(where, "group ", g, " holds different tensors: saved ", groups[g].at("tensors").dump(),
                        ", this optimizer has ", mine["groups"][g]["tensors"].dump());
-        h.groups.push_back(UpdateRule::from_json(groups[g].at("options")));
-        h.groups.back().validate(where + "group " + std::to_string(g));
-        h.group_steps.push_back(groups[g].at("step").template get<std::uint64_t>());
+      }
+      // Every number through an exact type and range check (json_fields.hpp), then the checks the
+      // options get from the constructor: nothing in the file reaches a conversion or a step unchecked.
+      using detail::json_count;
+      h.applied = json_count(meta, "applied_steps", detail::max_steps);
+      h.skipped = json_count(meta, "skipped_steps", detail::max_steps);
+      h.consecutive = json_count(meta, "consecutive_skips", h.skipped, "consecutive_skips (at most skipped_steps)");
+      for (std::size_t g = 0; g < groups.size(); ++g) {
+        const std::string label = "group " + std::to_string(g);
+        try {
+          h.groups.push_back(UpdateRule::from_json(detail::json_field(groups[g], "options")));
+        } catch (const error& e) {
+          detail::fail(where, label, ".", e.message());
+        }
+        h.groups.back().validate(where + label);
+        // A group steps with every applied step: its count cannot exceed theirs.
+        h.group_steps.push_back(json_count(groups[g], "step", h.applied, label + ".step (at most applied_steps)"));
       }
       h.scaler.load(meta.at("scaler"));
-      h.applied = meta.at("applied_steps").template get<std::uint64_t>();
-      h.skipped = meta.at("skipped_steps").template get<std::uint64_t>();
-      h.consecutive = meta.at("consecutive_skips").template get<std::uint64_t>();
+      if constexpr (requires { h.scaler.iteration(); })  // one scaler update per boundary
+        if (std::uint64_t(h.scaler.iteration()) > h.applied + h.skipped)
+          detail::fail(where, "saved dynamic_scale.iter (", h.scaler.iteration(), ") exceeds the steps taken (",
+                       h.applied + h.skipped, ")");
       if constexpr (is_onebit) {
-        const auto& c = meta.at("compression");
-        h.scaling_ready = c.at("scaling_ready").template get<bool>();
-        h.compression_step = c.at("compression_step").template get<std::uint64_t>();
-        h.errors_world = c.at("errors_saved").template get<bool>() ? c.at("world_size").template get<int>() : 0;
+        const auto& c = detail::json_field(meta, "compression");
+        h.scaling_ready = detail::json_flag(c, "scaling_ready", "compression.scaling_ready");
+        h.compression_step = json_count(c, "compression_step", h.applied, "compression.compression_step (at most applied_steps)");
+        const int world = int(detail::json_integer(c, "world_size", 1, INT_MAX, "compression.world_size"));
+        h.errors_world = detail::json_flag(c, "errors_saved", "compression.errors_saved") ? world : 0;
         if (h.errors_world > 1 && h.errors_world != comm_.size() && comm_.size() > 1 && !lo.reset_compression_errors)
           detail::fail(where, "saved by ", h.errors_world, " ranks in 1-bit LAMB's compression stage, whose error-feedback "
                        "buffers belong to those ranks: load it on ", h.errors_world, " ranks to resume exactly, or pass "
@@ -851,6 +887,9 @@ class optimizer {
       }
     } catch (const nlohmann::json::exception& e) {
       detail::fail(where, "malformed optimizer metadata: ", e.what());
+    } catch (const error& e) {
+      if (e.message().starts_with(where)) throw;
+      detail::fail(where, e.message());
     }
     for_each_saved_tensor(*this, [&](const std::string& key, const saved_range& sr, auto* dst) {
       using T = std::remove_pointer_t<decltype(dst)>;
@@ -861,6 +900,22 @@ class optimizer {
                      "-d shape, expected ", detail::state_dtype<T>::value, " [", n, "]");
     });
     return h;
+  }
+
+  /// Ranks that read different files would train apart: what each read must agree, before anything
+  /// changes. The group count first, as it decides the length of the rest.
+  void check_same_checkpoint(const saved_header& h) {
+    const std::string_view advice = "Every rank must load the same checkpoint";
+    const detail::setting groups[] = {{"the checkpoint's number of groups", std::to_string(h.groups.size())}};
+    detail::require_same_settings(comm_, groups, advice);
+    std::vector<detail::setting> read = {
+        {"the checkpoint's step counts", std::to_string(h.applied) + " applied, " + std::to_string(h.skipped) +
+                                             " skipped, " + std::to_string(h.consecutive) + " in a row"},
+        {"the checkpoint's loss scaler", h.scaler.save().dump()}};
+    for (std::size_t g = 0; g < h.groups.size(); ++g)
+      read.push_back({"the checkpoint's group " + std::to_string(g), "step " + std::to_string(h.group_steps[g]) + ", " +
+                                                                         UpdateRule::to_json(h.groups[g]).dump()});
+    detail::require_same_settings(comm_, std::span<const detail::setting>(read), advice);
   }
 
   /// 1-bit LAMB checks, before anything else, that the communicator delivers what the compressed
@@ -996,7 +1051,7 @@ class optimizer {
     if (o.accumulation_steps < 1) detail::fail("accumulation_steps must be >= 1, got ", o.accumulation_steps);
     if (o.bucket_elements < 1 || o.bucket_elements > (std::size_t{1} << 30))
       detail::fail("bucket_elements must be in [1, 2^30], got ", o.bucket_elements);
-    detail::require_positive("gradient_predivide", o.gradient_predivide);
+    detail::require_float_scale("gradient_predivide", o.gradient_predivide);
     if (!o.skip_nonfinite && !unscaled)
       detail::fail("skip_nonfinite = false needs mpopt::no_scaling: a loss-scaled step must skip on overflow");
     return o;
@@ -1009,8 +1064,7 @@ class optimizer {
 
   param_group& new_group(const group_options& o) {
     if (finalized_) detail::fail("cannot add a group after the first step");
-    const std::string label = "group " + std::to_string(groups_.size());
-    groups_.push_back(std::unique_ptr<param_group>(new param_group(this, label, o)));
+    groups_.push_back(std::unique_ptr<param_group>(new param_group(this, std::uint32_t(groups_.size()), o)));
     return *groups_.back();
   }
 
@@ -1027,6 +1081,41 @@ class optimizer {
     for (const auto& g : groups_)
       for (const auto& e : g->entries_)
         if (e.name == name) detail::fail("tensor name '", name, "' is used twice");
+  }
+
+  /// Refuses tensor `name` if its parameter and gradient overlap each other or any tensor registered
+  /// before: the update would read one tensor's writes as another's input. Each check looks at the
+  /// two neighbours in an address-ordered map: O(n log n) for n tensors.
+  void check_unclaimed(const std::string& name, const param_type* param, const grad_type* grad, std::size_t size) const {
+    const auto [p, p_end] = bytes_of(param, size);
+    const auto [g, g_end] = bytes_of(grad, size);
+    if (std::less<>{}(p, g_end) && std::less<>{}(g, p_end))
+      detail::fail("tensor '", name, "': parameter and gradient memory overlap");
+    auto refuse_overlap = [&](const std::byte* begin, const std::byte* end, std::string_view what) {
+      const auto next = claimed_.upper_bound(begin);  // the first range starting after begin
+      const claimed_memory* other = nullptr;
+      if (next != claimed_.end() && std::less<>{}(next->first, end)) other = &next->second;
+      else if (next != claimed_.begin() && std::less<>{}(begin, std::prev(next)->second.end)) other = &std::prev(next)->second;
+      if (other)
+        detail::fail("tensor '", name, "': its ", what, " memory overlaps the ", other->gradient ? "gradient" : "parameter",
+                     " of tensor '", groups_[other->group]->entries_[other->entry].name,
+                     "'; every tensor needs memory of its own");
+    };
+    refuse_overlap(p, p_end, "parameter");
+    refuse_overlap(g, g_end, "gradient");
+  }
+  /// Records the memory of entry i of group g, checked by check_unclaimed.
+  void claim(std::uint32_t group, std::size_t i) {
+    const auto& e = groups_[group]->entries_[i];
+    const auto [p, p_end] = bytes_of(e.param, e.size);
+    const auto [g, g_end] = bytes_of(e.grad, e.size);
+    claimed_.emplace(p, claimed_memory{p_end, group, std::uint32_t(i), false});
+    claimed_.emplace(g, claimed_memory{g_end, group, std::uint32_t(i), true});
+  }
+  template <class T>
+  static std::pair<const std::byte*, const std::byte*> bytes_of(const T* data, std::size_t size) {
+    const auto* begin = reinterpret_cast<const std::byte*>(data);
+    return {begin, begin + size * sizeof(T)};
   }
 
   const detail::tensor_slot<param_type, grad_type>& tensor_at(std::size_t i) const {
@@ -1114,7 +1203,7 @@ class optimizer {
 
   /// Sums the accumulator over ranks, in the communication type: in place, or converted piece by piece.
   void all_reduce_accumulator() {
-    backend_.synchronize();  // the accumulate pass wrote what is sent
+    wait();  // the accumulate pass wrote what is sent
     if constexpr (same_types) {
       comm_.all_reduce(accum_.span(), reduce_op::sum);
     } else {
@@ -1123,7 +1212,7 @@ class optimizer {
       for (std::size_t at = 0; at < accum_.size(); at += piece) {
         const std::size_t n = std::min(piece, accum_.size() - at);
         backend_.fold(sent, accum_.data() + at, n, false);
-        backend_.synchronize();
+        wait();
         comm_.all_reduce(std::span<communicate_type>(sent, n), reduce_op::sum);
         backend_.fold(accum_.data() + at, sent, n, false);
       }
@@ -1137,7 +1226,7 @@ class optimizer {
     auto* packed = staging<communicate_type>();
     backend_.pack_gradients(data(), k.pieces, packed, flat ? flat + k.begin : nullptr, send_scale());
     for (const auto& [at, n] : k.gaps) backend_.zero(packed + at, n);
-    backend_.synchronize();  // the packed bucket is complete
+    wait();  // the packed bucket is complete
     const std::size_t mine = k.my_count(comm_.rank());
     communicate_type* out = received_.data();
     bool into_shard = false;  // straight into the shard: no conversion, nothing to add to
@@ -1209,31 +1298,61 @@ class optimizer {
     auto* packed = staging<param_type>();
     for (const auto& k : buckets_) {
       backend_.pack_params(d, k.mine, packed);
-      backend_.synchronize();
+      wait();
       comm_.all_gather(std::span<param_type>(packed, k.size()), std::span<const std::size_t>(k.counts));
       backend_.unpack_params(d, k.pieces, packed);
     }
   }
 
-  /// Every rank must register the same groups and tensors, with the options that shape the
-  /// collectives; otherwise every rank throws before any gradient moves.
-  void check_same_layout() {
-    std::string text = std::string(Partition::name) + "|" + std::string(type_name<accumulate_type>) + "|" +
-                       std::string(type_name<communicate_type>) + "|" + std::to_string(options_.accumulation_steps) +
-                       "|" + std::to_string(options_.bucket_elements) + "|" + std::to_string(options_.gradient_predivide) +
-                       "|" + std::to_string(options_.sum_by_shard);  // it chooses the collectives of a step
+  /// Every rank must hold the same policies, options (the optimizer's, the scaler's, each group's,
+  /// the communicator's) and tensors; otherwise every rank throws, naming what differs on which
+  /// ranks, before any gradient moves. What decides the number of settings is compared first.
+  void check_same_settings() {
+    std::string policies = std::string(Precision::name) + " " + std::string(LossScaler::name) + " " +
+                           std::string(Partition::name) + " " + std::string(UpdateRule::name) + " " +
+                           std::string(Backend::name) + " " + std::string(Communicator::name) + ", sums in " +
+                           std::string(type_name<accumulate_type>) + ", sent in " + std::string(type_name<communicate_type>);
+    const std::string_view advice =
+        "Every rank must construct the optimizer with the same policies and options and register the same tensors "
+        "in the same order";
+    const detail::setting shape[] = {{"policies", policies}, {"number of groups", std::to_string(groups_.size())}};
+    detail::require_same_settings(comm_, shape, advice);
+
+    std::vector<detail::setting> all;
+    auto add = [&](std::string name, const nlohmann::json& value) {
+      all.push_back({std::move(name), value.is_string() ? value.get<std::string>() : value.dump()});
+    };
+    auto add_each = [&](const std::string& prefix, const nlohmann::json& object) {
+      for (const auto& [key, value] : object.items()) add(prefix + key, value);
+    };
+    const options& o = options_;
+    add("clip_grad", o.clip_grad);
+    add("accumulation_steps", o.accumulation_steps);
+    add("combine", o.combine == accumulation::mean ? "mean" : "sum");
+    add("skip_nonfinite", o.skip_nonfinite);
+    add("max_consecutive_skips", o.max_consecutive_skips);
+    add("bucket_elements", o.bucket_elements);
+    add("gradient_predivide", o.gradient_predivide);
+    add("sum_by_shard", o.sum_by_shard);
+    add_each(std::string(LossScaler::name) + ".", scaler_.settings());
+    add_each(std::string(LossScaler::name) + " state.", scaler_.save());
+    if constexpr (requires { comm_.inner().options().deterministic; })
+      add(std::string(Communicator::name) + ".deterministic", comm_.inner().options().deterministic);
     for (const auto& g : groups_) {
-      text += "|";
-      for (const auto& e : g->entries_) text += e.name + ":" + std::to_string(e.size) + ";";
+      add_each(g->label_ + ".", UpdateRule::to_json(g->options_));
+      // The tensors as a short summary whose hash covers every name and size, in order.
+      std::string names;
+      std::size_t elements = 0;
+      for (const auto& e : g->entries_) {
+        names += e.name + ":" + std::to_string(e.size) + ";";
+        elements += e.size;
+      }
+      detail::checksum64 sum(names.size());
+      sum.update(std::as_bytes(std::span(names)));
+      add(g->label_ + " tensors", std::to_string(g->entries_.size()) + " tensors, " + std::to_string(elements) +
+                                      " elements, hash " + detail::checksum64::hex(sum.finish()).substr(0, 8));
     }
-    detail::checksum64 sum(text.size());
-    sum.update(std::as_bytes(std::span(text)));
-    const std::uint64_t mine = sum.finish();
-    std::uint64_t seen[2] = {mine, ~mine};  // the largest and the smallest hash of any rank
-    comm_.all_reduce(std::span<std::uint64_t>(seen), reduce_op::max);
-    if (seen[0] != mine || seen[1] != ~mine)
-      detail::fail("the ranks registered different parameters (groups, tensor names or sizes, accumulation or "
-                   "communication types, accumulation_steps, bucket_elements, gradient_predivide or sum_by_shard differ): every rank must register the same tensors in the same order");
+    detail::require_same_settings(comm_, std::span<const detail::setting>(all), advice);
   }
 
   /// The sum of per-chunk partials over chunks [c0, c1), formed per owner and added in rank order:
@@ -1244,6 +1363,18 @@ class optimizer {
     double total = 0;
     for (double x : owner_sum_) total += x;
     return total;
+  }
+
+  /// Waits for the passes and collectives issued so far.
+  void wait() {
+    wait_for_collectives();
+    backend_.synchronize();
+  }
+  /// A device communicator's collectives share the backend's stream: its own wait polls, so one a
+  /// rank never joins fails on the communicator's timeout (nccl_options) instead of blocking forever.
+  void wait_for_collectives() {
+    if constexpr (detail::stream_communicator<Communicator> && requires { comm_.inner().synchronize(); })
+      comm_.inner().synchronize();
   }
 
   /// The bucket buffer, as elements of T.
@@ -1280,14 +1411,14 @@ class optimizer {
     for (auto& g : groups_) ++g->step_;
     count_applied();
     update(d);
-    backend_.synchronize();  // the parameters are updated when step() returns
+    wait();  // the parameters are updated when step() returns
   }
 
   /// The element-wise overflow test and the squared global norm, agreed by every rank, and the
   /// decision they make. Every rank runs every reduction, whatever it found locally.
   detail::step_decision decide_on_host(const detail::step_data<Precision>& d, const detail::step_rule& rule) {
     backend_.gradient_norm(d);
-    backend_.synchronize();
+    wait();
     std::uint8_t nonfinite = std::any_of(chunk_nonfinite_.begin(), chunk_nonfinite_.end(), [](auto b) { return b != 0; });
     double sumsq = rank_ordered_sum(chunk_sums_.data(), 0, work_.size());  // the same for any thread count
     comm_.all_reduce(std::span<std::uint8_t>(&nonfinite, 1), reduce_op::max);
@@ -1369,7 +1500,7 @@ class optimizer {
     }
     backend_.onebit_feed(d, coefficients_.data(), onebit_.scaling.data(), onebit_.fused.data(),
                          onebit_.exchange.worker_error().data(), onebit_.chunk_sum.data());
-    backend_.synchronize();
+    wait();
     const auto& sums = onebit_.chunk_sum;
     onebit_.exchange.compress_worker(backend_, detail::sum_in_order(sums.data(), 0, sums.size()));
     pending_stage_ = stage::onebit_exchange;
@@ -1380,7 +1511,7 @@ class optimizer {
   void momentum_scaling(std::uint64_t t) {
     if constexpr (is_onebit) {
       backend_.sum_squares(work_, m_.data(), onebit_.chunk_sum.data());
-      backend_.synchronize();
+      wait();
       auto& scale = tensor_sums_;  // free until the update's norms
       double mean = 0;
       for (std::size_t k = 0; k < tensors_.size(); ++k) {
@@ -1402,7 +1533,7 @@ class optimizer {
     if constexpr (is_onebit) {
       backend_.onebit_momentum(d, coefficients_.data(), onebit_.scaling.data(), onebit_.fused.data(), averaged,
                                onebit_.v_fresh.data(), onebit_.chunk_max.data());
-      backend_.synchronize();
+      wait();
       for (std::size_t t = 0; t < tensors_.size(); ++t) {
         const std::size_t c0 = work_.first_chunk(t), c1 = work_.first_chunk(t + 1);
         const auto& o = groups_[tensors_[t].group]->options_;
@@ -1432,14 +1563,14 @@ class optimizer {
       backend_.segmented_sum(run_sums_.data(), run_segments_.data(), 2 * T, tensor_sums_.data());
     }
     if constexpr (Partition::sharded) {
-      backend_.synchronize();
+      wait();
       comm_.all_reduce(std::span<double>(tensor_sums_), reduce_op::sum);
     }
     backend_.lamb_trust_ratios(tensor_sums_.data(), ratio_limits_.data(), T, trust_ratio_.data(), alpha_.data(),
                                decision_.data());
     backend_.lamb_apply(data(), coefficients_.data(), alpha_.data());
     if constexpr (is_onebit) {
-      backend_.synchronize();
+      wait();
       for (std::size_t t = 0; t < T; ++t)
         onebit_.coeff_freeze[t] = onebit_lamb::freeze_coefficient(onebit_.coeff_freeze[t], trust_ratio_[t],
                                                                   groups_[tensors_[t].group]->options_);
@@ -1451,6 +1582,14 @@ class optimizer {
   LossScaler scaler_;
   detail::metered<Communicator> comm_;
   std::vector<std::unique_ptr<param_group>> groups_;
+  /// The memory of every registered tensor, by start address (check_unclaimed). Made at
+  /// registration, like the groups' entries, and so not in memory_report().
+  struct claimed_memory {
+    const std::byte* end;
+    std::uint32_t group, entry;
+    bool gradient;
+  };
+  std::map<const std::byte*, claimed_memory, std::less<>> claimed_;
 
   // Fixed at finalize().
   bool finalized_ = false;

@@ -1,6 +1,7 @@
 // mpopt — option checks that name the offending field. Each throws mpopt::error before anything changes.
 #pragma once
 
+#include <cfloat>
 #include <cmath>
 #include <sstream>
 #include <string_view>
@@ -29,6 +30,26 @@ inline void require_positive(std::string_view field, double x) {
 inline void require_non_negative(std::string_view field, double x) {
   require_finite(field, x);
   if (!(x >= 0)) fail(field, " must be >= 0, got ", x);
+}
+
+/// A value the backends compute with as a float: finite there too (1e300 is a finite double).
+inline void require_float(std::string_view field, double x) {
+  require_finite(field, x);
+  if (!(std::fabs(x) <= FLT_MAX)) fail(field, " must be finite as a float (at most ", FLT_MAX, "), got ", x);
+}
+
+/// A float divisor (eps): at least the smallest normal float, so it neither rounds to 0 nor is flushed
+/// to 0 where denormals are.
+inline void require_float_divisor(std::string_view field, double x) {
+  require_float(field, x);
+  if (!(x >= FLT_MIN)) fail(field, " must be >= ", FLT_MIN, " (the smallest normal float: it divides), got ", x);
+}
+
+/// A factor whose reciprocal the backends use too: both normal floats, in [2^-126, 2^126].
+inline void require_float_scale(std::string_view field, double x) {
+  require_positive(field, x);
+  if (!(x >= FLT_MIN && x <= 1 / FLT_MIN))
+    fail(field, " must be in [2^-126, 2^126], where it and its reciprocal are normal floats, got ", x);
 }
 
 /// [0, 1): the range of an exponential-average coefficient.
