@@ -3,6 +3,7 @@
 
 #include <mpopt/mpopt.hpp>
 
+#include "../examples/user_rules.hpp"
 #include "test_backend.hpp"
 
 #include <atomic>
@@ -114,6 +115,22 @@ TEST_SUITE("allocation") {
     std::vector<mpopt::bfloat16> w(70001, mpopt::bfloat16(0.5f)), gw(70001);
     opt.add_group({.freeze_step = 4}).add(w, gw, "w");
     check_steady_state_allocates_nothing(opt, {&gw}, 3);
+  }
+
+  TEST_CASE("rules written outside the library allocate nothing after the first step") {
+    mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, user_rules::lion, test_backend> lion{
+        {}, {.init_scale = 256, .hysteresis = 1, .on_min_scale = mpopt::at_min_scale::keep_skipping}};
+    std::vector<mpopt::half> w(70001, mpopt::half(0.5f)), gw(70001);
+    lion.add_group({.weight_decay = 0.1}).add(w, gw, "w");
+    check_steady_state_allocates_nothing(lion, {&gw}, 1);
+    mpopt::optimizer<mpopt::bf16, mpopt::no_scaling, mpopt::replicated, user_rules::sgd, test_backend> sgd;
+    std::vector<mpopt::bfloat16> p(70001, mpopt::bfloat16(0.5f)), gp(70001);
+    sgd.add_group({.nesterov = true}).add(p, gp, "p");
+    check_steady_state_allocates_nothing(sgd, {&gp}, 1);
+    mpopt::optimizer<mpopt::fp32, mpopt::no_scaling, mpopt::replicated, user_rules::lars, test_backend> lars;
+    std::vector<float> q(70001, 0.5f), gq(70001);
+    lars.add_group({}).add(q, gq, "q");
+    check_steady_state_allocates_nothing(lars, {&gq}, 1);
   }
 
   TEST_CASE("fp32 Adam with gradient accumulation allocates nothing after the first step") {

@@ -24,6 +24,8 @@ namespace {
 
 using mpopt::detail::chunk;
 using mpopt::detail::work_list;
+using update = mpopt::detail::update_stage;
+using direction = mpopt::detail::direction_stage;
 
 /// A buffer mirrored in host and device memory (the same memory in the OMP build, copies on a GPU).
 template <class T>
@@ -108,8 +110,9 @@ struct both {
     d.work = &ts.work;
     auto pick = [&](auto& b) { return device ? b.device.data() : b.host.data(); };
     if constexpr (P::has_master) d.master = pick(master);
-    d.m = pick(m);
-    d.v = pick(v);
+    d.state[0] = pick(m);
+    d.state[1] = pick(v);
+    d.state_count = 2;
     d.chunk_sum = pick(sum);
     d.chunk_sum2 = pick(sum2);
     d.chunk_nonfinite = pick(nonfinite);
@@ -204,8 +207,8 @@ void adam_and_lamb(std::size_t misalign) {
     check_sums(std::vector<double>{on_device.sumsq, on_device.clip}, std::vector<double>{on_host.sumsq, on_host.clip}, 1e-5);
     CHECK(on_host.grad_scale == float(0.25 * on_host.clip));
     s.decision.upload(device);
-    host_backend.adam_update(h, coefficients.host.data());
-    device.adam_update(d, coefficients.device.data());
+    host_backend.rule_stage<mpopt::adam, update>(h, coefficients.host.data());
+    device.rule_stage<mpopt::adam, update>(d, coefficients.device.data());
     s.check_elements(device);
     coefficients.host[0].decoupled = step % 2 == 1;
     coefficients.upload(device);
@@ -213,17 +216,17 @@ void adam_and_lamb(std::size_t misalign) {
 
   // LAMB's two passes on the plain gradients.
   mirrored<mpopt::detail::lamb_coefficients> lk(1);
-  lk.host[0] = {0.9f, 0.999f, 0.1f, 0.001f, 1e-6f, 0.01f, false};
+  lk.host[0] = {0.9f, 0.999f, 0.1f, 0.001f, 1e-6f, 0.01f, false, 1e-3, 0.01, 10.0};
   lk.upload(device);
   mirrored<float> alpha(ts.sizes.size());
   for (std::size_t t = 0; t < alpha.host.size(); ++t) alpha.host[t] = 1e-3f * float(t + 1);
   alpha.upload(device);
-  host_backend.lamb_moments(s.host_data, lk.host.data());
-  device.lamb_moments(s.device_data, lk.device.data());
+  host_backend.rule_stage<mpopt::lamb, direction>(s.host_data, lk.host.data());
+  device.rule_stage<mpopt::lamb, direction>(s.device_data, lk.device.data());
   check_sums(s.sum.download(device), s.sum.host, 1e-5);
   check_sums(s.sum2.download(device), s.sum2.host, 1e-5);
-  host_backend.lamb_apply(s.host_data, lk.host.data(), alpha.host.data());
-  device.lamb_apply(s.device_data, lk.device.data(), alpha.device.data());
+  host_backend.rule_stage<mpopt::lamb, update>(s.host_data, lk.host.data(), alpha.host.data());
+  device.rule_stage<mpopt::lamb, update>(s.device_data, lk.device.data(), alpha.device.data());
   s.check_elements(device);
 
   // An overflow in one element of the big tensor is seen by its chunk only.
@@ -241,12 +244,12 @@ void adam_and_lamb(std::size_t misalign) {
   CHECK(s.decision.host[0].skip);
   const auto params = ts.params.host;
   const auto m = s.m.host, v = s.v.host;
-  host_backend.adam_update(s.host_data, coefficients.host.data());
-  device.adam_update(s.device_data, coefficients.device.data());
-  host_backend.lamb_moments(s.host_data, lk.host.data());
-  device.lamb_moments(s.device_data, lk.device.data());
-  host_backend.lamb_apply(s.host_data, lk.host.data(), alpha.host.data());
-  device.lamb_apply(s.device_data, lk.device.data(), alpha.device.data());
+  host_backend.rule_stage<mpopt::adam, update>(s.host_data, coefficients.host.data());
+  device.rule_stage<mpopt::adam, update>(s.device_data, coefficients.device.data());
+  host_backend.rule_stage<mpopt::lamb, direction>(s.host_data, lk.host.data());
+  device.rule_stage<mpopt::lamb, direction>(s.device_data, lk.device.data());
+  host_backend.rule_stage<mpopt::lamb, update>(s.host_data, lk.host.data(), alpha.host.data());
+  device.rule_stage<mpopt::lamb, update>(s.device_data, lk.device.data(), alpha.device.data());
   s.check_elements(device);
   CHECK(same_bits(ts.params.host, params));
   CHECK(same_bits(s.m.host, m));

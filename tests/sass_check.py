@@ -17,8 +17,11 @@ import shutil
 import subprocess
 import sys
 
-UPDATE_PASSES = ("adam_pass", "lamb_moments_pass", "lamb_apply_pass")
-GRADIENT_READERS = ("adam_pass", "lamb_moments_pass")
+# A rule's stage runs as rule_pass<Precision, Rule, Stage>: the rule and stage as they are mangled.
+UPDATE_PASSES = {"adam update": ("4adam", "12update_stage"),
+                 "lamb direction": ("4lamb", "15direction_stage"),
+                 "lamb update": ("4lamb", "12update_stage")}
+GRADIENT_READERS = ("adam update", "lamb direction")
 PRECISIONS = {"4fp32E": "fp32", "4halfE": "fp16", "8bfloat16E": "bf16"}
 STATE_ARRAYS = 3  # m, v, master
 
@@ -124,11 +127,12 @@ def main():
 
     checked, narrow_unaligned = set(), set()
     for name, code in functions(sass):
-        pass_name = re.search(r"\d+(" + "|".join(UPDATE_PASSES) + r")I", name)
+        pass_name = next((p for p, (rule, stage) in UPDATE_PASSES.items()
+                          if "9rule_pass" in name and re.search(rf"NS\d*_{rule}E", name) and stage in name), None)
         precision = next((v for k, v in PRECISIONS.items() if k in name), None)
         if not pass_name or not precision:
             continue
-        kernel = (pass_name.group(1), precision)
+        kernel = (pass_name, precision)
         if "quad_lanesILb0E" in name:
             if load_problems(code):
                 narrow_unaligned.add(kernel)

@@ -1,7 +1,9 @@
 // The device backend's kernels for suite 'sass' (sass_check.py), without the doctest TU's host
-// code: the update passes for every precision, each aligned and unaligned. The flat-buffer passes
+// code: the built-in rules' update passes for every precision, each aligned and unaligned. The flat-buffer passes
 // and the chunk totals come along (the class instantiation below).
+#include <mpopt/adam.hpp>
 #include <mpopt/cuda.hpp>
+#include <mpopt/lamb.hpp>
 #include <mpopt/precision.hpp>
 
 namespace mpopt {
@@ -13,10 +15,12 @@ template class detail::backend_passes<cuda>;  // its non-template members: the f
   template void cuda_passes::initialize_state<P>(const detail::step_data<P>&);                                    \
   template void cuda_passes::accumulate<P>(const detail::step_data<P>&, bool, float);                             \
   template void cuda_passes::gradient_norm<P>(const detail::step_data<P>&);                                       \
-  template void cuda_passes::adam_update<P>(const detail::step_data<P>&, const detail::adam_coefficients*);       \
-  template void cuda_passes::lamb_moments<P>(const detail::step_data<P>&, const detail::lamb_coefficients*);      \
-  template void cuda_passes::lamb_apply<P>(const detail::step_data<P>&, const detail::lamb_coefficients*,         \
-                                           const float*);                                                         \
+  template void cuda_passes::rule_stage<adam, detail::update_stage, P>(const detail::step_data<P>&,                \
+                                                                       const adam::scalars*, const float*);       \
+  template void cuda_passes::rule_stage<lamb, detail::direction_stage, P>(const detail::step_data<P>&,            \
+                                                                          const lamb::scalars*, const float*);    \
+  template void cuda_passes::rule_stage<lamb, detail::update_stage, P>(const detail::step_data<P>&,               \
+                                                                       const lamb::scalars*, const float*);       \
   template void cuda_passes::zero_grad<P>(const detail::step_data<P>&);
 
 MPOPT_UPDATE_KERNELS(fp32)

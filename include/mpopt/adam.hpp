@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "detail/adam_math.hpp"
+#include "detail/config.hpp"
 #include "detail/json_fields.hpp"
 #include "detail/validate.hpp"
 
@@ -39,14 +40,25 @@ struct adam {
   };
 
   static constexpr std::string_view name = "adam";
-  static constexpr std::array<std::string_view, 2> moment_names = {"exp_avg", "exp_avg_sq"};
+  static constexpr std::array<std::string_view, 2> state = {"exp_avg", "exp_avg_sq"};
+  using scalars = detail::adam_coefficients;
 
   /// Scalars of step t (1-based: the t-th applied step of the group).
-  static detail::adam_coefficients coefficients(const options& o, std::uint64_t t) {
+  static scalars prepare(const options& o, std::uint64_t t) {
     const double bc1 = o.bias_correction ? 1.0 - std::pow(o.beta1, double(t)) : 1.0;
     const double bc2 = o.bias_correction ? 1.0 - std::pow(o.beta2, double(t)) : 1.0;
     return {float(o.lr), float(o.beta1), float(o.beta2), float(1.0 - o.beta1), float(1.0 - o.beta2),
             float(1.0 / bc1), float(1.0 / bc2), float(o.eps), float(o.weight_decay), o.decoupled_weight_decay};
+  }
+
+  /// One fused pass: moments and parameter from the gradient (adam_math.hpp).
+  template <class E>
+  MPOPT_HOST_DEVICE static void update(const scalars& k, E& e) {
+    auto m = e.state(0), v = e.state(1);
+    const auto p = detail::adam_update(e.grad(), m, v, e.param(), k);
+    e.set_state(0, m);
+    e.set_state(1, v);
+    e.set_param(p);
   }
 
   static nlohmann::json to_json(const options& o) {

@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "detail/config.hpp"
 #include "detail/json_fields.hpp"
 #include "detail/lamb_math.hpp"
 #include "detail/validate.hpp"
@@ -52,11 +53,37 @@ struct lamb {
   };
 
   static constexpr std::string_view name = "lamb";
-  static constexpr std::array<std::string_view, 2> moment_names = {"exp_avg", "exp_avg_sq"};
+  static constexpr std::array<std::string_view, 2> state = {"exp_avg", "exp_avg_sq"};
+  /// The trust ratio of each tensor's last applied step (DeepSpeed's get_lamb_coeffs()).
+  static constexpr std::string_view tensor_state = "lamb_coeffs";
+  using scalars = detail::lamb_coefficients;
 
-  static detail::lamb_coefficients coefficients(const options& o, std::uint64_t) {
+  static scalars prepare(const options& o, std::uint64_t t) {
     return {float(o.beta1), float(o.beta2), float(1.0 - o.beta1), float(1.0 - o.beta2), float(o.eps),
-            float(o.weight_decay), o.eps_inside_sqrt};
+            float(o.weight_decay), o.eps_inside_sqrt, step_size(o, t), o.min_coeff, o.max_coeff};
+  }
+
+  // Two passes around the per-tensor norms (lamb_math.hpp): the moments and the direction u, whose
+  // norm and the weights' make the trust ratio; then u again, from the stored moments, bit for bit.
+  template <class E>
+  MPOPT_HOST_DEVICE static void direction(const scalars& k, E& e) {
+    auto m = e.state(0), v = e.state(1);
+    const auto p = e.param();
+    const auto u = detail::lamb_moments(e.grad(), m, v, p, k);
+    e.set_state(0, m);
+    e.set_state(1, v);
+    e.norm(0, p);
+    e.norm(1, u);
+  }
+  /// The step of a tensor: the bias-corrected lr times its trust ratio, which it keeps.
+  MPOPT_HOST_DEVICE static float tensor_scale(const scalars& k, double weight_norm, double update_norm, double& ratio) {
+    ratio = detail::lamb_trust_ratio(weight_norm, update_norm, k.min_coeff, k.max_coeff);
+    return float(k.step_size * ratio);
+  }
+  template <class E>
+  MPOPT_HOST_DEVICE static void update(const scalars& k, E& e) {
+    const auto p = e.param();
+    e.set_param(detail::lamb_apply(detail::lamb_direction(e.state(0), e.state(1), p, k), p, e.tensor_scale()));
   }
 
   /// lr * sqrt(1 - beta2^t) / (1 - beta1^t) for the t-th applied step (lr without bias correction).

@@ -15,5 +15,6 @@
 #include "optimizer.hpp"      // IWYU pragma: export
 #include "partition.hpp"      // IWYU pragma: export
 #include "precision.hpp"      // IWYU pragma: export
+#include "rule.hpp"           // IWYU pragma: export
 #include "status.hpp"         // IWYU pragma: export
 #include "tensor.hpp"         // IWYU pragma: export

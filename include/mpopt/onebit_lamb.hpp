@@ -21,7 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "detail/json_fields.hpp"
-#include "detail/lamb_math.hpp"
+#include "lamb.hpp"
 #include "detail/validate.hpp"
 
 namespace mpopt {
@@ -76,16 +76,29 @@ struct onebit_lamb {
   };
 
   static constexpr std::string_view name = "onebit_lamb";
-  static constexpr std::array<std::string_view, 2> moment_names = {"exp_avg", "exp_avg_sq"};
-  static constexpr std::string_view fresh_variance_name = "exp_avg_sq_fresh";
+  /// LAMB's moments, and the fresh variance of the compression stage (zero until freeze_step).
+  static constexpr std::array<std::string_view, 3> state = {"exp_avg", "exp_avg_sq", "exp_avg_sq_fresh"};
+  static constexpr std::string_view tensor_state = lamb::tensor_state;
+  using scalars = lamb::scalars;
 
-  /// LAMB's element coefficients: eps outside the square root (DeepSpeed ignores eps_inside_sqrt).
-  static detail::lamb_coefficients coefficients(const options& o, std::uint64_t) {
+  /// LAMB's scalars with eps outside the square root and no bias correction (DeepSpeed ignores
+  /// eps_inside_sqrt and bias_correction): the step size is lr.
+  static scalars prepare(const options& o, std::uint64_t) {
     return {float(o.beta1), float(o.beta2), float(1.0 - o.beta1), float(1.0 - o.beta2), float(o.eps),
-            float(o.weight_decay), false};
+            float(o.weight_decay), false, o.lr, o.min_coeff, o.max_coeff};
   }
-  /// No bias correction (DeepSpeed ignores bias_correction).
-  static double step_size(const options& o, std::uint64_t) { return o.lr; }
+  // Warm-up steps are LAMB's; the compression stage's passes are in detail/passes.hpp.
+  template <class E>
+  MPOPT_HOST_DEVICE static void direction(const scalars& k, E& e) {
+    lamb::direction(k, e);
+  }
+  MPOPT_HOST_DEVICE static float tensor_scale(const scalars& k, double weight_norm, double update_norm, double& ratio) {
+    return lamb::tensor_scale(k, weight_norm, update_norm, ratio);
+  }
+  template <class E>
+  MPOPT_HOST_DEVICE static void update(const scalars& k, E& e) {
+    lamb::update(k, e);
+  }
 
   /// Warm-up: the running average of the LAMB coefficient, left alone when the coefficient is
   /// exactly 1 (a zero norm), as DeepSpeed does.

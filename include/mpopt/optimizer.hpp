@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -40,6 +41,7 @@
 #include "onebit_lamb.hpp"
 #include "partition.hpp"
 #include "precision.hpp"
+#include "rule.hpp"
 #include "status.hpp"
 #include "tensor.hpp"
 
@@ -117,9 +119,8 @@ class optimizer {
   static_assert(std::is_same_v<Partition, replicated> || std::is_same_v<Partition, zero1> ||
                     std::is_same_v<Partition, zero2>,
                 "Partition must be mpopt::replicated, mpopt::zero1 or mpopt::zero2");
-  static_assert(std::is_same_v<UpdateRule, adam> || std::is_same_v<UpdateRule, lamb> ||
-                    std::is_same_v<UpdateRule, onebit_lamb>,
-                "UpdateRule must be mpopt::adam, mpopt::lamb or mpopt::onebit_lamb");
+  static_assert(update_rule<UpdateRule>,
+                "UpdateRule must model mpopt::update_rule (rule.hpp; README, \"Writing your own rule\")");
   static_assert(!std::is_same_v<UpdateRule, onebit_lamb> || std::is_same_v<Partition, replicated>,
                 "mpopt::onebit_lamb keeps the whole momentum on every rank (its compressed all-reduce averages it): "
                 "use mpopt::replicated");
@@ -141,8 +142,9 @@ class optimizer {
 
  private:
   static constexpr bool is_onebit = std::is_same_v<UpdateRule, onebit_lamb>;
-  /// The rules that take LAMB's two passes and per-tensor trust ratios.
-  static constexpr bool lamb_like = std::is_same_v<UpdateRule, lamb> || is_onebit;
+  /// Rules with a per-tensor reduction take two passes: direction, then update.
+  static constexpr bool reducing = reducing_rule<UpdateRule>;
+  static constexpr std::size_t state_count = UpdateRule::state.size();
   static constexpr bool same_types = std::is_same_v<accumulate_type, communicate_type>;
   /// zero1 with gradients accumulated in their own type writes my reduced shard back into the
   /// gradient tensors, as DeepSpeed does: no shard buffer, 4P + 12P/N for fp16 Adam.
@@ -326,8 +328,7 @@ class optimizer {
     work_ = layout.local_work();
     state_elements_ = layout.local_elements();
     if constexpr (Precision::has_master) master_ = buffer<float>(state_elements_);
-    m_ = buffer<float>(state_elements_);
-    v_ = buffer<float>(state_elements_);
+    for (auto& b : state_) b = buffer<float>(state_elements_);
     // The accumulator holds this rank's state elements: replicated, the sum over micro-steps and
     // ranks; sharded, the reduced gradient of my shard (unless the gradient tensors hold it).
     // Zeroed: padding travels in collectives too.
@@ -366,12 +367,10 @@ class optimizer {
     decision_sums_ = buffer<double>::zeroed(2);
     owner_sum_.assign(std::size_t(parts), 0.0);
     coefficients_.resize(groups_.size());
-    trust_ratio_.assign(tensors_.size(), 1.0);
+    tensor_state_.assign(tensors_.size(), 1.0);
     tensor_sums_.assign(2 * tensors_.size(), 0.0);
-    alpha_.assign(tensors_.size(), 0.0f);
-    if constexpr (lamb_like) {
-      step_size_.assign(groups_.size(), 0.0);
-      ratio_limits_.resize(tensors_.size());
+    tensor_scale_.assign(tensors_.size(), 0.0f);
+    if constexpr (reducing) {
       const detail::norm_segments segments(work_, tensors_.size());
       auto publish = [&](const std::vector<std::size_t>& offsets, buffer<std::size_t>& to) {
         to = buffer<std::size_t>(offsets.size());
@@ -381,7 +380,7 @@ class optimizer {
       publish(segments.second, run_segments_);
       run_sums_ = buffer<double>(segments.second.empty() ? 0 : 2 * segments.runs);
     }
-    if constexpr (is_onebit) onebit_.allocate(sizes, state_elements_, work_.size(), comm_.size(), comm_.rank());
+    if constexpr (is_onebit) onebit_.allocate(sizes, work_.size(), comm_.size(), comm_.rank());
     parameters_ = layout.parameters();
     finalized_ = true;
     backend_.initialize_state(data());
@@ -525,8 +524,8 @@ class optimizer {
   void finish_step() {
     if (pending_stage_ == stage::none) return;
     try {
-      if (pending_stage_ == stage::lamb_norms) {
-        if constexpr (lamb_like) lamb_norms_and_apply();
+      if (pending_stage_ == stage::tensor_norms) {
+        if constexpr (reducing) reduce_and_update();
         pending_stage_ = Partition::sharded ? stage::gather : stage::none;
       }
       if (pending_stage_ == stage::gather) {
@@ -554,12 +553,19 @@ class optimizer {
     wait();  // before the next backward writes the gradients
   }
 
-  /// Per-tensor trust ratios of the last applied LAMB step, in registration order (1-bit LAMB's
-  /// compression stage: the frozen coefficient times the factor).
-  std::span<const double> lamb_coeffs() const
-    requires lamb_like
+  /// What a reducing rule keeps per tensor (UpdateRule::tensor_state), from the last applied step,
+  /// in registration order: LAMB's trust ratios (1-bit LAMB's compression stage: the frozen
+  /// coefficient times the factor).
+  std::span<const double> tensor_state() const
+    requires reducing
   {
-    return trust_ratio_;
+    return tensor_state_;
+  }
+  /// LAMB's name for tensor_state() (DeepSpeed's get_lamb_coeffs()).
+  std::span<const double> lamb_coeffs() const
+    requires reducing
+  {
+    return tensor_state_;
   }
 
   /// The elements of tensor i whose state this rank holds: all of them unless sharded.
@@ -579,16 +585,15 @@ class optimizer {
     if constexpr (Precision::has_master) return {master_.data() + o.state, o.count};
     else return {t.param + o.first, o.count};
   }
-  /// Moment k (0: exp_avg, 1: exp_avg_sq; 1-bit LAMB also 2: exp_avg_sq_fresh) of tensor i, the
-  /// owned elements.
+  /// State buffer k of the rule (UpdateRule::state[k]: adam's 0 is exp_avg, 1 exp_avg_sq) of
+  /// tensor i, the owned elements.
   std::span<const float> moment(std::size_t k, std::size_t i) const {
     tensor_at(i);
-    const std::size_t moments = is_onebit ? 3 : 2;
-    if (k >= moments) detail::fail("moment ", k, ": ", UpdateRule::name, " keeps moments 0 to ", moments - 1);
+    if (k >= state_count)
+      detail::fail("moment ", k, ": ", UpdateRule::name, " keeps ",
+                   state_count ? "moments 0 to " + std::to_string(state_count - 1) : std::string("no moments"));
     const auto o = layout_->owned(i);
-    if constexpr (is_onebit)
-      if (k == 2) return {onebit_.v_fresh.data() + o.state, o.count};
-    return {(k == 0 ? m_ : v_).data() + o.state, o.count};
+    return {state_[k].data() + o.state, o.count};
   }
 
   /// 1-bit LAMB with more than one rank: the compressed all-reduce, with this rank's error buffers.
@@ -620,11 +625,10 @@ class optimizer {
     if (!finalized_) return r;
     const std::size_t state = state_elements_ * sizeof(float);
     if constexpr (Precision::has_master) r.buffers.push_back({"master", "fp32 master weights", state, true});
-    r.buffers.push_back({std::string(UpdateRule::moment_names[0]), "first moment (fp32)", state, true});
-    r.buffers.push_back({std::string(UpdateRule::moment_names[1]), "second moment (fp32)", state, true});
+    for (std::string_view name : UpdateRule::state)
+      r.buffers.push_back({std::string(name), std::string(UpdateRule::name) + " state (fp32)", state, true});
     std::size_t onebit_bookkeeping = 0;
     if constexpr (is_onebit) {
-      r.buffers.push_back({std::string(onebit_lamb::fresh_variance_name), "fresh second moment (fp32), from step freeze_step on", state, true});
       if (comm_.size() > 1) {
         const auto use = onebit_.exchange.memory_use();
         r.buffers.push_back({"worker error", "compression error fed back into this rank's momentum (fp32, padded to 8 W)",
@@ -663,11 +667,10 @@ class optimizer {
         work_.bytes() + tensors_.capacity() * sizeof(tensors_[0]) +
         layout_->bytes() + chunk_sums_.capacity() * sizeof(float) +
         (norm_segments_.size() + run_segments_.size()) * sizeof(std::size_t) + run_sums_.size() * sizeof(double) +
-        ratio_limits_.capacity() * sizeof(detail::lamb_ratio_limits) +
         chunk_nonfinite_.capacity() + (owner_sum_.capacity() + tensor_sums_.capacity()) * sizeof(double) +
         decision_.size() * sizeof(detail::step_decision) + decision_sums_.size() * sizeof(double) +
-        coefficients_.capacity() * sizeof(coefficients_[0]) + trust_ratio_.capacity() * sizeof(double) +
-        alpha_.capacity() * sizeof(float) + step_size_.capacity() * sizeof(double) + buckets +
+        coefficients_.capacity() * sizeof(coefficients_[0]) + tensor_state_.capacity() * sizeof(double) +
+        tensor_scale_.capacity() * sizeof(float) + buckets +
         tensor_buckets_.capacity() * sizeof(bucket_range) + pending_.capacity() * sizeof(std::uint32_t) +
         ready_.capacity() + onebit_bookkeeping;
     r.buffers.push_back({"work list", "tensor table, layout, chunks, buckets, partial sums, per-group scalars", bookkeeping, true});
@@ -1029,15 +1032,14 @@ class optimizer {
         auto state = [&](auto& buffer) { return self.finalized_ ? buffer.data() + o.state : nullptr; };
         f("param/" + e.name, whole, e.param);
         if constexpr (Precision::has_master) f("master/" + e.name, held, state(self.master_));
-        f(std::string(UpdateRule::moment_names[0]) + "/" + e.name, held, state(self.m_));
-        f(std::string(UpdateRule::moment_names[1]) + "/" + e.name, held, state(self.v_));
-        if constexpr (is_onebit) f(std::string(onebit_lamb::fresh_variance_name) + "/" + e.name, held, state(self.onebit_.v_fresh));
+        for (std::size_t k = 0; k < state_count; ++k)
+          f(std::string(UpdateRule::state[k]) + "/" + e.name, held, state(self.state_[k]));
         ++t;
       }
-    if constexpr (lamb_like) {
+    if constexpr (reducing) {
       const saved_range per_tensor{t, t, 0, t};
       auto at = [&](auto& v) { return self.finalized_ ? v.data() : nullptr; };
-      f(std::string("lamb_coeffs"), per_tensor, at(self.trust_ratio_));
+      f(std::string(UpdateRule::tensor_state), per_tensor, at(self.tensor_state_));
       if constexpr (is_onebit) {
         f(std::string("lamb_coeff_freeze"), per_tensor, at(self.onebit_.coeff_freeze));
         f(std::string("last_factor"), per_tensor, at(self.onebit_.last_factor));
@@ -1152,8 +1154,8 @@ class optimizer {
     d.tensor_count = tensors_.size();
     d.work = &work_;
     d.master = master_.data();
-    d.m = m_.data();
-    d.v = v_.data();
+    for (std::size_t k = 0; k < state_count; ++k) d.state[k] = state_[k].data();
+    d.state_count = std::uint32_t(state_count);
     d.accum = accumulated ? accum_.data() : nullptr;
     d.chunk_sum = chunk_sums_.data();
     d.chunk_sum2 = chunk_sums_.data() + work_.size();
@@ -1460,23 +1462,16 @@ class optimizer {
   /// The update's first pass, then what follows it (finish_step), issued to the backend (the caller
   /// waits). Coefficients are fixed here, so a step finished later is the step that was committed.
   void update(detail::step_data<Precision>& d) {
-    for (std::size_t g = 0; g < groups_.size(); ++g) {
-      coefficients_[g] = UpdateRule::coefficients(groups_[g]->options_, groups_[g]->step_);
-      if constexpr (lamb_like) step_size_[g] = UpdateRule::step_size(groups_[g]->options_, groups_[g]->step_);
-    }
-    if constexpr (lamb_like)
-      for (std::size_t t = 0; t < tensors_.size(); ++t) {
-        const auto& o = groups_[tensors_[t].group]->options_;
-        ratio_limits_[t] = {o.min_coeff, o.max_coeff, step_size_[tensors_[t].group]};
-      }
-    if constexpr (std::is_same_v<UpdateRule, adam>) {
-      backend_.adam_update(d, coefficients_.data());
-      pending_stage_ = Partition::sharded ? stage::gather : stage::none;
-    } else if constexpr (std::is_same_v<UpdateRule, lamb>) {
-      backend_.lamb_moments(d, coefficients_.data());
-      pending_stage_ = stage::lamb_norms;
-    } else {
+    for (std::size_t g = 0; g < groups_.size(); ++g)
+      coefficients_[g] = UpdateRule::prepare(groups_[g]->options_, groups_[g]->step_);
+    if constexpr (is_onebit) {
       onebit_update(d);
+    } else if constexpr (reducing) {
+      backend_.template rule_stage<UpdateRule, detail::direction_stage>(d, coefficients_.data());
+      pending_stage_ = stage::tensor_norms;
+    } else {
+      backend_.template rule_stage<UpdateRule, detail::update_stage>(d, coefficients_.data());
+      pending_stage_ = Partition::sharded ? stage::gather : stage::none;
     }
     finish_step();
   }
@@ -1487,9 +1482,9 @@ class optimizer {
   void onebit_update(const detail::step_data<Precision>& d) {
     const std::uint64_t t = groups_.front()->step_, freeze = groups_.front()->options_.freeze_step;
     if (t <= freeze) {
-      backend_.lamb_moments(d, coefficients_.data());
-      if (t == freeze) backend_.copy(work_, onebit_.v_fresh.data(), v_.data());
-      pending_stage_ = stage::lamb_norms;
+      backend_.template rule_stage<UpdateRule, detail::direction_stage>(d, coefficients_.data());
+      if (t == freeze) backend_.copy(work_, state_[2].data(), state_[1].data());
+      pending_stage_ = stage::tensor_norms;
       return;
     }
     if (!onebit_.scaling_ready) momentum_scaling(t);
@@ -1510,7 +1505,7 @@ class optimizer {
   /// coefficient that brings it to the mean scale (1 for a zero momentum; DeepSpeed divides by 0).
   void momentum_scaling(std::uint64_t t) {
     if constexpr (is_onebit) {
-      backend_.sum_squares(work_, m_.data(), onebit_.chunk_sum.data());
+      backend_.sum_squares(work_, state_[0].data(), onebit_.chunk_sum.data());
       wait();
       auto& scale = tensor_sums_;  // free until the update's norms
       double mean = 0;
@@ -1532,7 +1527,7 @@ class optimizer {
   void onebit_momentum_and_apply(const detail::step_data<Precision>& d, const detail::sign_code* averaged) {
     if constexpr (is_onebit) {
       backend_.onebit_momentum(d, coefficients_.data(), onebit_.scaling.data(), onebit_.fused.data(), averaged,
-                               onebit_.v_fresh.data(), onebit_.chunk_max.data());
+                               state_[2].data(), onebit_.chunk_max.data());
       wait();
       for (std::size_t t = 0; t < tensors_.size(); ++t) {
         const std::size_t c0 = work_.first_chunk(t), c1 = work_.first_chunk(t + 1);
@@ -1544,17 +1539,17 @@ class optimizer {
                                                               std::sqrt(rank_ordered_sum(weights, c0, c1)),
                                                               onebit_.last_factor[t], o);
         onebit_.last_factor[t] = factor;
-        trust_ratio_[t] = onebit_.coeff_freeze[t] * factor;
-        alpha_[t] = float(step_size_[tensors_[t].group] * trust_ratio_[t]);
+        tensor_state_[t] = onebit_.coeff_freeze[t] * factor;
+        tensor_scale_[t] = float(coefficients_[tensors_[t].group].step_size * tensor_state_[t]);
       }
-      backend_.lamb_apply(data(), coefficients_.data(), alpha_.data());
+      backend_.template rule_stage<UpdateRule, detail::update_stage>(data(), coefficients_.data(), tensor_scale_.data());
     }
   }
 
-  /// LAMB: the per-tensor norms (a tensor can straddle shards, so the partial sums are all-reduced),
-  /// trust ratios and the second pass, which needs only the moments and masters. Unsharded, all of
-  /// it stays on the backend: the host reads the ratios after the step (lamb_coeffs()).
-  void lamb_norms_and_apply() {
+  /// A reducing rule: the per-tensor norms (a tensor can straddle shards, so the partial sums are
+  /// all-reduced), the tensors' scales and the update pass. Unsharded, all of it stays on the
+  /// backend: the host reads what the rule keeps after the step (tensor_state()).
+  void reduce_and_update() {
     const std::size_t T = tensors_.size();
     if (run_segments_.size() == 0) {
       backend_.segmented_sum(chunk_sums_.data(), norm_segments_.data(), 2 * T, tensor_sums_.data());
@@ -1566,13 +1561,14 @@ class optimizer {
       wait();
       comm_.all_reduce(std::span<double>(tensor_sums_), reduce_op::sum);
     }
-    backend_.lamb_trust_ratios(tensor_sums_.data(), ratio_limits_.data(), T, trust_ratio_.data(), alpha_.data(),
-                               decision_.data());
-    backend_.lamb_apply(data(), coefficients_.data(), alpha_.data());
+    const auto d = data();
+    backend_.template tensor_scales<UpdateRule>(d, coefficients_.data(), tensor_sums_.data(), tensor_state_.data(),
+                                                tensor_scale_.data());
+    backend_.template rule_stage<UpdateRule, detail::update_stage>(d, coefficients_.data(), tensor_scale_.data());
     if constexpr (is_onebit) {
       wait();
       for (std::size_t t = 0; t < T; ++t)
-        onebit_.coeff_freeze[t] = onebit_lamb::freeze_coefficient(onebit_.coeff_freeze[t], trust_ratio_[t],
+        onebit_.coeff_freeze[t] = onebit_lamb::freeze_coefficient(onebit_.coeff_freeze[t], tensor_state_[t],
                                                                   groups_[tensors_[t].group]->options_);
     }
   }
@@ -1597,24 +1593,23 @@ class optimizer {
   std::optional<detail::flat_layout> layout_;
   detail::work_list work_;                                // my elements, addressing the local state
   std::size_t state_elements_ = 0;
-  buffer<float> master_, m_, v_;
+  buffer<float> master_;
+  std::array<buffer<float>, state_count> state_;  // the rule's, in the order of UpdateRule::state
   buffer<accumulate_type> accum_;
   shared<float> chunk_sums_;  // per chunk: the pass's sum, then (at work_.size()) its sum2
   shared<std::uint8_t> chunk_nonfinite_;
   buffer<detail::step_decision> decision_;  // this step's, where the passes run
   buffer<double> decision_sums_;            // its inputs: squared norm, non-finite chunks
   std::vector<double> owner_sum_;    // per rank: partial sums added in rank order
-  shared<double> tensor_sums_;  // LAMB: per tensor, squared norms of the weights, then of the updates
-  buffer<std::size_t> norm_segments_, run_segments_;  // LAMB: detail::norm_segments, on the backend
+  shared<double> tensor_sums_;  // reducing rules: per tensor, squared norm 0, then norm 1
+  buffer<std::size_t> norm_segments_, run_segments_;  // reducing rules: detail::norm_segments, on the backend
   buffer<double> run_sums_;
-  shared<detail::lamb_ratio_limits> ratio_limits_;
-  shared<decltype(UpdateRule::coefficients(group_options{}, 1))> coefficients_;
-  shared<double> trust_ratio_;
-  shared<float> alpha_;
-  std::vector<double> step_size_;  // LAMB: per group, lr with bias correction, fixed at commit
+  shared<typename UpdateRule::scalars> coefficients_;  // per group, fixed at commit
+  shared<double> tensor_state_;  // reducing rules: what the rule keeps per tensor
+  shared<float> tensor_scale_;   // reducing rules: the update's per-tensor factor
   [[no_unique_address]] std::conditional_t<is_onebit, detail::onebit_state<Backend>, detail::no_onebit_state> onebit_;
   /// What a committed step has left to do (finish_step).
-  enum class stage : std::uint8_t { none, lamb_norms, gather, onebit_exchange };
+  enum class stage : std::uint8_t { none, tensor_norms, gather, onebit_exchange };
   stage pending_stage_ = stage::none;
 
   // Sharded partitions only.

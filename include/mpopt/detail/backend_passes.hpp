@@ -13,8 +13,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
-#include "lamb_math.hpp"
 #include "passes.hpp"
 #include "sign_compression.hpp"
 #include "step_data.hpp"
@@ -38,17 +38,13 @@ class backend_passes {
   void gradient_norm(const step_data<P>& d) {
     update(d, gradient_norm_pass<P>{{placed(d), chunks(*d.work), {.sum = d.chunk_sum, .nonfinite = d.chunk_nonfinite}}});
   }
-  template <class P>
-  void adam_update(const step_data<P>& d, const adam_coefficients* k) {
-    update(d, adam_pass<P>{{{placed(d), chunks(*d.work)}, k}});
-  }
-  template <class P>
-  void lamb_moments(const step_data<P>& d, const lamb_coefficients* k) {
-    update(d, lamb_moments_pass<P>{{{placed(d), chunks(*d.work), {.sum = d.chunk_sum, .sum2 = d.chunk_sum2}}, k}});
-  }
-  template <class P>
-  void lamb_apply(const step_data<P>& d, const lamb_coefficients* k, const float* alpha) {
-    update(d, lamb_apply_pass<P>{{{placed(d), chunks(*d.work)}, k}, alpha});
+  /// One stage of a rule (rule.hpp) over every element, with k[g] the scalars of group g and, after
+  /// a reduction, tensor_scale[t] the factor of tensor t. A `direction` stage writes the per-chunk
+  /// sums of squares its norms feed.
+  template <class Rule, class Stage, class P>
+  void rule_stage(const step_data<P>& d, const typename Rule::scalars* k, const float* tensor_scale = nullptr) {
+    const pass_outputs out = Stage::feeds_norms ? pass_outputs{.sum = d.chunk_sum, .sum2 = d.chunk_sum2} : pass_outputs{};
+    update(d, rule_pass<P, Rule, Stage>{{{placed(d), chunks(*d.work), out}, k}, tensor_scale});
   }
   /// sums[s] = the sum of x over [offsets[s], offsets[s + 1]) in double (segment_sum, square_sum.hpp;
   /// on a GPU, CUB's order): per-chunk partials into per-tensor sums.
@@ -66,11 +62,13 @@ class backend_passes {
   void decide_step(const step_rule& rule, const double* sums, step_decision* out) {
     self().for_each_index(1, detail::decide_step{rule, sums, out});
   }
-  /// LAMB's per-tensor trust ratios and step sizes from the squared norms (lamb_math.hpp), unless
-  /// the step is skipped: the ratios are state (lamb_coeffs).
-  void lamb_trust_ratios(const double* sums, const lamb_ratio_limits* limits, std::size_t tensors, double* ratio,
-                         float* alpha, const step_decision* decision) {
-    self().for_each_index(tensors, unless_skipped<detail::lamb_trust_ratios>{decision, {sums, limits, tensors, ratio, alpha}});
+  /// A reducing rule's per-tensor scales from the squared norms sums (tensor_scales, passes.hpp),
+  /// unless the step is skipped: what the rule keeps per tensor is state.
+  template <class Rule, class P>
+  void tensor_scales(const step_data<P>& d, const typename Rule::scalars* k, const double* sums, double* kept,
+                     float* scale) {
+    using scales = detail::tensor_scales<Rule, std::remove_cvref_t<decltype(*d.tensors)>>;
+    self().for_each_index(d.tensor_count, unless_skipped<scales>{d.decision, {table(d), k, sums, d.tensor_count, kept, scale}});
   }
   template <class P>
   void zero_grad(const step_data<P>& d) {

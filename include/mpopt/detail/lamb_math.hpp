@@ -1,7 +1,8 @@
 // mpopt — the LAMB element math, shared by every backend. LAMB needs per-tensor norms of the weights
 // and of the update before any weight may change, so a step is two element passes: lamb_direction
 // advances the moments and yields the update direction u (whose squares the backend sums per tensor);
-// the second pass recomputes u from the stored moments, bit for bit, and applies lamb_apply.
+// the second pass recomputes u from the stored moments, bit for bit, and applies lamb_apply
+// (mpopt::lamb's stages, lamb.hpp).
 #pragma once
 
 #include <cmath>
@@ -12,12 +13,15 @@
 
 namespace mpopt::detail {
 
+/// Per-group, per-step scalars of a LAMB update, precomputed in double on the host.
 struct lamb_coefficients {
   float beta1, beta2;
   float one_minus_beta1, one_minus_beta2;
   float eps;
   float weight_decay;
   bool eps_inside_sqrt;
+  double step_size;  ///< lr * sqrt(1 - beta2^t) / (1 - beta1^t), or lr
+  double min_coeff, max_coeff;  ///< the trust ratio's clamp
 };
 
 /// FusedLamb (DeepSpeed csrc/lamb/fused_lamb_cuda_kernel.cu): uncorrected moments,
@@ -55,26 +59,5 @@ MPOPT_HOST_DEVICE double lamb_trust_ratio(double weight_norm, double update_norm
   const double r = weight_norm / update_norm;
   return r < min_coeff ? min_coeff : (r > max_coeff ? max_coeff : r);
 }
-
-/// A tensor's clamp (its group's) and step size (lr with bias correction, fixed at commit).
-struct lamb_ratio_limits {
-  double min_coeff, max_coeff, step_size;
-};
-
-/// Tensor t's trust ratio from its squared norms, of the weights at sums[t] and of the update at
-/// sums[tensors + t], and its step alpha[t] = step_size * ratio (what lamb_apply_pass reads).
-struct lamb_trust_ratios {
-  const double* sums;
-  const lamb_ratio_limits* limits;
-  std::size_t tensors;
-  double* ratio;
-  float* alpha;
-
-  MPOPT_HOST_DEVICE void operator()(std::size_t t) const {
-    const lamb_ratio_limits& l = limits[t];
-    ratio[t] = lamb_trust_ratio(::sqrt(sums[t]), ::sqrt(sums[tensors + t]), l.min_coeff, l.max_coeff);
-    alpha[t] = float(l.step_size * ratio[t]);
-  }
-};
 
 }  // namespace mpopt::detail

@@ -15,7 +15,6 @@ struct onebit_state {
   template <class T>
   using shared = typename Backend::template shared_vector<T>;
 
-  typename Backend::template buffer<float> v_fresh;  ///< exp_avg_sq_fresh: the variance after freeze_step, fed by reconstructed gradients
   std::vector<double> coeff_freeze;     ///< per tensor: running average of the warm-up LAMB coefficient
   std::vector<double> last_factor;      ///< per tensor: the compression-stage factor of the last step
   shared<float> scaling;                ///< per tensor: momentum scaling coefficient, fixed at the first compressed step
@@ -26,10 +25,8 @@ struct onebit_state {
   bool scaling_ready = false;
   std::uint64_t compression_step = 0;   ///< the first step that compressed (0: still warming up)
 
-  /// Allocates everything for `tensors` of the given sizes, `state_elements` of local state and
-  /// `chunks` work chunks, on `world` ranks.
-  void allocate(const std::vector<std::size_t>& sizes, std::size_t state_elements, std::size_t chunks, int world, int rank) {
-    v_fresh = decltype(v_fresh)::zeroed(state_elements);
+  /// Allocates everything for `tensors` of the given sizes and `chunks` work chunks, on `world` ranks.
+  void allocate(const std::vector<std::size_t>& sizes, std::size_t chunks, int world, int rank) {
     coeff_freeze.assign(sizes.size(), 0.0);
     last_factor.assign(sizes.size(), 1.0);
     scaling.assign(sizes.size(), 1.0f);
@@ -44,7 +41,7 @@ struct onebit_state {
     if (world > 1) exchange = compressed_allreduce<Backend>(total, world, rank);
   }
 
-  /// Heap bytes besides v_fresh and the exchange's buffers.
+  /// Heap bytes besides the exchange's buffers.
   std::size_t bookkeeping_bytes() const {
     return (coeff_freeze.capacity() + last_factor.capacity() + chunk_sum.capacity()) * sizeof(double) +
            (scaling.capacity() + chunk_max.capacity()) * sizeof(float) + fused.capacity() * sizeof(std::size_t);

@@ -2,7 +2,8 @@
 // A pass says what happens to the vector of elements [i, i + L::width) of one chunk (the `tail`
 // marks the lanes past the chunk's end) and which per-chunk sums it feeds; a backend only decides
 // how chunks and vectors map onto threads (host.hpp: OpenMP threads and SIMD registers; cuda.hpp:
-// GPU threads and 16-byte loads). The formulas themselves live in *_math.hpp and sign_compression.hpp.
+// GPU threads and 16-byte loads). The formulas live in the rules (rule.hpp: a rule's stages run in
+// rule_pass), *_math.hpp and sign_compression.hpp.
 //
 // Interface of a pass: `at(ci)` returns the chunk's slice (pointers offset to its first element,
 // coefficients copied), `size(ci)` its elements, `apply<L>(slice, i, tail, sums)` the body, and
@@ -14,7 +15,6 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "adam_math.hpp"
 #include "config.hpp"
 #include "lamb_math.hpp"
 #include "lanes.hpp"
@@ -71,7 +71,7 @@ struct chunk_slice {
   typename P::param_type* param;
   typename P::grad_type* grad;
   std::conditional_t<P::has_master, padded<float>, float*> master;  // the parameter itself for fp32
-  padded<float> m, v;
+  padded<float> state[max_state_buffers];  // the rule's; null past its count
   padded<typename P::accumulate_type> accum;
   bool reduced;  // the gradient is accum alone (already summed over ranks)
   std::size_t n;
@@ -83,12 +83,18 @@ MPOPT_HOST_DEVICE chunk_slice<P> slice_of(const step_data<P>& d, const chunk& c)
   const auto& t = d.tensors[c.tensor];
   const std::size_t o = c.state;
   auto at = [o](auto* p) { return padded<std::remove_reference_t<decltype(*p)>>{p ? p + o : nullptr}; };
-  if constexpr (P::has_master)
-    return {t.param + c.begin, t.grad + c.begin, at(d.master), at(d.m), at(d.v), at(d.accum), d.grads_reduced,
-            c.size, c.tensor, t.group};
-  else
-    return {t.param + c.begin, t.grad + c.begin, t.param + c.begin, at(d.m), at(d.v), at(d.accum), d.grads_reduced,
-            c.size, c.tensor, t.group};
+  chunk_slice<P> s;
+  s.param = t.param + c.begin;
+  s.grad = t.grad + c.begin;
+  if constexpr (P::has_master) s.master = at(d.master);
+  else s.master = t.param + c.begin;
+  for (std::size_t k = 0; k < max_state_buffers; ++k) s.state[k] = at(d.state[k]);
+  s.accum = at(d.accum);
+  s.reduced = d.grads_reduced;
+  s.n = c.size;
+  s.tensor = c.tensor;
+  s.group = t.group;
+  return s;
 }
 
 /// (accum + grad) * scale, grad * scale, or accum * scale once reduced (step_data).
@@ -131,8 +137,7 @@ struct initialize_pass : tensor_pass<P> {
   template <class L, class S, class Tail, class R>
   MPOPT_HOST_DEVICE void apply(const S& s, std::size_t i, Tail tail, R&) const {
     if constexpr (P::has_master) vstore<L>(s.master + i, vload<L>(s.param + i, tail), tail);
-    vstore<L>(s.m + i, typename L::vec(0.0f), tail);
-    vstore<L>(s.v + i, typename L::vec(0.0f), tail);
+    for (std::uint32_t k = 0; k < this->d.state_count; ++k) vstore<L>(s.state[k] + i, typename L::vec(0.0f), tail);
   }
 };
 
@@ -181,64 +186,83 @@ struct coefficient_pass : tensor_pass<P> {
   }
 };
 
-/// One Adam update.
-template <class P>
-struct adam_pass : coefficient_pass<P, adam_coefficients> {
-  using slice = typename coefficient_pass<P, adam_coefficients>::slice;
+/// The element view a rule's stage sees (rule.hpp): vector i of one chunk, loaded and stored only
+/// as the stage asks.
+template <class L, class S, class Tail, class R>
+struct element {
+  using vec = typename L::vec;
+  const S& s;
+  std::size_t i;
+  Tail tail;
+  R& sums;
+  MPOPT_HOST_DEVICE vec grad() const { return true_gradient<L>(s, i, tail, vec(s.scale)); }
+  MPOPT_HOST_DEVICE vec param() const { return vload<L>(s.master + i, tail); }
+  MPOPT_HOST_DEVICE void set_param(vec p) const { store_param<L>(s, i, p, tail); }
+  MPOPT_HOST_DEVICE vec state(std::size_t k) const { return vload<L>(s.state[k] + i, tail); }
+  MPOPT_HOST_DEVICE void set_state(std::size_t k, vec x) const { vstore<L>(s.state[k] + i, x, tail); }
+  MPOPT_HOST_DEVICE void norm(std::size_t j, vec x) const {
+    if (j == 0) sums.square(i, x, tail);
+    else sums.square2(i, x, tail);
+  }
+  MPOPT_HOST_DEVICE float tensor_scale() const { return s.tensor_scale; }
+};
+
+/// Which of a rule's stages a pass runs: `update`, or `direction` before a reduction (feeding the
+/// per-chunk sums of squares, square and square2).
+struct update_stage {
+  static constexpr bool feeds_norms = false;
+  template <class Rule, class K, class E>
+  MPOPT_HOST_DEVICE static void run(const K& k, E& e) {
+    Rule::update(k, e);
+  }
+};
+struct direction_stage {
+  static constexpr bool feeds_norms = true;
+  template <class Rule, class K, class E>
+  MPOPT_HOST_DEVICE static void run(const K& k, E& e) {
+    Rule::direction(k, e);
+  }
+};
+
+/// A rule stage's slice: the group's scalars and the tensor's scale, copied once per chunk.
+template <class P, class K>
+struct rule_slice : coefficient_slice<P, K> {
+  float tensor_scale;
+};
+
+/// One stage of a rule over every element; tensor_scale[t] (after a reduction) or 1.
+template <class P, class Rule, class Stage>
+struct rule_pass : coefficient_pass<P, typename Rule::scalars> {
+  using slice = rule_slice<P, typename Rule::scalars>;
+  const float* tensor_scale = nullptr;
+  MPOPT_HOST_DEVICE slice at(std::size_t ci) const {
+    const auto s = coefficient_pass<P, typename Rule::scalars>::at(ci);
+    return {s, tensor_scale ? tensor_scale[s.tensor] : 1.0f};
+  }
   template <class L, class Tail, class R>
-  MPOPT_HOST_DEVICE void apply(const slice& s, std::size_t i, Tail tail, R&) const {
-    auto m = vload<L>(s.m + i, tail);
-    auto v = vload<L>(s.v + i, tail);
-    const auto g = true_gradient<L>(s, i, tail, typename L::vec(s.scale));
-    const auto p = adam_update(g, m, v, vload<L>(s.master + i, tail), s.c);
-    vstore<L>(s.m + i, m, tail);
-    vstore<L>(s.v + i, v, tail);
-    store_param<L>(s, i, p, tail);
+  MPOPT_HOST_DEVICE void apply(const slice& s, std::size_t i, Tail tail, R& r) const {
+    element<L, slice, Tail, R> e{s, i, tail, r};
+    Stage::template run<Rule>(s.c, e);
+  }
+};
+
+/// Tensor t's scale from its norms, completed across chunks and ranks (sums[t] and
+/// sums[count + t], squared), by its group's scalars; the rule's per-tensor value goes to kept[t].
+template <class Rule, class Tensor>
+struct tensor_scales {
+  const Tensor* tensors;
+  const typename Rule::scalars* k;
+  const double* sums;
+  std::size_t count;
+  double* kept;
+  float* scale;
+  MPOPT_HOST_DEVICE void operator()(std::size_t t) const {
+    scale[t] = Rule::tensor_scale(k[tensors[t].group], ::sqrt(sums[t]), ::sqrt(sums[count + t]), kept[t]);
   }
 };
 
 template <class P>
 using lamb_pass = coefficient_pass<P, lamb_coefficients>;
-
-/// LAMB pass 1: moments; per chunk the sums of squares of the weights (square) and of the
-/// direction (square2).
-template <class P>
-struct lamb_moments_pass : lamb_pass<P> {
-  template <class L, class S, class Tail, class R>
-  MPOPT_HOST_DEVICE void apply(const S& s, std::size_t i, Tail tail, R& r) const {
-    auto m = vload<L>(s.m + i, tail);
-    auto v = vload<L>(s.v + i, tail);
-    const auto p = vload<L>(s.master + i, tail);
-    const auto u = lamb_moments(true_gradient<L>(s, i, tail, typename L::vec(s.scale)), m, v, p, s.c);
-    vstore<L>(s.m + i, m, tail);
-    vstore<L>(s.v + i, v, tail);
-    r.square(i, p, tail);
-    r.square2(i, u, tail);
-  }
-};
-
-/// A LAMB pass 2 chunk's slice: its tensor's alpha is copied too.
-template <class P>
-struct lamb_apply_slice : coefficient_slice<P, lamb_coefficients> {
-  float alpha;
-};
-
-/// LAMB pass 2: recompute the direction from the stored moments and apply alpha[tensor] * u
-/// (alpha read once per chunk, like the coefficients).
-template <class P>
-struct lamb_apply_pass : lamb_pass<P> {
-  const float* alpha;
-  MPOPT_HOST_DEVICE lamb_apply_slice<P> at(std::size_t ci) const {
-    const auto s = lamb_pass<P>::at(ci);
-    return {s, alpha[s.tensor]};
-  }
-  template <class L, class Tail, class R>
-  MPOPT_HOST_DEVICE void apply(const lamb_apply_slice<P>& s, std::size_t i, Tail tail, R&) const {
-    const auto p = vload<L>(s.master + i, tail);
-    const auto u = lamb_direction(vload<L>(s.m + i, tail), vload<L>(s.v + i, tail), p, s.c);
-    store_param<L>(s, i, lamb_apply(u, p, s.alpha), tail);
-  }
-};
 
 // ---- 1-bit LAMB, compression stage. `fused[t]` is tensor t's first element in the compressed
 // vector (tensors back to back), `scaling[t]` its momentum scaling coefficient.
@@ -271,7 +295,7 @@ struct onebit_feed_pass : onebit_pass<P> {
   MPOPT_HOST_DEVICE void apply(const S& s, std::size_t i, Tail tail, R& r) const {
     float* w = worker + s.fused + i;
     const auto g = true_gradient<L>(s, i, tail, typename L::vec(s.scale));
-    const auto x = vload<L>(w, tail) + onebit_local_momentum(g, vload<L>(s.m + i, tail), typename L::vec(s.scaling), s.c);
+    const auto x = vload<L>(w, tail) + onebit_local_momentum(g, vload<L>(s.state[0] + i, tail), typename L::vec(s.scaling), s.c);
     vstore<L>(w, x, tail);
     r.square64(i, x, tail);
   }
@@ -285,14 +309,14 @@ struct onebit_momentum_pass : onebit_pass<P> {
   sign_code code;  // code.bits null: no code, take the gradient
   template <class L, class S, class Tail, class R>
   MPOPT_HOST_DEVICE void apply(const S& s, std::size_t i, Tail tail, R& r) const {
-    const auto m = vload<L>(s.m + i, tail);
+    const auto m = vload<L>(s.state[0] + i, tail);
     const auto m_new = code.bits ? code.template load<L>(s.fused + i, tail) / typename L::vec(s.scaling)
                             : lamb_first_moment(true_gradient<L>(s, i, tail, typename L::vec(s.scale)), m, s.c);
     auto fresh = vload<L>(s.v_fresh + i, tail);
     typename L::vec u0, ratio;
-    const auto u = onebit_lamb_direction(m_new, m, fresh, vload<L>(s.v + i, tail), vload<L>(s.master + i, tail), s.c,
-                                         u0, ratio);
-    vstore<L>(s.m + i, m_new, tail);
+    const auto u = onebit_lamb_direction(m_new, m, fresh, vload<L>(s.state[1] + i, tail), vload<L>(s.master + i, tail),
+                                         s.c, u0, ratio);
+    vstore<L>(s.state[0] + i, m_new, tail);
     vstore<L>(s.v_fresh + i, fresh, tail);
     r.square(i, u, tail);
     r.square2(i, u0, tail);

@@ -9,6 +9,9 @@
 
 namespace mpopt::detail {
 
+/// The most fp32 state buffers a rule keeps per element (mpopt::max_rule_state).
+inline constexpr std::size_t max_state_buffers = 4;
+
 template <class Param, class Grad>
 struct tensor_slot {
   Param* param;
@@ -32,8 +35,8 @@ struct step_data {
   std::size_t tensor_count = 0;
   const work_list* work = nullptr;
   float* master = nullptr;        ///< null when the parameter is its own master (fp32)
-  float* m = nullptr;             ///< first moment
-  float* v = nullptr;             ///< second moment
+  float* state[max_state_buffers] = {};  ///< the rule's state buffers, state_count of them
+  std::uint32_t state_count = 0;
   accumulate_type* accum = nullptr;  ///< gradient accumulator, null when not accumulating
   float* chunk_sum = nullptr;     ///< per-chunk partial sums of squares
   float* chunk_sum2 = nullptr;    ///< a second per-chunk partial (LAMB: update norms)

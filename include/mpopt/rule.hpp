@@ -1,0 +1,121 @@
+// mpopt — what an update rule is. A rule declares its options, its per-element fp32 state, the
+// scalars each step derives from the options and the step count, and its element stages; the
+// optimizer and every backend derive the passes from that (README, "Writing your own rule").
+//
+// A stage is a function template over an element view `e` (e.vec is float, or a SIMD or GPU
+// vector of floats), written with + - * / and mpopt::math:
+//   e.grad()              the true gradient: unscaled, averaged, clipped
+//   e.param()             the fp32 master weight;  e.set_param(x) writes it (and the 16-bit copy)
+//   e.state(k)            state buffer k;          e.set_state(k, x) writes it
+//   e.norm(j, x)          adds x^2 to per-tensor sum j (j = 0, 1): a rule with a reduction
+//   e.tensor_scale()      the per-tensor factor computed from those sums (the stage after them)
+// Each accessor loads or stores when called, so a stage moves exactly the bytes it names.
+#pragma once
+
+#include <array>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+#include <type_traits>
+
+#include <nlohmann/json.hpp>
+
+#include "detail/config.hpp"
+#include "detail/lanes.hpp"
+#include "detail/step_data.hpp"
+
+namespace mpopt {
+
+/// The most fp32 state buffers a rule may keep per element.
+inline constexpr std::size_t max_rule_state = detail::max_state_buffers;
+
+/// The element vocabulary of a stage, for float and every vector type alike. Vector types find
+/// their overloads by argument-dependent lookup; these also serve plain float.
+namespace math {
+template <class V>
+MPOPT_HOST_DEVICE V fma(V a, V b, V c) {
+  using detail::fma;
+  return fma(a, b, c);
+}
+template <class V>
+MPOPT_HOST_DEVICE V sqrt(V a) {
+  using detail::sqrt;
+  return sqrt(a);
+}
+template <class V>
+MPOPT_HOST_DEVICE V min(V a, V b) {
+  using detail::min;
+  return min(a, b);
+}
+template <class V>
+MPOPT_HOST_DEVICE V max(V a, V b) {
+  using detail::max;
+  return max(a, b);
+}
+/// |a|.
+template <class V>
+MPOPT_HOST_DEVICE V abs(V a) {
+  return max(a, -a);
+}
+/// a where x >= 0 (-0 included, NaN not), else b.
+template <class V>
+MPOPT_HOST_DEVICE V if_nonnegative(V x, V a, V b) {
+  using detail::nonnegative;
+  using detail::select;
+  return select(nonnegative(x), a, b);
+}
+/// -1, 0 or 1 (NaN: -1).
+template <class V>
+MPOPT_HOST_DEVICE V sign(V x) {
+  return if_nonnegative(x, if_nonnegative(-x, V(0.0f), V(1.0f)), V(-1.0f));
+}
+}  // namespace math
+
+namespace detail {
+/// Stands in for the element view when a rule's stages are checked (update_rule).
+struct element_probe {
+  using vec = float;
+  float grad() const;
+  float param() const;
+  void set_param(float) const;
+  float state(std::size_t) const;
+  void set_state(std::size_t, float) const;
+  void norm(std::size_t, float) const;
+  float tensor_scale() const;
+};
+}  // namespace detail
+
+/// An update rule: what the optimizer's UpdateRule must provide.
+template <class R>
+concept update_rule = requires(typename R::options o, const typename R::options& co, const nlohmann::json& j,
+                               const typename R::scalars& k, detail::element_probe& e) {
+  { R::name } -> std::convertible_to<std::string_view>;
+  /// options: per group; lr is what param_group::set_lr sets.
+  { o.lr } -> std::same_as<double&>;
+  co.validate(std::string_view{});
+  { R::to_json(co) } -> std::convertible_to<nlohmann::json>;
+  { R::from_json(j) } -> std::same_as<typename R::options>;
+  /// state: the names of its fp32 buffers (checkpoint keys, the memory report), zero at the start.
+  { R::state.size() } -> std::convertible_to<std::size_t>;
+  requires R::state.size() <= max_rule_state;
+  requires std::convertible_to<typename decltype(R::state)::value_type, std::string_view>;
+  /// scalars: per group and step, from the options and the 1-based step count; copied per chunk.
+  { R::prepare(co, std::uint64_t{1}) } -> std::same_as<typename R::scalars>;
+  requires std::is_trivially_copyable_v<typename R::scalars>;
+  /// The stage that writes the parameters.
+  R::update(k, e);
+};
+
+/// A rule whose update needs per-tensor sums first (LAMB's ||w|| and ||u||): `direction` runs over
+/// every element and feeds norm(0) and norm(1); per tensor, tensor_scale turns the two norms into
+/// the factor the `update` stage reads, and a value kept per tensor (in checkpoints, by the name
+/// `tensor_state`).
+template <class R>
+concept reducing_rule = update_rule<R> && requires(const typename R::scalars& k, detail::element_probe& e, double& kept) {
+  R::direction(k, e);
+  { R::tensor_scale(k, 0.0, 0.0, kept) } -> std::same_as<float>;
+  { R::tensor_state } -> std::convertible_to<std::string_view>;
+};
+
+}  // namespace mpopt
