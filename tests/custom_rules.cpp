@@ -91,8 +91,13 @@ struct rig {
   std::vector<std::uint64_t> ref_steps;
   std::mt19937_64 rng{11};
 
-  rig(const options& a, const options& b, typename Scaler::options so = {})
-      : opt(mpopt::optimizer_options{.clip_grad = 1.0}, so), group_options{a, b}, ref_steps{0, 0} {
+  int micro_steps;
+
+  rig(const options& a, const options& b, typename Scaler::options so = {}, int micro = 1)
+      : opt(mpopt::optimizer_options{.clip_grad = 1.0, .accumulation_steps = micro}, so),
+        group_options{a, b},
+        ref_steps{0, 0},
+        micro_steps(micro) {
     const std::vector<std::vector<std::size_t>> sizes = {{1, 77, 70001}, {3, 1024}};
     std::normal_distribution<double> normal(0.0, 0.5);
     for (std::size_t gi = 0; gi < 2; ++gi) {
@@ -113,8 +118,8 @@ struct rig {
   }
 
   /// One step: random gradients with global norm `target` (clipping binds above 1), stored scaled
-  /// in the gradient type; `poison` puts an inf in one element. The reference applies the same
-  /// unscaled, clipped gradients unless the optimizer must skip.
+  /// in the gradient type, the same in each micro-step; `poison` puts an inf in one element of the
+  /// last. The reference applies the same unscaled, clipped gradients unless the optimizer must skip.
   mpopt::step_status step(double target, bool poison) {
     const double scale = opt.loss_scale();
     std::normal_distribution<double> normal;
@@ -132,6 +137,7 @@ struct rig {
         g[t][i] = double(float(grads[t][i])) / scale;  // what the optimizer reads, unscaled
         true_sumsq += g[t][i] * g[t][i];
       }
+    for (int a = 1; a < micro_steps; ++a) CHECK(opt.step().micro_step == a);
     if (poison) grads.back()[5] = P(std::numeric_limits<float>::infinity());
     const mpopt::step_status st = opt.step();
     CHECK(st.applied == !poison);
@@ -170,8 +176,8 @@ struct rig {
 /// stay within `tolerance` of the reference (relative to the tensor's scale) after every step.
 template <class Precision, class Scaler, class Rule>
 void check_against_reference(const typename Rule::options& a, const typename Rule::options& b, double tolerance,
-                             double flip_allowance = 0) {
-  rig<Precision, Scaler, Rule> r(a, b);
+                             double flip_allowance = 0, int micro_steps = 1) {
+  rig<Precision, Scaler, Rule> r(a, b, {}, micro_steps);
   double worst = 0;
   for (int step = 1; step <= 50; ++step) {
     r.step(step % 3 == 0 ? 4.0 : 0.5, step == 9 || step == 30);
@@ -205,6 +211,8 @@ TEST_SUITE("custom_rules") {
     SUBCASE("fp32") { check_against_reference<mpopt::fp32, mpopt::no_scaling, Rule>(a, b, 2e-5, flips); }
     SUBCASE("fp16, dynamic loss scale") { check_against_reference<mpopt::fp16, mpopt::dynamic_scale, Rule>(a, b, 2e-5, flips); }
     SUBCASE("bf16") { check_against_reference<mpopt::bf16, mpopt::no_scaling, Rule>(a, b, 2e-5, flips); }
+    // Every stage reads the accumulated gradient (LARS reads it in both).
+    SUBCASE("fp32, 3 micro-steps") { check_against_reference<mpopt::fp32, mpopt::no_scaling, Rule>(a, b, 2e-5, flips, 3); }
   }
 
   TEST_CASE("the reference comparison fails for a rule that differs from it") {

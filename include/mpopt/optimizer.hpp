@@ -536,7 +536,7 @@ class optimizer {
         if constexpr (is_onebit) {
           onebit_.exchange.finish(comm_, backend_);
           const detail::sign_code averaged = onebit_.exchange.result();
-          onebit_momentum_and_apply(data(), &averaged);
+          onebit_momentum_and_apply(gradients_, &averaged);
         }
         pending_stage_ = stage::none;
       }
@@ -1464,6 +1464,7 @@ class optimizer {
   void update(detail::step_data<Precision>& d) {
     for (std::size_t g = 0; g < groups_.size(); ++g)
       coefficients_[g] = UpdateRule::prepare(groups_[g]->options_, groups_[g]->step_);
+    gradients_ = d;
     if constexpr (is_onebit) {
       onebit_update(d);
     } else if constexpr (reducing) {
@@ -1542,7 +1543,7 @@ class optimizer {
         tensor_state_[t] = onebit_.coeff_freeze[t] * factor;
         tensor_scale_[t] = float(coefficients_[tensors_[t].group].step_size * tensor_state_[t]);
       }
-      backend_.template rule_stage<UpdateRule, detail::update_stage>(data(), coefficients_.data(), tensor_scale_.data());
+      backend_.template rule_stage<UpdateRule, detail::update_stage>(d, coefficients_.data(), tensor_scale_.data());
     }
   }
 
@@ -1561,10 +1562,9 @@ class optimizer {
       wait();
       comm_.all_reduce(std::span<double>(tensor_sums_), reduce_op::sum);
     }
-    const auto d = data();
-    backend_.template tensor_scales<UpdateRule>(d, coefficients_.data(), tensor_sums_.data(), tensor_state_.data(),
-                                                tensor_scale_.data());
-    backend_.template rule_stage<UpdateRule, detail::update_stage>(d, coefficients_.data(), tensor_scale_.data());
+    backend_.template tensor_scales<UpdateRule>(gradients_, coefficients_.data(), tensor_sums_.data(),
+                                                tensor_state_.data(), tensor_scale_.data());
+    backend_.template rule_stage<UpdateRule, detail::update_stage>(gradients_, coefficients_.data(), tensor_scale_.data());
     if constexpr (is_onebit) {
       wait();
       for (std::size_t t = 0; t < T; ++t)
@@ -1607,6 +1607,9 @@ class optimizer {
   shared<typename UpdateRule::scalars> coefficients_;  // per group, fixed at commit
   shared<double> tensor_state_;  // reducing rules: what the rule keeps per tensor
   shared<float> tensor_scale_;   // reducing rules: the update's per-tensor factor
+  /// Where the committed step reads its gradients (boundary_gradients), for the stages that
+  /// finish_step() runs: an update stage may read them too (LARS).
+  detail::step_data<Precision> gradients_;
   [[no_unique_address]] std::conditional_t<is_onebit, detail::onebit_state<Backend>, detail::no_onebit_state> onebit_;
   /// What a committed step has left to do (finish_step).
   enum class stage : std::uint8_t { none, tensor_norms, gather, onebit_exchange };
