@@ -13,6 +13,7 @@
 #include "numeric.hpp"        // IWYU pragma: export
 #include "onebit_lamb.hpp"    // IWYU pragma: export
 #include "optimizer.hpp"      // IWYU pragma: export
+#include "options.hpp"        // IWYU pragma: export
 #include "partition.hpp"      // IWYU pragma: export
 #include "precision.hpp"      // IWYU pragma: export
 #include "rule.hpp"           // IWYU pragma: export

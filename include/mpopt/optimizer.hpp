@@ -5,10 +5,8 @@
 
 #include <algorithm>
 #include <array>
-#include <climits>
 #include <cmath>
 #include <cstdint>
-#include <filesystem>
 #include <functional>
 #include <iterator>
 #include <map>
@@ -23,8 +21,10 @@
 #include "communicator.hpp"
 #include "compressed_allreduce.hpp"
 #include "detail/aligned_buffer.hpp"
+#include "detail/agreement.hpp"
+#include "detail/checkpoint.hpp"
 #include "detail/flat_layout.hpp"
-#include "detail/json_fields.hpp"
+#include "detail/memory_listing.hpp"
 #include "detail/metered.hpp"
 #include "detail/onebit_state.hpp"
 #include "detail/same_settings.hpp"
@@ -38,6 +38,7 @@
 #include "loss_scale.hpp"
 #include "memory_report.hpp"
 #include "numeric.hpp"
+#include "options.hpp"
 #include "onebit_lamb.hpp"
 #include "partition.hpp"
 #include "precision.hpp"
@@ -48,11 +49,6 @@
 namespace mpopt {
 
 namespace detail {
-template <>
-struct state_dtype<half> : dtype_name<half> {};
-template <>
-struct state_dtype<bfloat16> : dtype_name<bfloat16> {};
-
 /// A communicator that works on device memory (mpopt::nccl) enqueues its collectives on a stream.
 template <class C>
 concept stream_communicator = requires(const C& c) {
@@ -79,41 +75,25 @@ struct tensor_spec {
   std::size_t size;
 };
 
-/// What load() does with state that cannot carry over.
-struct load_options {
-  /// 1-bit LAMB: a file saved in the compression stage by W > 1 ranks holds their error-feedback
-  /// buffers, which belong to those ranks. Loading on another number of ranks (above 1) throws
-  /// unless this is set; then the errors start at zero, as DeepSpeed always does on load.
-  bool reset_compression_errors = false;
-};
-
-/// How micro-step gradients are combined at the accumulation boundary.
-enum class accumulation { mean, sum };
-
-/// Options of the step pipeline, common to every policy combination.
-struct optimizer_options {
-  double clip_grad = 1.0;                     ///< max global L2 norm of the true gradient; 0 disables (DeepSpeed default 1.0)
-  int accumulation_steps = 1;                 ///< micro-steps per optimizer step
-  accumulation combine = accumulation::mean;  ///< mean or sum of the micro-step gradients
-  bool skip_nonfinite = true;                 ///< skip steps with inf/NaN gradients (always on with a loss scaler)
-  std::uint64_t max_consecutive_skips = 0;    ///< throw after this many skips in a row; 0: never
-  std::size_t bucket_elements = std::size_t{1} << 24;  ///< elements per reduce-scatter or all-gather (and per
-                                                       ///< all-reduce when it needs a type conversion)
-  /// Gradients are divided by this before they are summed across ranks and multiplied back after:
-  /// a factor near the world size keeps a 16-bit sum from overflowing (DeepSpeed's
-  /// gradient_predivide_factor). It changes rounding, not the mean; one rank sends nothing and
-  /// ignores it.
-  double gradient_predivide = 1.0;
-  /// Replicated: form the norm sums per would-be shard of the world size and add them in rank order,
-  /// as zero1/zero2 must. With a deterministic communicator (mpi_options::deterministic) the three
-  /// partitions then train bit for bit alike; by default replicated sums in one sequence, like a
-  /// single process.
-  bool sum_by_shard = false;
-};
-
 template <precision_policy Precision, loss_scaler_policy LossScaler, class Partition, class UpdateRule,
           class Backend = host, communicator Communicator = single_process>
-class optimizer {
+class optimizer
+    : public detail::checkpointing<optimizer<Precision, LossScaler, Partition, UpdateRule, Backend, Communicator>,
+                                   Precision, LossScaler, Partition, UpdateRule, Backend>,
+      public detail::memory_listing<optimizer<Precision, LossScaler, Partition, UpdateRule, Backend, Communicator>,
+                                    Precision, LossScaler, Partition, UpdateRule, Backend, Communicator>,
+      protected detail::agreement<optimizer<Precision, LossScaler, Partition, UpdateRule, Backend, Communicator>,
+                                  Precision, LossScaler, Partition, UpdateRule, Backend, Communicator> {
+  // Checkpoints, the memory report and agreement across ranks live in headers of their own.
+  using checkpointing = detail::checkpointing<optimizer, Precision, LossScaler, Partition, UpdateRule, Backend>;
+  using memory_listing = detail::memory_listing<optimizer, Precision, LossScaler, Partition, UpdateRule, Backend, Communicator>;
+  using agreement = detail::agreement<optimizer, Precision, LossScaler, Partition, UpdateRule, Backend, Communicator>;
+  friend checkpointing;
+  friend memory_listing;
+  friend agreement;
+  using agreement::agree;
+  using agreement::check_same_settings;
+  using agreement::preflight;
   static_assert(std::is_same_v<typename Precision::grad_type, half> || std::is_same_v<LossScaler, no_scaling>,
                 "loss scaling exists for fp16 gradients only: use mpopt::no_scaling with mpopt::fp32 or mpopt::bf16");
   static_assert(std::is_same_v<Partition, replicated> || std::is_same_v<Partition, zero1> ||
@@ -202,6 +182,9 @@ class optimizer {
 
    private:
     friend class optimizer;
+    friend checkpointing;
+    friend memory_listing;
+    friend agreement;
     struct entry {
       std::string name;
       param_type* param;
@@ -604,449 +587,12 @@ class optimizer {
   }
   std::size_t tensor_count() const { return tensors_.size(); }
 
-  /// Every buffer this rank holds for the optimizer, with its size; the user's tensors are listed
-  /// too, marked as theirs. State buffers appear once finalize() (or the first step) made them.
-  mpopt::memory_report memory_report() const {
-    mpopt::memory_report r;
-    std::size_t user_params = 0;
-    for (const auto& g : groups_) {
-      if (g->flat_) {
-        r.buffers.push_back({g->label_ + " parameters", "flat parameter buffer (views handed to the model)",
-                             g->flat_param_.size() * sizeof(param_type), true});
-        r.buffers.push_back({g->label_ + " gradients", "flat gradient buffer", g->flat_grad_.size() * sizeof(grad_type), true});
-      } else {
-        for (const auto& e : g->entries_) user_params += e.size;
-      }
-    }
-    if (user_params) {
-      r.buffers.push_back({"parameters", "the model's parameter tensors", user_params * sizeof(param_type), false});
-      r.buffers.push_back({"gradients", "the model's gradient tensors", user_params * sizeof(grad_type), false});
-    }
-    if (!finalized_) return r;
-    const std::size_t state = state_elements_ * sizeof(float);
-    if constexpr (Precision::has_master) r.buffers.push_back({"master", "fp32 master weights", state, true});
-    for (std::string_view name : UpdateRule::state)
-      r.buffers.push_back({std::string(name), std::string(UpdateRule::name) + " state (fp32)", state, true});
-    std::size_t onebit_bookkeeping = 0;
-    if constexpr (is_onebit) {
-      if (comm_.size() > 1) {
-        const auto use = onebit_.exchange.memory_use();
-        r.buffers.push_back({"worker error", "compression error fed back into this rank's momentum (fp32, padded to 8 W)",
-                             use.worker_error, true});
-        r.buffers.push_back({"server error", "compression error of the chunk this rank averages (fp32)", use.server_error, true});
-        r.buffers.push_back({"sign bits", "the momentum's signs: sent, received, averaged (1 bit each)", use.sign_bits, true});
-        onebit_bookkeeping += use.bookkeeping;
-      }
-      onebit_bookkeeping += onebit_.bookkeeping_bytes();
-    }
-    const std::string accum = std::string(type_name<accumulate_type>), sent = std::string(type_name<communicate_type>);
-    if (accum_.size()) {
-      if (Partition::sharded)
-        r.buffers.push_back({"gradient shard", accum + " gradients of my shard, reduced over ranks (and micro-steps)",
-                             accum_.size() * sizeof(accumulate_type), true});
-      else
-        r.buffers.push_back({"gradient accumulator", accum + " sum over micro-steps and ranks",
-                             accum_.size() * sizeof(accumulate_type), true});
-    }
-    if (flat_accum_.size())
-      r.buffers.push_back({"gradient accumulator", accum + " sum over micro-steps, all elements (zero1)",
-                           flat_accum_.size() * sizeof(accumulate_type), true});
-    if (staging_.size())
-      r.buffers.push_back({"bucket", Partition::sharded ? "one packed bucket for reduce-scatter (" + sent + ") and all-gather"
-                                                        : "gradients converted to " + sent + " for the all-reduce",
-                           staging_.size(), true});
-    if (received_.size())
-      r.buffers.push_back({"received piece", "my piece of a reduced bucket (" + sent + ") before it joins the " +
-                                                 (shard_in_grads ? "gradient tensors" : "gradient shard"),
-                           received_.size() * sizeof(communicate_type), true});
-    std::size_t buckets = buckets_.capacity() * sizeof(detail::bucket) + flat_work_.bytes();
-    for (const auto& k : buckets_)
-      buckets += k.pieces.bytes() + k.mine.bytes() + k.counts.capacity() * sizeof(std::size_t) +
-                 k.gaps.capacity() * sizeof(k.gaps[0]);
-    const std::size_t bookkeeping =
-        work_.bytes() + tensors_.capacity() * sizeof(tensors_[0]) +
-        layout_->bytes() + chunk_sums_.capacity() * sizeof(float) +
-        (norm_segments_.size() + run_segments_.size()) * sizeof(std::size_t) + run_sums_.size() * sizeof(double) +
-        chunk_nonfinite_.capacity() + (owner_sum_.capacity() + tensor_sums_.capacity()) * sizeof(double) +
-        decision_.size() * sizeof(detail::step_decision) + decision_sums_.size() * sizeof(double) +
-        coefficients_.capacity() * sizeof(coefficients_[0]) + tensor_state_.capacity() * sizeof(double) +
-        tensor_scale_.capacity() * sizeof(float) + buckets +
-        tensor_buckets_.capacity() * sizeof(bucket_range) + pending_.capacity() * sizeof(std::uint32_t) +
-        ready_.capacity() + onebit_bookkeeping;
-    r.buffers.push_back({"work list", "tensor table, layout, chunks, buckets, partial sums, per-group scalars", bookkeeping, true});
-    if constexpr (requires { comm_.inner().workspace_bytes(); }) {
-      std::string purpose = "the communicator's own buffers";
-      if constexpr (requires { Communicator::workspace_purpose; }) purpose = Communicator::workspace_purpose;
-      if (comm_.inner().workspace_bytes())
-        r.buffers.push_back({"communicator workspace", purpose, comm_.inner().workspace_bytes(), true});
-    }
-    return r;
-  }
-
-  /// Writes every parameter, master and moment by tensor name, with the scaler, counters and group
-  /// options, to a safetensors file (format: README, "Checkpoints"). Every rank calls it; rank 0
-  /// writes, tensor by tensor as the sharded ones are gathered (it never holds more than one), and a
-  /// failure there throws on every rank.
-  void save(const std::filesystem::path& path) {
-    if (!finalized_) detail::fail("save(): nothing to save before the first step (or finalize())");
-    if (micro_step_ != 0)
-      detail::fail("save() at micro-step ", micro_step_, " of ", options_.accumulation_steps,
-                   ": save after the accumulation boundary");
-    comm_.at("save()", next_step() - 1);
-    finish_step();
-    const bool writer = comm_.rank() == 0;
-    std::optional<detail::state_stream> out;
-    agree("save", [&] {
-      if (!writer) return;
-      std::vector<detail::state_stream::tensor> header;
-      for_each_saved_tensor(*this, [&](std::string key, const saved_range& r, const auto* data) {
-        using T = std::remove_cv_t<std::remove_pointer_t<decltype(data)>>;
-        header.push_back({std::move(key), std::string(detail::state_dtype<T>::value), {std::int64_t(r.elements)}});
-      });
-      for_each_error_tensor([&](std::string key, std::size_t elements) {
-        header.push_back({std::move(key), "F32", {std::int64_t(elements)}});
-      });
-      out.emplace(path, describe(), std::move(header));
-    });
-    // Every rank takes part in every gather, even after rank 0 failed to write: no rank leaves a
-    // collective alone. The failure is agreed on at the end.
-    std::optional<error> failed;
-    auto write = [&](std::span<const std::byte> bytes) {
-      if (!writer || failed) return;
-      try {
-        out->append(bytes);
-      } catch (const error& e) {
-        failed = e;
-      }
-    };
-    std::vector<float> whole_tensor;
-    std::vector<std::byte> copied;  // a tensor in device memory, brought to the host
-    for_each_saved_tensor(*this, [&](const std::string&, const saved_range& r, const auto* data) {
-      using T = std::remove_cv_t<std::remove_pointer_t<decltype(data)>>;
-      if (r.on_device) {
-        copied.resize(r.count * sizeof(T));
-        backend_.to_host(reinterpret_cast<T*>(copied.data()), data, r.count);
-        data = reinterpret_cast<const T*>(copied.data());
-      }
-      std::span<const T> whole(data, r.count);
-      if constexpr (std::is_same_v<T, float>)
-        if (r.sharded) {
-          whole_tensor.assign(r.elements, 0.0f);
-          std::copy_n(data, r.count, whole_tensor.begin() + std::ptrdiff_t(r.first));
-          const std::vector<std::size_t> counts = layout_->counts(r.tensor);
-          comm_.all_gather(std::span<float>(whole_tensor), std::span<const std::size_t>(counts));
-          whole = whole_tensor;
-        }
-      write(std::as_bytes(whole));
-    });
-    // 1-bit LAMB's error buffers: each rank's worker error in turn, the server errors gathered.
-    if constexpr (is_onebit)
-      if (saves_errors()) {
-        auto& ex = onebit_.exchange;
-        const std::size_t r = std::size_t(comm_.rank()), chunk = ex.chunk_size();
-        whole_tensor.resize(ex.padded_size());
-        for (int k = 0; k < comm_.size(); ++k) {
-          if (comm_.rank() == k) backend_.to_host(whole_tensor.data(), ex.worker_error().data(), ex.padded_size());
-          comm_.broadcast(std::span<float>(whole_tensor), k);
-          write(std::as_bytes(std::span<const float>(whole_tensor)));
-        }
-        backend_.to_host(whole_tensor.data() + r * chunk, ex.server_error().data(), chunk);
-        const std::vector<std::size_t> counts(std::size_t(comm_.size()), chunk);
-        comm_.all_gather(std::span<float>(whole_tensor), std::span<const std::size_t>(counts));
-        write(std::as_bytes(std::span<const float>(whole_tensor)));
-      }
-    agree("save", [&] {
-      if (failed) throw *failed;
-      if (writer) out->finish();
-    });
-  }
-
-  /// Restores a save()d state. The file must come from an optimizer of the same policies and the same
-  /// tensors (names, sizes, groups), saved at any world size. Every rank reads and checks it; only
-  /// when all ranks found it good does anything change, otherwise every rank throws.
-  void load(const std::filesystem::path& path, load_options o = {}) {
-    std::optional<detail::state_reader> file;
-    saved_header saved;
-    comm_.at("load()", next_step() - 1);
-    agree("load", [&] {
-      file.emplace(path);
-      saved = check_saved(*file, path.string() + ": ", o);
-    });
-    check_same_checkpoint(saved);
-    finalize();
-    std::vector<std::byte> staged;  // a tensor for device memory, read on the host first
-    auto read = [&]<class T>(const std::string& key, std::size_t first, T* dst, std::size_t count, bool on_device) {
-      if (!on_device) return file->read(key, first, std::span(dst, count));
-      staged.resize(count * sizeof(T));
-      T* host = reinterpret_cast<T*>(staged.data());
-      file->read(key, first, std::span(host, count));
-      backend_.to_device(dst, host, count);
-      wait();  // before `staged` is reused
-    };
-    for_each_saved_tensor(*this, [&](const std::string& key, const saved_range& r, auto* dst) {
-      read(key, r.first, dst, r.count, r.on_device);
-    });
-    if constexpr (is_onebit) {
-      onebit_.scaling_ready = saved.scaling_ready;
-      onebit_.compression_step = saved.compression_step;
-      if (comm_.size() > 1) {
-        auto& ex = onebit_.exchange;
-        ex.cancel();
-        if (saved.errors_world == comm_.size()) {
-          constexpr bool device = Backend::space == memory_space::device;
-          read(error_key(comm_.rank()), 0, ex.worker_error().data(), ex.padded_size(), device);
-          read(error_key(-1), std::size_t(comm_.rank()) * ex.chunk_size(), ex.server_error().data(), ex.chunk_size(), device);
-        } else {
-          ex.reset_errors();  // none saved (warm-up, one rank), or reset_compression_errors
-        }
-      }
-    }
-    comm_.take_bytes();
-    micro_step_ = 0;  // the saved state sits at an accumulation boundary
-    pending_stage_ = stage::none;  // every parameter was just read
-    scaler_ = saved.scaler;
-    for (std::size_t g = 0; g < groups_.size(); ++g) {
-      groups_[g]->options_ = saved.groups[g];
-      groups_[g]->step_ = saved.group_steps[g];
-    }
-    applied_ = saved.applied;
-    skipped_ = saved.skipped;
-    consecutive_skips_ = saved.consecutive;
-  }
 
  private:
   /// The optimizer step the next boundary completes, counting applied and skipped ones from 1.
   std::uint64_t next_step() const { return applied_ + skipped_ + 1; }
 
-  /// What load() takes from a file besides the tensors.
-  struct saved_header {
-    LossScaler scaler{typename LossScaler::options{}};
-    std::vector<group_options> groups;
-    std::vector<std::uint64_t> group_steps;
-    std::uint64_t applied = 0, skipped = 0, consecutive = 0;
-    bool scaling_ready = false;         // 1-bit LAMB
-    std::uint64_t compression_step = 0;
-    int errors_world = 0;               // ranks whose error buffers the file holds (0: none)
-  };
 
-  /// Checks a state file against this optimizer (policies, groups, tensor names, sizes, dtypes) and
-  /// parses its header, changing nothing.
-  saved_header check_saved(const detail::state_reader& r, const std::string& where, const load_options& lo = {}) {
-    saved_header h{scaler_, {}, {}};
-    try {
-      const nlohmann::json& meta = r.metadata();
-      const nlohmann::json mine = describe();
-      for (const char* key : {"precision", "loss_scaler", "rule"})  // any partition: the file is per parameter
-        if (meta.at(key) != mine.at(key))
-          detail::fail(where, "saved with ", key, " ", meta.at(key).dump(), ", this optimizer has ", mine.at(key).dump());
-      const auto& groups = meta.at("groups");
-      if (groups.size() != groups_.size())
-        detail::fail(where, "saved with ", groups.size(), " groups, this optimizer has ", groups_.size());
-      for (std::size_t g = 0; g < groups.size(); ++g) {
-        if (groups[g].at("tensors") != mine["groups"][g]["tensors"])
-          detail::fail(where, "group ", g, " holds different tensors: saved ", groups[g].at("tensors").dump(),
-                       ", this optimizer has ", mine["groups"][g]["tensors"].dump());
-      }
-      // Every number through an exact type and range check (json_fields.hpp), then the checks the
-      // options get from the constructor: nothing in the file reaches a conversion or a step unchecked.
-      using detail::json_count;
-      h.applied = json_count(meta, "applied_steps", detail::max_steps);
-      h.skipped = json_count(meta, "skipped_steps", detail::max_steps);
-      h.consecutive = json_count(meta, "consecutive_skips", h.skipped, "consecutive_skips (at most skipped_steps)");
-      for (std::size_t g = 0; g < groups.size(); ++g) {
-        const std::string label = "group " + std::to_string(g);
-        try {
-          h.groups.push_back(UpdateRule::from_json(detail::json_field(groups[g], "options")));
-        } catch (const error& e) {
-          detail::fail(where, label, ".", e.message());
-        }
-        h.groups.back().validate(where + label);
-        // A group steps with every applied step: its count cannot exceed theirs.
-        h.group_steps.push_back(json_count(groups[g], "step", h.applied, label + ".step (at most applied_steps)"));
-      }
-      h.scaler.load(meta.at("scaler"));
-      if constexpr (requires { h.scaler.iteration(); })  // one scaler update per boundary
-        if (std::uint64_t(h.scaler.iteration()) > h.applied + h.skipped)
-          detail::fail(where, "saved dynamic_scale.iter (", h.scaler.iteration(), ") exceeds the steps taken (",
-                       h.applied + h.skipped, ")");
-      if constexpr (is_onebit) {
-        const auto& c = detail::json_field(meta, "compression");
-        h.scaling_ready = detail::json_flag(c, "scaling_ready", "compression.scaling_ready");
-        h.compression_step = json_count(c, "compression_step", h.applied, "compression.compression_step (at most applied_steps)");
-        const int world = int(detail::json_integer(c, "world_size", 1, INT_MAX, "compression.world_size"));
-        h.errors_world = detail::json_flag(c, "errors_saved", "compression.errors_saved") ? world : 0;
-        if (h.errors_world > 1 && h.errors_world != comm_.size() && comm_.size() > 1 && !lo.reset_compression_errors)
-          detail::fail(where, "saved by ", h.errors_world, " ranks in 1-bit LAMB's compression stage, whose error-feedback "
-                       "buffers belong to those ranks: load it on ", h.errors_world, " ranks to resume exactly, or pass "
-                       "load_options{.reset_compression_errors = true} to continue on ", comm_.size(), " with zero errors");
-        if (h.errors_world != comm_.size()) h.errors_world = 0;  // not loaded
-        std::size_t elements = 0;  // the compressed vector: every tensor, padded to a multiple of 8 W
-        for (const auto& g : groups_)
-          for (const auto& e : g->entries_) elements += e.size;
-        const std::size_t unit = 8 * std::size_t(comm_.size()), padded = (elements + unit - 1) / unit * unit;
-        for (int k = -1; h.errors_world && k < comm_.size(); ++k)
-          if (!r.contains(error_key(k)) || r.shape(error_key(k)) != std::vector<std::int64_t>{std::int64_t(padded)})
-            detail::fail(where, "tensor '", error_key(k), "' is missing or not [", padded, "]");
-      }
-    } catch (const nlohmann::json::exception& e) {
-      detail::fail(where, "malformed optimizer metadata: ", e.what());
-    } catch (const error& e) {
-      if (e.message().starts_with(where)) throw;
-      detail::fail(where, e.message());
-    }
-    for_each_saved_tensor(*this, [&](const std::string& key, const saved_range& sr, auto* dst) {
-      using T = std::remove_pointer_t<decltype(dst)>;
-      const std::size_t n = sr.elements;
-      if (!r.contains(key)) detail::fail(where, "tensor '", key, "' is missing");
-      if (r.dtype(key) != detail::state_dtype<T>::value || r.shape(key) != std::vector<std::int64_t>{std::int64_t(n)})
-        detail::fail(where, "tensor '", key, "' has dtype ", r.dtype(key), " and ", r.shape(key).size(),
-                     "-d shape, expected ", detail::state_dtype<T>::value, " [", n, "]");
-    });
-    return h;
-  }
-
-  /// Ranks that read different files would train apart: what each read must agree, before anything
-  /// changes. The group count first, as it decides the length of the rest.
-  void check_same_checkpoint(const saved_header& h) {
-    const std::string_view advice = "Every rank must load the same checkpoint";
-    const detail::setting groups[] = {{"the checkpoint's number of groups", std::to_string(h.groups.size())}};
-    detail::require_same_settings(comm_, groups, advice);
-    std::vector<detail::setting> read = {
-        {"the checkpoint's step counts", std::to_string(h.applied) + " applied, " + std::to_string(h.skipped) +
-                                             " skipped, " + std::to_string(h.consecutive) + " in a row"},
-        {"the checkpoint's loss scaler", h.scaler.save().dump()}};
-    for (std::size_t g = 0; g < h.groups.size(); ++g)
-      read.push_back({"the checkpoint's group " + std::to_string(g), "step " + std::to_string(h.group_steps[g]) + ", " +
-                                                                         UpdateRule::to_json(h.groups[g]).dump()});
-    detail::require_same_settings(comm_, std::span<const detail::setting>(read), advice);
-  }
-
-  /// 1-bit LAMB checks, before anything else, that the communicator delivers what the compressed
-  /// all-reduce needs: bytes to the right rank in an all-to-all, bytes and floats in the right place
-  /// in all-gathers. Every rank throws if any found a fault. Collective.
-  void preflight() {
-    const std::size_t w = std::size_t(comm_.size()), r = std::size_t(comm_.rank());
-    auto code = [](std::size_t from, std::size_t to) { return std::uint8_t(from * 31 + to * 7 + 1); };
-    std::vector<std::uint8_t> sent(w), received(w), gathered(w, 0);
-    std::vector<float> ranks(w, -1.0f);
-    const std::vector<std::size_t> ones(w, 1);
-    std::string problem;
-    try {
-      for (std::size_t j = 0; j < w; ++j) sent[j] = code(r, j);
-      comm_.all_to_all(std::span<const std::uint8_t>(sent), std::span<std::uint8_t>(received));
-      gathered[r] = std::uint8_t(r + 1);
-      comm_.all_gather(std::span<std::uint8_t>(gathered), std::span<const std::size_t>(ones));
-      const float mine = float(r);
-      comm_.all_gather(std::span<const float>(&mine, 1), std::span<float>(ranks));
-      for (std::size_t i = 0; i < w && problem.empty(); ++i) {
-        if (received[i] != code(i, r)) problem = "all_to_all of bytes delivered the wrong block from rank " + std::to_string(i);
-        else if (gathered[i] != std::uint8_t(i + 1)) problem = "all_gather of bytes put rank " + std::to_string(i) + "'s piece elsewhere";
-        else if (ranks[i] != float(i)) problem = "all_gather of floats put rank " + std::to_string(i) + "'s value elsewhere";
-      }
-    } catch (const error& e) {
-      problem = e.what();
-    }
-    agree("1-bit LAMB preflight", [&] {
-      if (!problem.empty())
-        detail::fail("1-bit LAMB preflight on ", Communicator::name, " (rank ", r, " of ", w, "): ", problem);
-    });
-    comm_.take_bytes();
-  }
-
-  /// Runs f on every rank and agrees on the outcome: if it threw mpopt::error anywhere, it throws on
-  /// every rank (its own message where it failed), so no rank goes on into a collective alone.
-  template <class F>
-  void agree(std::string_view what, F&& f) {
-    std::optional<error> mine;
-    try {
-      f();
-    } catch (const error& e) {
-      mine = e;
-    }
-    std::uint8_t failed = mine.has_value();
-    comm_.all_reduce(std::span<std::uint8_t>(&failed, 1), reduce_op::max);
-    if (mine) throw *mine;
-    if (failed) detail::fail(what, "() failed on another rank");
-  }
-
-  /// Policies, scaler, counters and group layout: the metadata of a saved state.
-  nlohmann::json describe() const {
-    nlohmann::json groups = nlohmann::json::array();
-    for (const auto& g : groups_) {
-      nlohmann::json tensors = nlohmann::json::array();
-      for (const auto& e : g->entries_) tensors.push_back({{"name", e.name}, {"size", e.size}});
-      groups.push_back({{"options", UpdateRule::to_json(g->options_)}, {"step", g->step_}, {"tensors", tensors}});
-    }
-    nlohmann::json d = {{"precision", Precision::name},     {"loss_scaler", LossScaler::name},
-                        {"partition", Partition::name},     {"rule", UpdateRule::name},
-                        {"scaler", scaler_.save()},         {"applied_steps", applied_},
-                        {"skipped_steps", skipped_},        {"consecutive_skips", consecutive_skips_},
-                        {"groups", groups}};
-    if constexpr (is_onebit)
-      d["compression"] = {{"scaling_ready", onebit_.scaling_ready},
-                          {"compression_step", onebit_.compression_step},
-                          {"world_size", comm_.size()},
-                          {"errors_saved", saves_errors()}};
-    return d;
-  }
-
-  /// 1-bit LAMB on several ranks, once compression has begun: the error buffers go into the file.
-  bool saves_errors() const {
-    if constexpr (is_onebit) return comm_.size() > 1 && onebit_.compression_step > 0;
-    else return false;
-  }
-  /// The file's name of rank k's worker error, or (k = -1) of the server errors of all ranks.
-  static std::string error_key(int k) {
-    return k < 0 ? "compression/server_error" : "compression/worker_error/" + std::to_string(k);
-  }
-  /// Calls f(key, elements) for the error tensors save() writes after the per-parameter ones.
-  template <class F>
-  void for_each_error_tensor(F&& f) const {
-    if constexpr (is_onebit)
-      if (saves_errors()) {
-        for (int k = 0; k < comm_.size(); ++k) f(error_key(k), onebit_.exchange.padded_size());
-        f(error_key(-1), onebit_.exchange.padded_size());
-      }
-  }
-
-  /// Which part of a saved tensor a pointer holds: elements [first, first + count) of `elements`.
-  struct saved_range {
-    std::size_t tensor, elements, first, count;
-    bool sharded = false;    ///< a shard's part: the other parts are on other ranks
-    bool on_device = false;  ///< in the backend's device memory (tensors and state; not per-tensor scalars)
-  };
-
-  /// Calls f(key, range, pointer) for every tensor a state file holds, in file order: parameters
-  /// whole, optimizer state as far as this rank holds it; pointers are const when self is. Before
-  /// finalize() the state pointers are typed nulls: enough to check a file against this optimizer
-  /// without committing to a layout.
-  template <class Self, class F>
-  static void for_each_saved_tensor(Self& self, F&& f) {
-    std::size_t t = 0;
-    for (const auto& g : self.groups_)
-      for (const auto& e : g->entries_) {
-        constexpr bool device = Backend::space == memory_space::device;
-        const saved_range whole{t, e.size, 0, e.size, false, device};
-        const auto o = self.finalized_ ? self.layout_->owned(t) : detail::flat_layout::owned_range{};
-        const saved_range held = self.finalized_ ? saved_range{t, e.size, o.first, o.count, Partition::sharded, device} : whole;
-        auto state = [&](auto& buffer) { return self.finalized_ ? buffer.data() + o.state : nullptr; };
-        f("param/" + e.name, whole, e.param);
-        if constexpr (Precision::has_master) f("master/" + e.name, held, state(self.master_));
-        for (std::size_t k = 0; k < state_count; ++k)
-          f(std::string(UpdateRule::state[k]) + "/" + e.name, held, state(self.state_[k]));
-        ++t;
-      }
-    if constexpr (reducing) {
-      const saved_range per_tensor{t, t, 0, t};
-      auto at = [&](auto& v) { return self.finalized_ ? v.data() : nullptr; };
-      f(std::string(UpdateRule::tensor_state), per_tensor, at(self.tensor_state_));
-      if constexpr (is_onebit) {
-        f(std::string("lamb_coeff_freeze"), per_tensor, at(self.onebit_.coeff_freeze));
-        f(std::string("last_factor"), per_tensor, at(self.onebit_.last_factor));
-        f(std::string("scaling_coeff"), per_tensor, at(self.onebit_.scaling));
-      }
-    }
-  }
 
   static options validated(options o, bool unscaled) {
     detail::require_non_negative("clip_grad", o.clip_grad);
@@ -1306,56 +852,6 @@ class optimizer {
     }
   }
 
-  /// Every rank must hold the same policies, options (the optimizer's, the scaler's, each group's,
-  /// the communicator's) and tensors; otherwise every rank throws, naming what differs on which
-  /// ranks, before any gradient moves. What decides the number of settings is compared first.
-  void check_same_settings() {
-    std::string policies = std::string(Precision::name) + " " + std::string(LossScaler::name) + " " +
-                           std::string(Partition::name) + " " + std::string(UpdateRule::name) + " " +
-                           std::string(Backend::name) + " " + std::string(Communicator::name) + ", sums in " +
-                           std::string(type_name<accumulate_type>) + ", sent in " + std::string(type_name<communicate_type>);
-    const std::string_view advice =
-        "Every rank must construct the optimizer with the same policies and options and register the same tensors "
-        "in the same order";
-    const detail::setting shape[] = {{"policies", policies}, {"number of groups", std::to_string(groups_.size())}};
-    detail::require_same_settings(comm_, shape, advice);
-
-    std::vector<detail::setting> all;
-    auto add = [&](std::string name, const nlohmann::json& value) {
-      all.push_back({std::move(name), value.is_string() ? value.get<std::string>() : value.dump()});
-    };
-    auto add_each = [&](const std::string& prefix, const nlohmann::json& object) {
-      for (const auto& [key, value] : object.items()) add(prefix + key, value);
-    };
-    const options& o = options_;
-    add("clip_grad", o.clip_grad);
-    add("accumulation_steps", o.accumulation_steps);
-    add("combine", o.combine == accumulation::mean ? "mean" : "sum");
-    add("skip_nonfinite", o.skip_nonfinite);
-    add("max_consecutive_skips", o.max_consecutive_skips);
-    add("bucket_elements", o.bucket_elements);
-    add("gradient_predivide", o.gradient_predivide);
-    add("sum_by_shard", o.sum_by_shard);
-    add_each(std::string(LossScaler::name) + ".", scaler_.settings());
-    add_each(std::string(LossScaler::name) + " state.", scaler_.save());
-    if constexpr (requires { comm_.inner().options().deterministic; })
-      add(std::string(Communicator::name) + ".deterministic", comm_.inner().options().deterministic);
-    for (const auto& g : groups_) {
-      add_each(g->label_ + ".", UpdateRule::to_json(g->options_));
-      // The tensors as a short summary whose hash covers every name and size, in order.
-      std::string names;
-      std::size_t elements = 0;
-      for (const auto& e : g->entries_) {
-        names += e.name + ":" + std::to_string(e.size) + ";";
-        elements += e.size;
-      }
-      detail::checksum64 sum(names.size());
-      sum.update(std::as_bytes(std::span(names)));
-      add(g->label_ + " tensors", std::to_string(g->entries_.size()) + " tensors, " + std::to_string(elements) +
-                                      " elements, hash " + detail::checksum64::hex(sum.finish()).substr(0, 8));
-    }
-    detail::require_same_settings(comm_, std::span<const detail::setting>(all), advice);
-  }
 
   /// The sum of per-chunk partials over chunks [c0, c1), formed per owner and added in rank order:
   /// exactly what a rank-ordered all-reduce of each shard's sum gives, so all partitions add alike.

@@ -1,0 +1,379 @@
+// mpopt — checkpoint writing and reading: the optimizer's save() and load(). Every parameter, fp32
+// master and rule state buffer by tensor name, with the scaler, the counters and each group's
+// options, in a safetensors file (README, "Checkpoints"; the container: state_file.hpp). Sharded
+// state is gathered tensor by tensor on save and each rank reads its own part on load, so a file
+// loads at any world size. The optimizer derives from checkpointing<itself, its policies>.
+#pragma once
+
+#include <algorithm>
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "../error.hpp"
+#include "../onebit_lamb.hpp"
+#include "../rule.hpp"
+#include "../tensor.hpp"
+#include "flat_layout.hpp"
+#include "json_fields.hpp"
+#include "same_settings.hpp"
+#include "state_file.hpp"
+
+namespace mpopt {
+
+/// What load() does with state that cannot carry over.
+struct load_options {
+  /// 1-bit LAMB: a file saved in the compression stage by W > 1 ranks holds their error-feedback
+  /// buffers, which belong to those ranks. Loading on another number of ranks (above 1) throws
+  /// unless this is set; then the errors start at zero, as DeepSpeed always does on load.
+  bool reset_compression_errors = false;
+};
+
+namespace detail {
+
+template <>
+struct state_dtype<half> : dtype_name<half> {};
+template <>
+struct state_dtype<bfloat16> : dtype_name<bfloat16> {};
+
+template <class Opt, class Precision, class LossScaler, class Partition, class UpdateRule, class Backend>
+class checkpointing {
+  static constexpr bool is_onebit = std::is_same_v<UpdateRule, onebit_lamb>;
+  static constexpr bool reducing = reducing_rule<UpdateRule>;
+  static constexpr std::size_t state_count = UpdateRule::state.size();
+
+ public:
+  /// Writes every parameter, master and moment by tensor name, with the scaler, counters and group
+  /// options, to a safetensors file (format: README, "Checkpoints"). Every rank calls it; rank 0
+  /// writes, tensor by tensor as the sharded ones are gathered (it never holds more than one), and a
+  /// failure there throws on every rank.
+  void save(const std::filesystem::path& path) {
+    Opt& o = self();
+    if (!o.finalized_) fail("save(): nothing to save before the first step (or finalize())");
+    if (o.micro_step_ != 0)
+      fail("save() at micro-step ", o.micro_step_, " of ", o.options_.accumulation_steps,
+           ": save after the accumulation boundary");
+    o.comm_.at("save()", o.next_step() - 1);
+    o.finish_step();
+    const bool writer = o.comm_.rank() == 0;
+    std::optional<state_stream> out;
+    o.agree("save", [&] {
+      if (!writer) return;
+      std::vector<state_stream::tensor> header;
+      for_each_saved_tensor(o, [&](std::string key, const saved_range& r, const auto* data) {
+        using T = std::remove_cv_t<std::remove_pointer_t<decltype(data)>>;
+        header.push_back({std::move(key), std::string(state_dtype<T>::value), {std::int64_t(r.elements)}});
+      });
+      for_each_error_tensor([&](std::string key, std::size_t elements) {
+        header.push_back({std::move(key), "F32", {std::int64_t(elements)}});
+      });
+      out.emplace(path, describe(), std::move(header));
+    });
+    // Every rank takes part in every gather, even after rank 0 failed to write: no rank leaves a
+    // collective alone. The failure is agreed on at the end.
+    std::optional<error> failed;
+    auto write = [&](std::span<const std::byte> bytes) {
+      if (!writer || failed) return;
+      try {
+        out->append(bytes);
+      } catch (const error& e) {
+        failed = e;
+      }
+    };
+    std::vector<float> whole_tensor;
+    std::vector<std::byte> copied;  // a tensor in device memory, brought to the host
+    for_each_saved_tensor(o, [&](const std::string&, const saved_range& r, const auto* data) {
+      using T = std::remove_cv_t<std::remove_pointer_t<decltype(data)>>;
+      if (r.on_device) {
+        copied.resize(r.count * sizeof(T));
+        o.backend_.to_host(reinterpret_cast<T*>(copied.data()), data, r.count);
+        data = reinterpret_cast<const T*>(copied.data());
+      }
+      std::span<const T> whole(data, r.count);
+      if constexpr (std::is_same_v<T, float>)
+        if (r.sharded) {
+          whole_tensor.assign(r.elements, 0.0f);
+          std::copy_n(data, r.count, whole_tensor.begin() + std::ptrdiff_t(r.first));
+          const std::vector<std::size_t> counts = o.layout_->counts(r.tensor);
+          o.comm_.all_gather(std::span<float>(whole_tensor), std::span<const std::size_t>(counts));
+          whole = whole_tensor;
+        }
+      write(std::as_bytes(whole));
+    });
+    // 1-bit LAMB's error buffers: each rank's worker error in turn, the server errors gathered.
+    if constexpr (is_onebit)
+      if (saves_errors()) {
+        auto& ex = o.onebit_.exchange;
+        const std::size_t r = std::size_t(o.comm_.rank()), chunk = ex.chunk_size();
+        whole_tensor.resize(ex.padded_size());
+        for (int k = 0; k < o.comm_.size(); ++k) {
+          if (o.comm_.rank() == k) o.backend_.to_host(whole_tensor.data(), ex.worker_error().data(), ex.padded_size());
+          o.comm_.broadcast(std::span<float>(whole_tensor), k);
+          write(std::as_bytes(std::span<const float>(whole_tensor)));
+        }
+        o.backend_.to_host(whole_tensor.data() + r * chunk, ex.server_error().data(), chunk);
+        const std::vector<std::size_t> counts(std::size_t(o.comm_.size()), chunk);
+        o.comm_.all_gather(std::span<float>(whole_tensor), std::span<const std::size_t>(counts));
+        write(std::as_bytes(std::span<const float>(whole_tensor)));
+      }
+    o.agree("save", [&] {
+      if (failed) throw *failed;
+      if (writer) out->finish();
+    });
+  }
+
+  /// Restores a save()d state. The file must come from an optimizer of the same policies and the same
+  /// tensors (names, sizes, groups), saved at any world size. Every rank reads and checks it; only
+  /// when all ranks found it good does anything change, otherwise every rank throws.
+  void load(const std::filesystem::path& path, load_options lo = {}) {
+    Opt& o = self();
+    std::optional<state_reader> file;
+    saved_header saved;
+    o.comm_.at("load()", o.next_step() - 1);
+    o.agree("load", [&] {
+      file.emplace(path);
+      saved = check_saved(*file, path.string() + ": ", lo);
+    });
+    check_same_checkpoint(saved);
+    o.finalize();
+    std::vector<std::byte> staged;  // a tensor for device memory, read on the host first
+    auto read = [&]<class T>(const std::string& key, std::size_t first, T* dst, std::size_t count, bool on_device) {
+      if (!on_device) return file->read(key, first, std::span(dst, count));
+      staged.resize(count * sizeof(T));
+      T* host = reinterpret_cast<T*>(staged.data());
+      file->read(key, first, std::span(host, count));
+      o.backend_.to_device(dst, host, count);
+      o.wait();  // before `staged` is reused
+    };
+    for_each_saved_tensor(o, [&](const std::string& key, const saved_range& r, auto* dst) {
+      read(key, r.first, dst, r.count, r.on_device);
+    });
+    if constexpr (is_onebit) {
+      o.onebit_.scaling_ready = saved.scaling_ready;
+      o.onebit_.compression_step = saved.compression_step;
+      if (o.comm_.size() > 1) {
+        auto& ex = o.onebit_.exchange;
+        ex.cancel();
+        if (saved.errors_world == o.comm_.size()) {
+          constexpr bool device = Backend::space == memory_space::device;
+          read(error_key(o.comm_.rank()), 0, ex.worker_error().data(), ex.padded_size(), device);
+          read(error_key(-1), std::size_t(o.comm_.rank()) * ex.chunk_size(), ex.server_error().data(), ex.chunk_size(), device);
+        } else {
+          ex.reset_errors();  // none saved (warm-up, one rank), or reset_compression_errors
+        }
+      }
+    }
+    o.comm_.take_bytes();
+    o.micro_step_ = 0;  // the saved state sits at an accumulation boundary
+    o.pending_stage_ = Opt::stage::none;  // every parameter was just read
+    o.scaler_ = saved.scaler;
+    for (std::size_t g = 0; g < o.groups_.size(); ++g) {
+      o.groups_[g]->options_ = saved.groups[g];
+      o.groups_[g]->step_ = saved.group_steps[g];
+    }
+    o.applied_ = saved.applied;
+    o.skipped_ = saved.skipped;
+    o.consecutive_skips_ = saved.consecutive;
+  }
+
+ private:
+  Opt& self() { return static_cast<Opt&>(*this); }
+  const Opt& self() const { return static_cast<const Opt&>(*this); }
+
+  /// What load() takes from a file besides the tensors.
+  struct saved_header {
+    LossScaler scaler{typename LossScaler::options{}};
+    std::vector<typename UpdateRule::options> groups;
+    std::vector<std::uint64_t> group_steps;
+    std::uint64_t applied = 0, skipped = 0, consecutive = 0;
+    bool scaling_ready = false;         // 1-bit LAMB
+    std::uint64_t compression_step = 0;
+    int errors_world = 0;               // ranks whose error buffers the file holds (0: none)
+  };
+
+  /// Checks a state file against this optimizer (policies, groups, tensor names, sizes, dtypes) and
+  /// parses its header, changing nothing.
+  saved_header check_saved(const state_reader& r, const std::string& where, const load_options& lo = {}) {
+    Opt& o = self();
+    saved_header h{o.scaler_, {}, {}};
+    try {
+      const nlohmann::json& meta = r.metadata();
+      const nlohmann::json mine = describe();
+      for (const char* key : {"precision", "loss_scaler", "rule"})  // any partition: the file is per parameter
+        if (meta.at(key) != mine.at(key))
+          fail(where, "saved with ", key, " ", meta.at(key).dump(), ", this optimizer has ", mine.at(key).dump());
+      const auto& groups = meta.at("groups");
+      if (groups.size() != o.groups_.size())
+        fail(where, "saved with ", groups.size(), " groups, this optimizer has ", o.groups_.size());
+      for (std::size_t g = 0; g < groups.size(); ++g) {
+        if (groups[g].at("tensors") != mine["groups"][g]["tensors"])
+          fail(where, "group ", g, " holds different tensors: saved ", groups[g].at("tensors").dump(),
+               ", this optimizer has ", mine["groups"][g]["tensors"].dump());
+      }
+      // Every number through an exact type and range check (json_fields.hpp), then the checks the
+      // options get from the constructor: nothing in the file reaches a conversion or a step unchecked.
+      using detail::json_count;
+      h.applied = json_count(meta, "applied_steps", max_steps);
+      h.skipped = json_count(meta, "skipped_steps", max_steps);
+      h.consecutive = json_count(meta, "consecutive_skips", h.skipped, "consecutive_skips (at most skipped_steps)");
+      for (std::size_t g = 0; g < groups.size(); ++g) {
+        const std::string label = "group " + std::to_string(g);
+        try {
+          h.groups.push_back(UpdateRule::from_json(json_field(groups[g], "options")));
+        } catch (const error& e) {
+          fail(where, label, ".", e.message());
+        }
+        h.groups.back().validate(where + label);
+        // A group steps with every applied step: its count cannot exceed theirs.
+        h.group_steps.push_back(json_count(groups[g], "step", h.applied, label + ".step (at most applied_steps)"));
+      }
+      h.scaler.load(meta.at("scaler"));
+      if constexpr (requires { h.scaler.iteration(); })  // one scaler update per boundary
+        if (std::uint64_t(h.scaler.iteration()) > h.applied + h.skipped)
+          fail(where, "saved dynamic_scale.iter (", h.scaler.iteration(), ") exceeds the steps taken (",
+               h.applied + h.skipped, ")");
+      if constexpr (is_onebit) {
+        const auto& c = json_field(meta, "compression");
+        h.scaling_ready = json_flag(c, "scaling_ready", "compression.scaling_ready");
+        h.compression_step = json_count(c, "compression_step", h.applied, "compression.compression_step (at most applied_steps)");
+        const int world = int(json_integer(c, "world_size", 1, INT_MAX, "compression.world_size"));
+        h.errors_world = json_flag(c, "errors_saved", "compression.errors_saved") ? world : 0;
+        if (h.errors_world > 1 && h.errors_world != o.comm_.size() && o.comm_.size() > 1 && !lo.reset_compression_errors)
+          fail(where, "saved by ", h.errors_world, " ranks in 1-bit LAMB's compression stage, whose error-feedback "
+               "buffers belong to those ranks: load it on ", h.errors_world, " ranks to resume exactly, or pass "
+               "load_options{.reset_compression_errors = true} to continue on ", o.comm_.size(), " with zero errors");
+        if (h.errors_world != o.comm_.size()) h.errors_world = 0;  // not loaded
+        std::size_t elements = 0;  // the compressed vector: every tensor, padded to a multiple of 8 W
+        for (const auto& g : o.groups_)
+          for (const auto& e : g->entries_) elements += e.size;
+        const std::size_t unit = 8 * std::size_t(o.comm_.size()), padded = (elements + unit - 1) / unit * unit;
+        for (int k = -1; h.errors_world && k < o.comm_.size(); ++k)
+          if (!r.contains(error_key(k)) || r.shape(error_key(k)) != std::vector<std::int64_t>{std::int64_t(padded)})
+            fail(where, "tensor '", error_key(k), "' is missing or not [", padded, "]");
+      }
+    } catch (const nlohmann::json::exception& e) {
+      fail(where, "malformed optimizer metadata: ", e.what());
+    } catch (const error& e) {
+      if (e.message().starts_with(where)) throw;
+      fail(where, e.message());
+    }
+    for_each_saved_tensor(o, [&](const std::string& key, const saved_range& sr, auto* dst) {
+      using T = std::remove_pointer_t<decltype(dst)>;
+      const std::size_t n = sr.elements;
+      if (!r.contains(key)) fail(where, "tensor '", key, "' is missing");
+      if (r.dtype(key) != state_dtype<T>::value || r.shape(key) != std::vector<std::int64_t>{std::int64_t(n)})
+        fail(where, "tensor '", key, "' has dtype ", r.dtype(key), " and ", r.shape(key).size(),
+             "-d shape, expected ", state_dtype<T>::value, " [", n, "]");
+    });
+    return h;
+  }
+
+  /// Ranks that read different files would train apart: what each read must o.agree, before anything
+  /// changes. The group count first, as it decides the length of the rest.
+  void check_same_checkpoint(const saved_header& h) {
+    Opt& o = self();
+    const std::string_view advice = "Every rank must load the same checkpoint";
+    const setting groups[] = {{"the checkpoint's number of groups", std::to_string(h.groups.size())}};
+    require_same_settings(o.comm_, groups, advice);
+    std::vector<setting> read = {
+        {"the checkpoint's step counts", std::to_string(h.applied) + " applied, " + std::to_string(h.skipped) +
+                                             " skipped, " + std::to_string(h.consecutive) + " in a row"},
+        {"the checkpoint's loss scaler", h.scaler.save().dump()}};
+    for (std::size_t g = 0; g < h.groups.size(); ++g)
+      read.push_back({"the checkpoint's group " + std::to_string(g), "step " + std::to_string(h.group_steps[g]) + ", " +
+                                                                         UpdateRule::to_json(h.groups[g]).dump()});
+    require_same_settings(o.comm_, std::span<const setting>(read), advice);
+  }
+
+  /// Policies, scaler, counters and group layout: the metadata of a saved state.
+  nlohmann::json describe() const {
+    const Opt& o = self();
+    nlohmann::json groups = nlohmann::json::array();
+    for (const auto& g : o.groups_) {
+      nlohmann::json tensors = nlohmann::json::array();
+      for (const auto& e : g->entries_) tensors.push_back({{"name", e.name}, {"size", e.size}});
+      groups.push_back({{"options", UpdateRule::to_json(g->options_)}, {"step", g->step_}, {"tensors", tensors}});
+    }
+    nlohmann::json d = {{"precision", Precision::name},     {"loss_scaler", LossScaler::name},
+                        {"partition", Partition::name},     {"rule", UpdateRule::name},
+                        {"scaler", o.scaler_.save()},         {"applied_steps", o.applied_},
+                        {"skipped_steps", o.skipped_},        {"consecutive_skips", o.consecutive_skips_},
+                        {"groups", groups}};
+    if constexpr (is_onebit)
+      d["compression"] = {{"scaling_ready", o.onebit_.scaling_ready},
+                          {"compression_step", o.onebit_.compression_step},
+                          {"world_size", o.comm_.size()},
+                          {"errors_saved", saves_errors()}};
+    return d;
+  }
+
+  /// 1-bit LAMB on several ranks, once compression has begun: the error buffers go into the file.
+  bool saves_errors() const {
+    const Opt& o = self();
+    if constexpr (is_onebit) return o.comm_.size() > 1 && o.onebit_.compression_step > 0;
+    else return false;
+  }
+  /// The file's name of rank k's worker error, or (k = -1) of the server errors of all ranks.
+  static std::string error_key(int k) {
+    return k < 0 ? "compression/server_error" : "compression/worker_error/" + std::to_string(k);
+  }
+  /// Calls f(key, elements) for the error tensors save() writes after the per-parameter ones.
+  template <class F>
+  void for_each_error_tensor(F&& f) const {
+    const Opt& o = self();
+    if constexpr (is_onebit)
+      if (saves_errors()) {
+        for (int k = 0; k < o.comm_.size(); ++k) f(error_key(k), o.onebit_.exchange.padded_size());
+        f(error_key(-1), o.onebit_.exchange.padded_size());
+      }
+  }
+
+  /// Which part of a saved tensor a pointer holds: elements [first, first + count) of `elements`.
+  struct saved_range {
+    std::size_t tensor, elements, first, count;
+    bool sharded = false;    ///< a shard's part: the other parts are on other ranks
+    bool on_device = false;  ///< in the backend's device memory (tensors and state; not per-tensor scalars)
+  };
+
+  /// Calls f(key, range, pointer) for every tensor a state file holds, in file order: parameters
+  /// whole, optimizer state as far as this rank holds it; pointers are const when self is. Before
+  /// finalize() the state pointers are typed nulls: enough to check a file against this optimizer
+  /// without committing to a layout.
+  template <class Self, class F>
+  static void for_each_saved_tensor(Self& self, F&& f) {
+    std::size_t t = 0;
+    for (const auto& g : self.groups_)
+      for (const auto& e : g->entries_) {
+        constexpr bool device = Backend::space == memory_space::device;
+        const saved_range whole{t, e.size, 0, e.size, false, device};
+        const auto o = self.finalized_ ? self.layout_->owned(t) : flat_layout::owned_range{};
+        const saved_range held = self.finalized_ ? saved_range{t, e.size, o.first, o.count, Partition::sharded, device} : whole;
+        auto state = [&](auto& buffer) { return self.finalized_ ? buffer.data() + o.state : nullptr; };
+        f("param/" + e.name, whole, e.param);
+        if constexpr (Precision::has_master) f("master/" + e.name, held, state(self.master_));
+        for (std::size_t k = 0; k < state_count; ++k)
+          f(std::string(UpdateRule::state[k]) + "/" + e.name, held, state(self.state_[k]));
+        ++t;
+      }
+    if constexpr (reducing) {
+      const saved_range per_tensor{t, t, 0, t};
+      auto at = [&](auto& v) { return self.finalized_ ? v.data() : nullptr; };
+      f(std::string(UpdateRule::tensor_state), per_tensor, at(self.tensor_state_));
+      if constexpr (is_onebit) {
+        f(std::string("lamb_coeff_freeze"), per_tensor, at(self.onebit_.coeff_freeze));
+        f(std::string("last_factor"), per_tensor, at(self.onebit_.last_factor));
+        f(std::string("scaling_coeff"), per_tensor, at(self.onebit_.scaling));
+      }
+    }
+  }};
+
+}  // namespace detail
+}  // namespace mpopt

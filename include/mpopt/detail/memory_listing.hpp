@@ -1,0 +1,107 @@
+// mpopt — the memory report: every buffer a rank holds for the optimizer, by name, purpose and
+// size (memory_report.hpp), the user's tensors marked as theirs. The optimizer derives from
+// memory_listing<itself, its policies>.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "../memory_report.hpp"
+#include "../precision.hpp"
+#include "flat_layout.hpp"
+#include "step_decision.hpp"
+#include "work_list.hpp"
+
+namespace mpopt::detail {
+
+template <class Opt, class Precision, class LossScaler, class Partition, class UpdateRule, class Backend, class Communicator>
+class memory_listing {
+ public:
+  /// Every buffer this rank holds for the optimizer, with its size; the user's tensors are listed
+  /// too, marked as theirs. State buffers appear once finalize() (or the first step) made them.
+  mpopt::memory_report memory_report() const {
+    const Opt& o = static_cast<const Opt&>(*this);
+    using param_type = typename Opt::param_type;
+    using grad_type = typename Opt::grad_type;
+    using accumulate_type = typename Opt::accumulate_type;
+    using communicate_type = typename Opt::communicate_type;
+    mpopt::memory_report r;
+    std::size_t user_params = 0;
+    for (const auto& g : o.groups_) {
+      if (g->flat_) {
+        r.buffers.push_back({g->label_ + " parameters", "flat parameter buffer (views handed to the model)",
+                             g->flat_param_.size() * sizeof(param_type), true});
+        r.buffers.push_back({g->label_ + " gradients", "flat gradient buffer", g->flat_grad_.size() * sizeof(grad_type), true});
+      } else {
+        for (const auto& e : g->entries_) user_params += e.size;
+      }
+    }
+    if (user_params) {
+      r.buffers.push_back({"parameters", "the model's parameter tensors", user_params * sizeof(param_type), false});
+      r.buffers.push_back({"gradients", "the model's gradient tensors", user_params * sizeof(grad_type), false});
+    }
+    if (!o.finalized_) return r;
+    const std::size_t state = o.state_elements_ * sizeof(float);
+    if constexpr (Precision::has_master) r.buffers.push_back({"master", "fp32 master weights", state, true});
+    for (std::string_view name : UpdateRule::state)
+      r.buffers.push_back({std::string(name), std::string(UpdateRule::name) + " state (fp32)", state, true});
+    std::size_t onebit_bookkeeping = 0;
+    if constexpr (Opt::is_onebit) {
+      if (o.comm_.size() > 1) {
+        const auto use = o.onebit_.exchange.memory_use();
+        r.buffers.push_back({"worker error", "compression error fed back into this rank's momentum (fp32, padded to 8 W)",
+                             use.worker_error, true});
+        r.buffers.push_back({"server error", "compression error of the chunk this rank averages (fp32)", use.server_error, true});
+        r.buffers.push_back({"sign bits", "the momentum's signs: sent, received, averaged (1 bit each)", use.sign_bits, true});
+        onebit_bookkeeping += use.bookkeeping;
+      }
+      onebit_bookkeeping += o.onebit_.bookkeeping_bytes();
+    }
+    const std::string accum = std::string(type_name<accumulate_type>), sent = std::string(type_name<communicate_type>);
+    if (o.accum_.size()) {
+      if (Partition::sharded)
+        r.buffers.push_back({"gradient shard", accum + " gradients of my shard, reduced over ranks (and micro-steps)",
+                             o.accum_.size() * sizeof(accumulate_type), true});
+      else
+        r.buffers.push_back({"gradient accumulator", accum + " sum over micro-steps and ranks",
+                             o.accum_.size() * sizeof(accumulate_type), true});
+    }
+    if (o.flat_accum_.size())
+      r.buffers.push_back({"gradient accumulator", accum + " sum over micro-steps, all elements (zero1)",
+                           o.flat_accum_.size() * sizeof(accumulate_type), true});
+    if (o.staging_.size())
+      r.buffers.push_back({"bucket", Partition::sharded ? "one packed bucket for reduce-scatter (" + sent + ") and all-gather"
+                                                        : "gradients converted to " + sent + " for the all-reduce",
+                           o.staging_.size(), true});
+    if (o.received_.size())
+      r.buffers.push_back({"received piece", "my piece of a reduced bucket (" + sent + ") before it joins the " +
+                                                 (Opt::shard_in_grads ? "gradient tensors" : "gradient shard"),
+                           o.received_.size() * sizeof(communicate_type), true});
+    std::size_t buckets = o.buckets_.capacity() * sizeof(bucket) + o.flat_work_.bytes();
+    for (const auto& k : o.buckets_)
+      buckets += k.pieces.bytes() + k.mine.bytes() + k.counts.capacity() * sizeof(std::size_t) +
+                 k.gaps.capacity() * sizeof(k.gaps[0]);
+    const std::size_t bookkeeping =
+        o.work_.bytes() + o.tensors_.capacity() * sizeof(o.tensors_[0]) +
+        o.layout_->bytes() + o.chunk_sums_.capacity() * sizeof(float) +
+        (o.norm_segments_.size() + o.run_segments_.size()) * sizeof(std::size_t) + o.run_sums_.size() * sizeof(double) +
+        o.chunk_nonfinite_.capacity() + (o.owner_sum_.capacity() + o.tensor_sums_.capacity()) * sizeof(double) +
+        o.decision_.size() * sizeof(step_decision) + o.decision_sums_.size() * sizeof(double) +
+        o.coefficients_.capacity() * sizeof(o.coefficients_[0]) + o.tensor_state_.capacity() * sizeof(double) +
+        o.tensor_scale_.capacity() * sizeof(float) + buckets +
+        o.tensor_buckets_.capacity() * sizeof(typename Opt::bucket_range) + o.pending_.capacity() * sizeof(std::uint32_t) +
+        o.ready_.capacity() + onebit_bookkeeping;
+    r.buffers.push_back({"work list", "tensor table, layout, chunks, buckets, partial sums, per-group scalars", bookkeeping, true});
+    if constexpr (requires { o.comm_.inner().workspace_bytes(); }) {
+      std::string purpose = "the communicator's own buffers";
+      if constexpr (requires { Communicator::workspace_purpose; }) purpose = Communicator::workspace_purpose;
+      if (o.comm_.inner().workspace_bytes())
+        r.buffers.push_back({"communicator workspace", purpose, o.comm_.inner().workspace_bytes(), true});
+    }
+    return r;
+  }
+};
+
+}  // namespace mpopt::detail

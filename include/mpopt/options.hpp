@@ -1,0 +1,33 @@
+// mpopt — the step pipeline's options, common to every policy combination.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace mpopt {
+
+/// How micro-step gradients are combined at the accumulation boundary.
+enum class accumulation { mean, sum };
+
+/// Options of the step pipeline, common to every policy combination.
+struct optimizer_options {
+  double clip_grad = 1.0;                     ///< max global L2 norm of the true gradient; 0 disables (DeepSpeed default 1.0)
+  int accumulation_steps = 1;                 ///< micro-steps per optimizer step
+  accumulation combine = accumulation::mean;  ///< mean or sum of the micro-step gradients
+  bool skip_nonfinite = true;                 ///< skip steps with inf/NaN gradients (always on with a loss scaler)
+  std::uint64_t max_consecutive_skips = 0;    ///< throw after this many skips in a row; 0: never
+  std::size_t bucket_elements = std::size_t{1} << 24;  ///< elements per reduce-scatter or all-gather (and per
+                                                       ///< all-reduce when it needs a type conversion)
+  /// Gradients are divided by this before they are summed across ranks and multiplied back after:
+  /// a factor near the world size keeps a 16-bit sum from overflowing (DeepSpeed's
+  /// gradient_predivide_factor). It changes rounding, not the mean; one rank sends nothing and
+  /// ignores it.
+  double gradient_predivide = 1.0;
+  /// Replicated: form the norm sums per would-be shard of the world size and add them in rank order,
+  /// as zero1/zero2 must. With a deterministic communicator (mpi_options::deterministic) the three
+  /// partitions then train bit for bit alike; by default replicated sums in one sequence, like a
+  /// single process.
+  bool sum_by_shard = false;
+};
+
+}  // namespace mpopt
