@@ -3,6 +3,7 @@
 // twin that never saw the bad input continues identically).
 #include <doctest/doctest.h>
 
+#include "optimizer_snapshot.hpp"
 #include "temp_dir.hpp"
 
 #include <mpopt/mpopt.hpp>
@@ -67,13 +68,6 @@ void spit(const fs::path& p, const std::vector<char>& bytes) {
   out.write(bytes.data(), std::streamsize(bytes.size()));
 }
 
-template <class T>
-std::vector<unsigned char> bytes_of(std::span<const T> s) {
-  std::vector<unsigned char> b(s.size_bytes());
-  if (!b.empty()) std::memcpy(b.data(), s.data(), b.size());
-  return b;
-}
-
 struct tensor_def {
   std::string name;
   std::size_t size;
@@ -129,37 +123,7 @@ struct rig {
     return opt.step();
   }
 
-  struct snapshot {
-    std::vector<std::vector<unsigned char>> params;
-    std::vector<std::vector<unsigned char>> state;
-    std::vector<std::uint64_t> steps;
-    std::vector<std::string> options;
-    std::uint64_t scale_bits = 0;
-    std::string scaler;
-    std::size_t groups = 0, tensors = 0;
-    std::vector<std::size_t> group_sizes;
-    bool operator==(const snapshot&) const = default;
-  };
-  snapshot snap() {
-    snapshot s;
-    for (auto& p : params) s.params.push_back(bytes_of(std::span<const P>(p)));
-    for (std::size_t i = 0; i < opt.tensor_count(); ++i) {
-      s.state.push_back(bytes_of(opt.master(i)));
-      s.state.push_back(bytes_of(opt.moment(0, i)));
-      s.state.push_back(bytes_of(opt.moment(1, i)));
-    }
-    if constexpr (std::is_same_v<typename Opt::rule, mpopt::lamb>) s.state.push_back(bytes_of(opt.lamb_coeffs()));
-    s.groups = opt.group_count();
-    for (std::size_t g = 0; g < opt.group_count(); ++g) {
-      s.steps.push_back(opt.group(g).step());
-      s.options.push_back(Opt::rule::to_json(opt.group(g).options()).dump());
-      s.group_sizes.push_back(opt.group(g).size());
-    }
-    s.scale_bits = std::bit_cast<std::uint64_t>(opt.loss_scale());
-    s.scaler = opt.scaler().save().dump();
-    s.tensors = opt.tensor_count();
-    return s;
-  }
+  optimizer_snapshot snap() { return snapshot_of(opt, params); }
 };
 
 bool same_bits(double a, double b) { return std::bit_cast<std::uint64_t>(a) == std::bit_cast<std::uint64_t>(b); }

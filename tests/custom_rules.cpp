@@ -196,16 +196,20 @@ const user_rules::sgd::options sgd_b{.lr = 0.02, .momentum = 0.8, .dampening = 0
 const user_rules::lars::options lars_a{.lr = 0.5, .momentum = 0.9, .weight_decay = 5e-4, .eta = 1e-2};
 const user_rules::lars::options lars_b{.lr = 0.1, .momentum = 0.5, .weight_decay = 0.0, .eta = 2e-2};
 
+/// The two groups' options each rule is tested with.
+template <class Rule>
+std::pair<typename Rule::options, typename Rule::options> options_of() {
+  if constexpr (std::is_same_v<Rule, user_rules::lion>) return {lion_a, lion_b};
+  else if constexpr (std::is_same_v<Rule, user_rules::sgd>) return {sgd_a, sgd_b};
+  else return {lars_a, lars_b};
+}
+
 }  // namespace
 
 TEST_SUITE("custom_rules") {
   TEST_CASE_TEMPLATE("a user rule matches its float64 reference for 50 steps in every precision", Rule, user_rules::lion,
                      user_rules::sgd, user_rules::lars) {
-    const auto [a, b] = [] {
-      if constexpr (std::is_same_v<Rule, user_rules::lion>) return std::pair{lion_a, lion_b};
-      else if constexpr (std::is_same_v<Rule, user_rules::sgd>) return std::pair{sgd_a, sgd_b};
-      else return std::pair{lars_a, lars_b};
-    }();
+    const auto [a, b] = options_of<Rule>();
     // Lion: a sign that float rounding may flip costs 2 lr; elsewhere the errors are roundings.
     const double flips = std::is_same_v<Rule, user_rules::lion> ? 2 * lion_a.lr : 0.0;
     SUBCASE("fp32") { check_against_reference<mpopt::fp32, mpopt::no_scaling, Rule>(a, b, 2e-5, flips); }
@@ -233,11 +237,7 @@ TEST_SUITE("custom_rules") {
 
   TEST_CASE_TEMPLATE("a user rule's checkpoint round-trips under the names its declaration gives", Rule, user_rules::lion,
                      user_rules::sgd, user_rules::lars) {
-    const auto o = [] {
-      if constexpr (std::is_same_v<Rule, user_rules::lion>) return lion_a;
-      else if constexpr (std::is_same_v<Rule, user_rules::sgd>) return sgd_a;
-      else return lars_a;
-    }();
+    const auto o = options_of<Rule>().first;
     temp_dir dir;
     const auto file = dir.path / "rule.safetensors";
     rig<mpopt::bf16, mpopt::no_scaling, Rule> a(o, o), b(o, o);

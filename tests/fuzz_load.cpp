@@ -9,6 +9,7 @@
 // as save() writes it (16 lowercase hex digits) stays as it is, which keeps the mismatch covered.
 // Half the mutations (LLVMFuzzerCustomMutator) put awkward values into the "mpopt" metadata.
 #include "fuzz_fixture.hpp"
+#include "optimizer_snapshot.hpp"
 
 #include <algorithm>
 #include <bit>
@@ -37,13 +38,6 @@ namespace fs = std::filesystem;
 [[noreturn]] void bug(const std::string& what) {
   std::fprintf(stderr, "fuzz_load: BUG: %s\n", what.c_str());
   std::abort();
-}
-
-template <class T>
-std::vector<unsigned char> bytes_of(std::span<const T> s) {
-  std::vector<unsigned char> b(s.size_bytes());
-  if (!b.empty()) std::memcpy(b.data(), s.data(), b.size());
-  return b;
 }
 
 std::vector<unsigned char> read_file(const fs::path& p) {
@@ -97,17 +91,6 @@ std::string rule_of(const metadata& m) {
   return rule != j.end() && rule->is_string() ? rule->get<std::string>() : "";
 }
 
-// Everything of an optimizer a user can see, and what load() may change.
-struct snapshot {
-  std::vector<std::vector<unsigned char>> params, masters, moments;
-  std::vector<unsigned char> lamb_coeffs;
-  std::vector<std::uint64_t> group_steps;
-  std::vector<std::string> group_options;
-  std::uint64_t scale_bits = 0;
-  std::string scaler;
-  bool operator==(const snapshot&) const = default;
-};
-
 // One optimizer with state from a few steps, saved to `good` to come back to.
 template <class Opt>
 class target {
@@ -139,35 +122,19 @@ class target {
   }
 
  private:
-  snapshot snap() {
-    snapshot s;
-    for (const auto& p : m_.params) s.params.push_back(bytes_of(std::span(p)));
-    for (std::size_t i = 0; i < m_.opt.tensor_count(); ++i) {
-      s.masters.push_back(bytes_of(m_.opt.master(i)));
-      for (std::size_t k = 0; k < (std::is_same_v<typename Opt::rule, mpopt::onebit_lamb> ? 3 : 2); ++k)
-        s.moments.push_back(bytes_of(m_.opt.moment(k, i)));
-    }
-    if constexpr (!std::is_same_v<typename Opt::rule, mpopt::adam>) s.lamb_coeffs = bytes_of(m_.opt.lamb_coeffs());
-    for (std::size_t g = 0; g < m_.opt.group_count(); ++g) {
-      s.group_steps.push_back(m_.opt.group(g).step());
-      s.group_options.push_back(Opt::rule::to_json(m_.opt.group(g).options()).dump());
-    }
-    s.scale_bits = std::bit_cast<std::uint64_t>(m_.opt.loss_scale());
-    s.scaler = m_.opt.scaler().save().dump();
-    return s;
-  }
+  optimizer_snapshot snap() { return snapshot_of(m_.opt, m_.params); }
 
   // The snapshot names the part that changed; save() covers what it cannot see (the step counters,
   // 1-bit LAMB's bookkeeping).
   void check_unchanged(const std::string& when) {
-    const snapshot now = snap();
+    const optimizer_snapshot now = snap();
     const auto differs = [&](bool same, const char* what) {
       if (!same) bug(name_ + ": " + what + " changed " + when);
     };
     differs(now.params == before_.params, "parameters");
     differs(now.masters == before_.masters, "master weights");
-    differs(now.moments == before_.moments, "moments");
-    differs(now.lamb_coeffs == before_.lamb_coeffs, "lamb_coeffs");
+    differs(now.state == before_.state, "the rule's state");
+    differs(now.tensor_state == before_.tensor_state, "the rule's per-tensor state (lamb_coeffs)");
     differs(now.group_steps == before_.group_steps, "group steps");
     differs(now.group_options == before_.group_options, "group options");
     differs(now.scale_bits == before_.scale_bits, "loss_scale()");
@@ -180,7 +147,7 @@ class target {
   std::string name_;
   fs::path good_, after_;
   std::vector<unsigned char> good_bytes_;
-  snapshot before_;
+  optimizer_snapshot before_;
   std::uint64_t steps_ = 0;
 };
 

@@ -22,13 +22,14 @@ namespace {
 
 /// Two groups (sizes 1, odd, and one spanning several shards and buckets), the same on every rank.
 template <class Opt>
-struct model {
+struct rig {
   using P = typename Opt::param_type;
+  static constexpr std::size_t rule_state = Opt::rule::state.size();
   Opt opt;
   std::vector<std::vector<P>> params, grads;
 
   template <class Comm>
-  model(const typename Opt::group_options& a, const typename Opt::group_options& b, mpopt::optimizer_options oo,
+  rig(const typename Opt::group_options& a, const typename Opt::group_options& b, mpopt::optimizer_options oo,
         typename Opt::scaler_options so, Comm comm)
       : opt(oo, so, std::move(comm)) {
     const std::vector<std::vector<std::size_t>> sizes = {{1, 77, 70001}, {3, 1024}};
@@ -94,12 +95,6 @@ std::pair<typename Rule::options, typename Rule::options> options_of() {
   else
     return {{.lr = 0.5, .eta = 1e-2}, {.lr = 0.1, .momentum = 0.5, .weight_decay = 0.0, .eta = 2e-2}};
 }
-
-template <class Opt>
-struct rig : model<Opt> {
-  static constexpr std::size_t rule_state = Opt::rule::state.size();
-  using model<Opt>::model;
-};
 
 #define USER_RULE_CFGS(R) \
   cfg<mpopt::bf16, mpopt::no_scaling, R>, cfg<mpopt::fp16, mpopt::dynamic_scale, R>, cfg<mpopt::fp32, mpopt::no_scaling, R>

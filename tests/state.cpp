@@ -2,6 +2,7 @@
 // including a dynamic scaler with overflows before the save, and the file's safetensors layout.
 #include <doctest/doctest.h>
 
+#include "optimizer_snapshot.hpp"
 #include "temp_dir.hpp"
 
 #include <mpopt/mpopt.hpp>
@@ -35,13 +36,6 @@ namespace fs = std::filesystem;
 std::vector<unsigned char> slurp(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-template <class T>
-std::vector<unsigned char> bytes_of(std::span<const T> s) {
-  std::vector<unsigned char> b(s.size_bytes());
-  if (!b.empty()) std::memcpy(b.data(), s.data(), b.size());
-  return b;
 }
 
 bool same_bits(double a, double b) { return std::bit_cast<std::uint64_t>(a) == std::bit_cast<std::uint64_t>(b); }
@@ -141,33 +135,7 @@ struct run {
     return opt.step();
   }
 
-  struct snapshot {
-    std::vector<std::vector<unsigned char>> params, masters, exp_avg, exp_avg_sq;
-    std::vector<unsigned char> lamb_coeffs;
-    std::vector<std::uint64_t> group_steps;
-    std::vector<std::string> group_options;
-    std::uint64_t scale_bits = 0;
-    std::string scaler;
-    bool operator==(const snapshot&) const = default;
-  };
-  snapshot snap() const {
-    snapshot s;
-    for (const auto& p : params) s.params.push_back(bytes_of(std::span<const P>(p)));
-    for (std::size_t i = 0; i < opt.tensor_count(); ++i) {
-      s.masters.push_back(bytes_of(opt.master(i)));
-      s.exp_avg.push_back(bytes_of(opt.moment(0, i)));
-      s.exp_avg_sq.push_back(bytes_of(opt.moment(1, i)));
-    }
-    if constexpr (std::is_same_v<typename Opt::rule, mpopt::lamb>) s.lamb_coeffs = bytes_of(opt.lamb_coeffs());
-    for (std::size_t g = 0; g < opt.group_count(); ++g) {
-      auto& group = const_cast<Opt&>(opt).group(g);
-      s.group_steps.push_back(group.step());
-      s.group_options.push_back(Opt::rule::to_json(group.options()).dump());
-    }
-    s.scale_bits = std::bit_cast<std::uint64_t>(opt.loss_scale());
-    s.scaler = opt.scaler().save().dump();
-    return s;
-  }
+  optimizer_snapshot snap() const { return snapshot_of(const_cast<Opt&>(opt), params); }
 };
 
 void check_same_status(const mpopt::step_status& a, const mpopt::step_status& b) {
