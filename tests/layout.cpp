@@ -4,7 +4,10 @@
 // bits (each level this CPU runs is compared).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <numeric>
+#include <random>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -275,6 +278,68 @@ TEST_SUITE("simd") {
     // Every tail length of both vector widths, and chunk boundaries.
     for (std::size_t n : {1, 2, 7, 8, 9, 15, 16, 17, 23, 31, 33, 65535, 65536, 65537, 140001}) groups[n % 2].push_back(n);
     run_simd_levels<opt_t>(groups, two_groups<typename C::rule>(), 20);
+  }
+}
+#endif
+
+#ifndef MPOPT_TEST_DEVICE_BACKEND
+TEST_SUITE("layout") {
+  TEST_CASE("for any shard order, every bucket's pieces and padding tile it once, each rank's piece where rank "
+            "order puts it, and the ranks' owned elements tile every tensor once") {
+    std::mt19937_64 rng(0x5AAD);
+    for (int trial = 0; trial < 300; ++trial) {
+      CAPTURE(trial);
+      const std::size_t w = 1 + rng() % 4, group_count = 1 + rng() % 3;
+      std::vector<std::uint32_t> groups;
+      std::vector<std::size_t> sizes;
+      for (std::uint32_t g = 0; g < group_count; ++g)
+        for (std::size_t i = 0, n = 1 + rng() % 5; i < n; ++i) {
+          groups.push_back(g);
+          sizes.push_back(1 + rng() % (rng() % 2 ? 40 : 3000));
+        }
+      std::vector<std::size_t> ranks(w);  // the rank of each shard
+      std::iota(ranks.begin(), ranks.end(), std::size_t{0});
+      std::shuffle(ranks.begin(), ranks.end(), rng);
+      const std::size_t bucket_elements = 1 + rng() % 2000;
+      std::vector<std::vector<int>> owned(sizes.size());
+      for (std::size_t t = 0; t < sizes.size(); ++t) owned[t].assign(sizes[t], 0);
+      for (std::size_t me = 0; me < w; ++me) {
+        const auto shard = std::size_t(std::find(ranks.begin(), ranks.end(), me) - ranks.begin());
+        const mpopt::detail::flat_layout layout(groups, sizes, group_count, int(w), int(shard), true, ranks);
+        CHECK(layout.shards_in_rank_order() == std::is_sorted(ranks.begin(), ranks.end()));
+        for (std::size_t t = 0; t < sizes.size(); ++t) {
+          const auto o = layout.owned(t);
+          for (std::size_t i = o.first; i < o.first + o.count; ++i) ++owned[t][i];
+          CHECK(layout.pieces(t)[me].first == o.first);
+          CHECK(layout.pieces(t)[me].count == o.count);
+        }
+        for (const auto& k : layout.buckets(bucket_elements)) {
+          REQUIRE(k.counts.size() == w);
+          std::vector<std::size_t> start(w + 1, 0);  // where each rank's piece starts, in rank order
+          for (std::size_t r = 0; r < w; ++r) start[r + 1] = start[r] + k.counts[r];
+          REQUIRE(start[w] == k.size());
+          CHECK(k.my_offset == start[me]);
+          std::vector<int> cover(k.size(), 0);
+          for (std::size_t c = 0; c < k.pieces.size(); ++c) {
+            const auto& p = k.pieces[c];
+            const std::size_t r = ranks[p.owner];
+            CHECK(p.state >= start[r]);
+            CHECK(p.state + p.size <= start[r + 1]);
+            for (std::size_t i = p.state; i < p.state + p.size && i < cover.size(); ++i) ++cover[i];
+          }
+          for (const auto& [at, n] : k.gaps)
+            for (std::size_t i = at; i < at + n && i < cover.size(); ++i) ++cover[i];
+          CHECK(std::count(cover.begin(), cover.end(), 1) == std::ptrdiff_t(cover.size()));
+          for (std::size_t c = 0; c < k.mine.size(); ++c) {
+            CHECK(k.mine[c].owner == shard);
+            CHECK(k.mine[c].state >= k.my_offset);
+            CHECK(k.mine[c].state + k.mine[c].size <= k.my_offset + k.counts[me]);
+          }
+        }
+      }
+      for (std::size_t t = 0; t < sizes.size(); ++t)
+        CHECK(std::count(owned[t].begin(), owned[t].end(), 1) == std::ptrdiff_t(sizes[t]));
+    }
   }
 }
 #endif

@@ -18,6 +18,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #if defined(_OPENMP)
@@ -524,6 +525,76 @@ TEST_CASE("no_scaling: the scale is 1 and never moves") {
   s.update(true);
   CHECK(s.scale() == 1.0);
   CHECK_FALSE(s.raises_on(true));
+}
+
+namespace {
+/// A scaler of your own that serves bf16 and fp32 as well as fp16: a constant power of two, so that
+/// scaling and unscaling are exact unless a gradient overflows.
+struct power_of_two_options {
+  int exponent = 8;
+};
+struct power_of_two_scale {
+  using options = power_of_two_options;
+  static constexpr std::string_view name = "power_of_two_scale";
+  template <class Grad>
+  static constexpr bool serves = true;
+
+  explicit power_of_two_scale(options o = {}) : scale_(std::ldexp(1.0, o.exponent)) {}
+  double scale() const { return scale_; }
+  bool raises_on(bool) const { return false; }
+  void update(bool overflow) { overflows += overflow; }
+  nlohmann::json save() const { return {{"overflows", overflows}}; }
+  void load(const nlohmann::json& j) { overflows = j.at("overflows").get<std::int64_t>(); }
+  nlohmann::json settings() const { return {{"scale", scale_}}; }
+
+  double scale_;
+  std::int64_t overflows = 0;
+};
+}  // namespace
+
+static_assert(mpopt::scaler_serves<power_of_two_scale, mpopt::bfloat16>);
+static_assert(mpopt::scaler_serves<power_of_two_scale, float>);
+static_assert(mpopt::scaler_serves<mpopt::no_scaling, mpopt::bfloat16>);
+static_assert(mpopt::scaler_serves<mpopt::dynamic_scale, mpopt::half>);
+static_assert(!mpopt::scaler_serves<mpopt::dynamic_scale, mpopt::bfloat16>);
+static_assert(!mpopt::scaler_serves<mpopt::static_scale, float>);
+
+TEST_CASE_TEMPLATE("a scaler of your own may serve bf16 and fp32: at 2^8 it trains bit for bit as no_scaling does, and "
+                   "an overflow skips the step",
+                   P, mpopt::bf16, mpopt::fp32) {
+  using G = typename P::grad_type;
+  using W = typename P::param_type;
+  mpopt::optimizer<P, power_of_two_scale, mpopt::replicated, mpopt::adam, test_backend> scaled({}, {.exponent = 8});
+  mpopt::optimizer<P, mpopt::no_scaling, mpopt::replicated, mpopt::adam, test_backend> plain;
+  const std::size_t n = 1001;
+  std::vector<W> w1(n), w2(n);
+  std::vector<G> g1(n), g2(n);
+  for (std::size_t i = 0; i < n; ++i) w1[i] = w2[i] = W(0.5f * std::sin(0.1f * float(i)));
+  scaled.add_group({.lr = 1e-2}).add(w1, g1, "w");
+  plain.add_group({.lr = 1e-2}).add(w2, g2, "w");
+  auto same = [&] {
+    for (std::size_t i = 0; i < n; ++i)
+      if (float(w1[i]) != float(w2[i]) || scaled.master(0)[i] != plain.master(0)[i]) return false;
+    return true;
+  };
+  for (int s = 0; s < 20; ++s) {
+    CAPTURE(s);
+    for (std::size_t i = 0; i < n; ++i) {
+      g2[i] = G(0.02f * std::sin(0.37f * float(i) + float(s)) * (s % 4 == 0 ? 50.0f : 1.0f));  // clipping binds
+      g1[i] = G(float(g2[i]) * 256.0f);
+    }
+    const auto a = scaled.step(), b = plain.step();
+    REQUIRE(a.applied);
+    CHECK(a.grad_norm == b.grad_norm);
+    CHECK(a.scale_before == 256.0);
+    CHECK(same());
+  }
+  g1[7] = G(std::numeric_limits<float>::infinity());
+  const std::vector<W> before = w1;
+  const auto st = scaled.step();
+  CHECK(st.result == mpopt::step_result::skipped_nonfinite);
+  CHECK(scaled.scaler().overflows == 1);
+  CHECK(std::equal(w1.begin(), w1.end(), before.begin(), [](W x, W y) { return float(x) == float(y); }));
 }
 
 TEST_CASE("randomized: 2000 random schedules and configurations on dynamic_scale match DeepSpeed's rule") {

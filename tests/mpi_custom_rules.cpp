@@ -2,6 +2,7 @@
 // held (mpi_zero.cpp): with a deterministic communicator, replicated (sum_by_shard), zero1 and zero2
 // train bit for bit alike at any world size; every rank ends with the same parameters; and W ranks
 // train like one process that sees their W gradient slices as micro-steps (bit for bit on one rank).
+// A partition written here, outside the library, trains to zero1's parameters.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -14,8 +15,13 @@
 #include <mpopt/mpi.hpp>
 #include <mpopt/mpopt.hpp>
 
+#include <filesystem>
+#include <optional>
+#include <string_view>
+
 #include "../examples/user_rules.hpp"
 #include "mpi_world.hpp"
+#include "temp_dir.hpp"
 #include "test_backend.hpp"
 
 namespace {
@@ -88,12 +94,57 @@ struct cfg {
 
 template <class Rule>
 std::pair<typename Rule::options, typename Rule::options> options_of() {
-  if constexpr (std::is_same_v<Rule, user_rules::lion>)
+  if constexpr (std::is_same_v<Rule, mpopt::adam> || std::is_same_v<Rule, mpopt::lamb>)
+    return {{.lr = 1e-3}, {.lr = 3e-4}};
+  else if constexpr (std::is_same_v<Rule, user_rules::lion>)
     return {{.lr = 1e-3, .weight_decay = 0.1}, {.lr = 3e-4, .beta1 = 0.95, .beta2 = 0.98}};
   else if constexpr (std::is_same_v<Rule, user_rules::sgd>)
     return {{.lr = 0.05, .weight_decay = 0.01, .nesterov = true}, {.lr = 0.02, .momentum = 0.8, .dampening = 0.1}};
   else
     return {{.lr = 0.5, .eta = 1e-2}, {.lr = 0.1, .momentum = 0.5, .weight_decay = 0.0, .eta = 2e-2}};
+}
+
+/// A partition written outside the library: zero1 with the shards in reverse rank order (rank r
+/// holds shard W-1-r). It says only which elements a rank owns; zero1's exchange does the rest.
+struct reversed_zero1 {
+  static constexpr std::string_view name = "reversed_zero1";
+  template <class Precision, class Backend, class Communicator>
+  struct exchange : mpopt::zero1::exchange<Precision, Backend, Communicator> {
+    using context = typename mpopt::zero1::exchange<Precision, Backend, Communicator>::context;
+    static mpopt::detail::flat_layout lay_out(const std::vector<std::uint32_t>& groups,
+                                              const std::vector<std::size_t>& sizes, std::size_t n, const context& c) {
+      const int w = c.comm.size();
+      std::vector<std::size_t> ranks;  // the rank of each shard
+      for (int shard = 0; shard < w; ++shard) ranks.push_back(std::size_t(w - 1 - shard));
+      return {groups, sizes, n, w, w - 1 - c.comm.rank(), true, ranks};
+    }
+  };
+};
+static_assert(mpopt::partition_policy<reversed_zero1, mpopt::fp16, mpopt::host, mpopt::mpi>);
+
+/// A folder every rank sees: rank 0's, removed when every rank is done with it.
+struct shared_folder {
+  std::optional<temp_dir> owner;
+  std::filesystem::path path;
+  shared_folder() {
+    if (world_rank() == 0) owner.emplace("mpopt_partition_");
+    std::string name = owner ? owner->path.string() : std::string();
+    int size = int(name.size());
+    MPI_Bcast(&size, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    name.resize(std::size_t(size));
+    MPI_Bcast(name.data(), size, MPI_CHAR, 0, MPI_COMM_WORLD);
+    path = name;
+  }
+  ~shared_folder() { MPI_Barrier(MPI_COMM_WORLD); }
+};
+
+/// Whether a's parameters equal b's bit for bit.
+template <class A, class B>
+bool same_parameters(const A& a, const B& b) {
+  for (std::size_t t = 0; t < a.params.size(); ++t)
+    for (std::size_t i = 0; i < a.params[t].size(); ++i)
+      if (float(a.params[t][i]) != float(b.params[t][i])) return false;
+  return true;
 }
 
 #define USER_RULE_CFGS(R) \
@@ -198,5 +249,66 @@ TEST_SUITE("mpi") {
     };
     check_close(z1.opt);
     check_close(z2.opt);
+  }
+
+  TEST_CASE_TEMPLATE("a partition written outside the library (zero1, shards in reverse rank order) trains to zero1's "
+                     "parameters bit for bit, and their checkpoints load into each other",
+                     C, USER_RULE_CFGS(user_rules::lion), USER_RULE_CFGS(user_rules::lars),
+                     cfg<mpopt::fp16, mpopt::dynamic_scale, mpopt::adam>, cfg<mpopt::bf16, mpopt::no_scaling, mpopt::lamb>) {
+    using P = typename C::precision;
+    using S = typename C::scaler;
+    using R = typename C::rule;
+    using zero1_opt = mpopt::optimizer<P, S, mpopt::zero1, R, test_backend, mpopt::mpi>;
+    using reversed_opt = mpopt::optimizer<P, S, reversed_zero1, R, test_backend, mpopt::mpi>;
+    const int w = world_size(), rank = world_rank();
+    CAPTURE(w);
+    CAPTURE(std::string(R::name));
+    const auto [a, b] = options_of<R>();
+    const mpopt::optimizer_options o{.bucket_elements = 3000};
+    const typename S::options so{};
+    const mpopt::mpi_options det{.deterministic = true};
+    rig<zero1_opt> z1(a, b, o, so, mpopt::mpi{MPI_COMM_WORLD, det});
+    rig<reversed_opt> rev(a, b, o, so, mpopt::mpi{MPI_COMM_WORLD, det});
+    rev.opt.finalize();
+    z1.opt.finalize();
+    // Tensor 0 (one element) lies in shard 0: zero1's rank 0 holds it, the reversed partition's last rank.
+    CHECK(z1.opt.owned(0).count == (rank == 0 ? 1u : 0u));
+    CHECK(rev.opt.owned(0).count == (rank == w - 1 ? 1u : 0u));
+    for (int s = 1; s <= 8; ++s) {
+      CAPTURE(s);
+      z1.write(s, rank);
+      rev.write(s, rank);
+      const auto st = z1.opt.step();
+      CHECK(st.applied);
+      CHECK(rev.opt.step().grad_norm == st.grad_norm);
+      CHECK(same_parameters(rev, z1));
+    }
+    if constexpr (mpopt::reducing_rule<R>) {
+      const auto x = rev.opt.tensor_state(), y = z1.opt.tensor_state();
+      CHECK(std::equal(x.begin(), x.end(), y.begin(), y.end()));
+    }
+    // Each one's checkpoint resumes the other: three more steps, all four alike.
+    const shared_folder dir;
+    z1.opt.save(dir.path / "zero1.safetensors");
+    rev.opt.save(dir.path / "reversed.safetensors");
+    rig<zero1_opt> z1_from_rev(b, a, o, so, mpopt::mpi{MPI_COMM_WORLD, det});
+    rig<reversed_opt> rev_from_z1(b, a, o, so, mpopt::mpi{MPI_COMM_WORLD, det});
+    z1_from_rev.opt.load(dir.path / "reversed.safetensors");
+    rev_from_z1.opt.load(dir.path / "zero1.safetensors");
+    CHECK(same_parameters(z1_from_rev, z1));
+    for (int s = 9; s <= 11; ++s) {
+      CAPTURE(s);
+      z1.write(s, rank);
+      rev.write(s, rank);
+      z1_from_rev.write(s, rank);
+      rev_from_z1.write(s, rank);
+      z1.opt.step();
+      rev.opt.step();
+      z1_from_rev.opt.step();
+      rev_from_z1.opt.step();
+      CHECK(same_parameters(rev, z1));
+      CHECK(same_parameters(z1_from_rev, z1));
+      CHECK(same_parameters(rev_from_z1, z1));
+    }
   }
 }

@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <cstdint>
 #include <string_view>
+#include <type_traits>
 
 #include <nlohmann/json.hpp>
 
 #include "detail/json_fields.hpp"
+#include "numeric.hpp"
 #include "detail/validate.hpp"
 
 namespace mpopt {
@@ -32,6 +34,8 @@ class no_scaling {
   struct options {};
   static constexpr std::string_view name = "no_scaling";
   static constexpr bool dynamic = false;
+  template <class Grad>
+  static constexpr bool serves = true;
 
   explicit no_scaling(options = {}) {}
   double scale() const { return 1.0; }
@@ -172,6 +176,15 @@ class dynamic_scale {
   std::int64_t last_overflow_iter_ = -1;
   std::int64_t hysteresis_left_;
 };
+
+/// Whether scaler S serves gradients of type Grad: what S declares as `serves<Grad>`, otherwise
+/// fp16 only. Loss scaling exists for fp16's narrow range; a scaler of yours may declare that it
+/// serves bf16 or fp32 too (the step still skips on overflow and unscales exactly as for fp16).
+template <class S, class Grad>
+inline constexpr bool scaler_serves = [] {
+  if constexpr (requires { S::template serves<Grad>; }) return bool(S::template serves<Grad>);
+  else return std::is_same_v<Grad, half>;
+}();
 
 template <class S>
 concept loss_scaler_policy = requires(S s, const S cs, bool b, const nlohmann::json& j) {

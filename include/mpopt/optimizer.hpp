@@ -31,6 +31,7 @@
 #include "detail/square_sum.hpp"
 #include "detail/state_file.hpp"
 #include "detail/step_data.hpp"
+#include "detail/tensor_registry.hpp"
 #include "detail/validate.hpp"
 #include "detail/work_list.hpp"
 #include "host.hpp"
@@ -49,13 +50,6 @@
 namespace mpopt {
 
 namespace detail {
-/// A communicator that works on device memory (mpopt::nccl) enqueues its collectives on a stream.
-template <class C>
-concept stream_communicator = requires(const C& c) {
-  requires C::space == memory_space::device;
-  c.stream();
-};
-
 /// The backend can run on the communicator's stream, or the communicator has none.
 template <class Backend, class C>
 concept runs_on_stream_of = !stream_communicator<C> || requires(const C& c) { Backend(c.stream()); };
@@ -69,24 +63,21 @@ Backend backend_for(const C& comm) {
 }
 }  // namespace detail
 
-/// A tensor the optimizer allocates in a flat group: its name and element count.
-struct tensor_spec {
-  std::string name;
-  std::size_t size;
-};
-
 template <precision_policy Precision, loss_scaler_policy LossScaler, class Partition, class UpdateRule,
           class Backend = host, communicator Communicator = single_process>
 class optimizer
-    : public detail::checkpointing<optimizer<Precision, LossScaler, Partition, UpdateRule, Backend, Communicator>,
+    : public detail::tensor_registry<optimizer<Precision, LossScaler, Partition, UpdateRule, Backend, Communicator>,
+                                     Precision, UpdateRule, Backend>,
+      public detail::checkpointing<optimizer<Precision, LossScaler, Partition, UpdateRule, Backend, Communicator>,
                                    Precision, LossScaler, Partition, UpdateRule, Backend>,
       public detail::memory_listing<optimizer<Precision, LossScaler, Partition, UpdateRule, Backend, Communicator>,
-                                    Precision, LossScaler, Partition, UpdateRule, Backend, Communicator>,
+                                    Precision, UpdateRule, Communicator>,
       protected detail::agreement<optimizer<Precision, LossScaler, Partition, UpdateRule, Backend, Communicator>,
                                   Precision, LossScaler, Partition, UpdateRule, Backend, Communicator> {
-  // Checkpoints, the memory report and agreement across ranks live in headers of their own.
+  // Registration, checkpoints, the memory report and agreement across ranks live in headers of their own.
+  using registry = detail::tensor_registry<optimizer, Precision, UpdateRule, Backend>;
   using checkpointing = detail::checkpointing<optimizer, Precision, LossScaler, Partition, UpdateRule, Backend>;
-  using memory_listing = detail::memory_listing<optimizer, Precision, LossScaler, Partition, UpdateRule, Backend, Communicator>;
+  using memory_listing = detail::memory_listing<optimizer, Precision, UpdateRule, Communicator>;
   using agreement = detail::agreement<optimizer, Precision, LossScaler, Partition, UpdateRule, Backend, Communicator>;
   friend checkpointing;
   friend memory_listing;
@@ -94,11 +85,15 @@ class optimizer
   using agreement::agree;
   using agreement::check_same_settings;
   using agreement::preflight;
-  static_assert(std::is_same_v<typename Precision::grad_type, half> || std::is_same_v<LossScaler, no_scaling>,
-                "loss scaling exists for fp16 gradients only: use mpopt::no_scaling with mpopt::fp32 or mpopt::bf16");
-  static_assert(std::is_same_v<Partition, replicated> || std::is_same_v<Partition, zero1> ||
-                    std::is_same_v<Partition, zero2>,
-                "Partition must be mpopt::replicated, mpopt::zero1 or mpopt::zero2");
+  using registry::groups_;
+  using registry::finalized_;
+  using registry::tensor_name;
+  using registry::first_tensor_of;
+  static_assert(scaler_serves<LossScaler, typename Precision::grad_type>,
+                "this loss scaler does not serve the precision's gradients: the built-in scalers are for fp16 (use "
+                "mpopt::no_scaling with mpopt::fp32 or mpopt::bf16); a scaler of yours declares serves<Grad>");
+  static_assert(partition_policy<Partition, Precision, Backend, Communicator>,
+                "Partition must model mpopt::partition_policy (partition.hpp): mpopt::replicated, zero1, zero2 or yours");
   static_assert(update_rule<UpdateRule>,
                 "UpdateRule must model mpopt::update_rule (rule.hpp; README, \"Writing your own rule\")");
   static_assert(!std::is_same_v<UpdateRule, onebit_lamb> || std::is_same_v<Partition, replicated>,
@@ -116,6 +111,7 @@ class optimizer
   using communicate_type = typename Precision::communicate_type;
   using rule = UpdateRule;
   using group_options = typename UpdateRule::options;
+  using param_group = typename registry::param_group;
   using scaler_options = typename LossScaler::options;
 
   using options = optimizer_options;
@@ -125,11 +121,9 @@ class optimizer
   /// Rules with a per-tensor reduction take two passes: direction, then update.
   static constexpr bool reducing = reducing_rule<UpdateRule>;
   static constexpr std::size_t state_count = UpdateRule::state.size();
-  static constexpr bool same_types = std::is_same_v<accumulate_type, communicate_type>;
-  /// zero1 with gradients accumulated in their own type writes my reduced shard back into the
-  /// gradient tensors, as DeepSpeed does: no shard buffer, 4P + 12P/N for fp16 Adam.
-  static constexpr bool shard_in_grads =
-      Partition::sharded && !Partition::reduce_every_micro_step && std::is_same_v<accumulate_type, grad_type>;
+  /// The partition's exchange: how gradients and parameters travel between ranks (partition.hpp).
+  using exchange = typename Partition::template exchange<Precision, Backend, Communicator>;
+  using exchange_context = detail::exchange_context<Precision, Backend, Communicator>;
 
   /// State lives where the backend computes; small arrays shared with the host's step logic are
   /// readable by both (host.hpp, cuda.hpp).
@@ -139,79 +133,6 @@ class optimizer
   using shared = typename Backend::template shared_vector<T>;
 
  public:
-  /// A parameter group: tensors sharing hyperparameters and a step counter. Either the user owns the
-  /// tensors (add) or the group owns them in one flat buffer (optimizer::add_flat_group).
-  class param_group {
-   public:
-    /// Registers a user-owned parameter and its gradient. Both must stay alive and in place.
-    template <tensor P, tensor G>
-    void add(P&& param, G&& grad, std::string name = {}) {
-      static_assert(std::is_same_v<tensor_element_t<P>, param_type>,
-                    "parameter tensor must hold the precision's param_type (float, mpopt::half or mpopt::bfloat16)");
-      static_assert(std::is_same_v<tensor_element_t<G>, grad_type>,
-                    "gradient tensor must hold the precision's grad_type (float, mpopt::half or mpopt::bfloat16)");
-      if (flat_) detail::fail(label_, " is a flat group: its tensors are fixed by add_flat_group");
-      const auto p = as_view(param);
-      const auto g = as_view(grad);
-      if (name.empty()) name = label_ + "." + std::to_string(entries_.size());
-      owner_->check_new_tensor(name, p.size, g.size, p.space, g.space);
-      if (p.data == nullptr || g.data == nullptr) detail::fail("tensor '", name, "' has a null data pointer");
-      owner_->check_unclaimed(name, p.data, g.data, p.size);
-      entries_.push_back({std::move(name), p.data, g.data, p.size});
-      owner_->claim(index_, entries_.size() - 1);
-    }
-
-    std::size_t size() const { return entries_.size(); }
-    std::span<param_type> param(std::size_t i) { return {at(i).param, at(i).size}; }
-    std::span<grad_type> grad(std::size_t i) { return {at(i).grad, at(i).size}; }
-    const std::string& name(std::size_t i) const { return at(i).name; }
-
-    const group_options& options() const { return options_; }
-    void set_options(const group_options& o) {
-      o.validate(label_);
-      options_ = o;
-    }
-    double lr() const { return options_.lr; }
-    void set_lr(double lr) {
-      group_options o = options_;
-      o.lr = lr;
-      set_options(o);
-    }
-    /// Applied steps of this group (the t of bias correction is step() + 1 on the next update).
-    std::uint64_t step() const { return step_; }
-
-   private:
-    friend class optimizer;
-    friend checkpointing;
-    friend memory_listing;
-    friend agreement;
-    struct entry {
-      std::string name;
-      param_type* param;
-      grad_type* grad;
-      std::size_t size;
-    };
-
-    param_group(optimizer* owner, std::uint32_t index, const group_options& o)
-        : owner_(owner), index_(index), label_("group " + std::to_string(index)) {
-      set_options(o);
-    }
-    const entry& at(std::size_t i) const {
-      if (i >= entries_.size()) detail::fail(label_, " has ", entries_.size(), " tensors, no tensor ", i);
-      return entries_[i];
-    }
-
-    optimizer* owner_;
-    std::uint32_t index_;
-    std::string label_;
-    group_options options_;
-    std::vector<entry> entries_;
-    std::uint64_t step_ = 0;
-    bool flat_ = false;
-    buffer<param_type> flat_param_;
-    buffer<grad_type> flat_grad_;
-  };
-
   /// Under onebit_lamb the constructor is collective: it checks the communicator (preflight).
   explicit optimizer(options o = {}, scaler_options s = {}, Communicator comm = {})
       : backend_(detail::backend_for<Backend>(comm)),
@@ -228,48 +149,6 @@ class optimizer
 
   optimizer(const optimizer&) = delete;
   optimizer& operator=(const optimizer&) = delete;
-
-  /// A group of user-owned tensors; register them with param_group::add.
-  param_group& add_group(const group_options& o) { return new_group(o); }
-
-  /// A group whose parameters and gradients live in two flat buffers the optimizer owns (the fused
-  /// layout): param(i) and grad(i) are views to hand to the model. Parameters start at zero.
-  param_group& add_flat_group(const group_options& o, std::span<const tensor_spec> tensors) {
-    const std::string label = "group " + std::to_string(groups_.size());
-    std::vector<std::string> names;
-    std::vector<std::size_t> offsets;
-    std::size_t total = 0;
-    for (const auto& t : tensors) {
-      names.push_back(t.name.empty() ? label + "." + std::to_string(names.size()) : t.name);
-      check_new_tensor(names.back(), t.size, t.size, Backend::space, Backend::space);
-      if (std::find(names.begin(), names.end() - 1, names.back()) != names.end() - 1)
-        detail::fail("tensor name '", names.back(), "' is used twice");
-      offsets.push_back(total);
-      total = align_up(total + t.size);
-    }
-    auto params = buffer<param_type>::zeroed(total);
-    auto grads = buffer<grad_type>::zeroed(total);
-    for (std::size_t i = 0; i < tensors.size(); ++i)  // new memory, unless a registered tensor was freed
-      check_unclaimed(names[i], params.data() + offsets[i], grads.data() + offsets[i], tensors[i].size);
-    param_group& g = new_group(o);
-    g.flat_ = true;
-    g.flat_param_ = std::move(params);
-    g.flat_grad_ = std::move(grads);
-    for (std::size_t i = 0; i < tensors.size(); ++i) {
-      g.entries_.push_back({std::move(names[i]), g.flat_param_.data() + offsets[i], g.flat_grad_.data() + offsets[i], tensors[i].size});
-      claim(g.index_, i);
-    }
-    return g;
-  }
-  param_group& add_flat_group(const group_options& o, std::initializer_list<tensor_spec> tensors) {
-    return add_flat_group(o, std::span<const tensor_spec>(tensors.begin(), tensors.size()));
-  }
-
-  std::size_t group_count() const { return groups_.size(); }
-  param_group& group(std::size_t i) {
-    if (i >= groups_.size()) detail::fail("there are ", groups_.size(), " groups, no group ", i);
-    return *groups_[i];
-  }
 
   /// The factor the loss must be multiplied by before backward.
   double loss_scale() const { return scaler_.scale(); }
@@ -303,8 +182,7 @@ class optimizer
         tensor_groups.push_back(gi);
         sizes.push_back(e.size);
       }
-    const int parts = Partition::sharded || options_.sum_by_shard ? comm_.size() : 1;
-    layout_.emplace(tensor_groups, sizes, groups_.size(), parts, Partition::sharded ? comm_.rank() : 0, Partition::sharded);
+    layout_.emplace(exchange::lay_out(tensor_groups, sizes, groups_.size(), context()));
     const detail::flat_layout& layout = *layout_;
     for (std::uint32_t gi = 0; gi < groups_.size(); ++gi)
       for (const auto& e : groups_[gi]->entries_) tensors_.push_back({e.param, e.grad, e.size, gi});
@@ -312,43 +190,12 @@ class optimizer
     state_elements_ = layout.local_elements();
     if constexpr (Precision::has_master) master_ = buffer<float>(state_elements_);
     for (auto& b : state_) b = buffer<float>(state_elements_);
-    // The accumulator holds this rank's state elements: replicated, the sum over micro-steps and
-    // ranks; sharded, the reduced gradient of my shard (unless the gradient tensors hold it).
-    // Zeroed: padding travels in collectives too.
-    if (Partition::sharded ? !shard_in_grads : options_.accumulation_steps > 1 || comm_.size() > 1)
-      accum_ = buffer<accumulate_type>::zeroed(state_elements_);
-    if (!Partition::sharded && comm_.size() > 1 && !same_types)
-      staging_ = buffer<std::byte>::zeroed(std::min(options_.bucket_elements, state_elements_) * sizeof(communicate_type));
-    if constexpr (Partition::sharded) {
-      if (!Partition::reduce_every_micro_step && options_.accumulation_steps > 1) {
-        flat_work_ = layout.flat_work();
-        flat_accum_ = buffer<accumulate_type>::zeroed(layout.flat_elements());
-      }
-      buckets_ = layout.buckets(options_.bucket_elements);
-      std::size_t widest = 0, mine = 0;
-      for (std::uint32_t b = 0; b < buckets_.size(); ++b) {
-        widest = std::max(widest, buckets_[b].size());
-        mine = std::max(mine, buckets_[b].my_count(comm_.rank()));
-      }
-      staging_ = buffer<std::byte>::zeroed(widest * std::max(sizeof(communicate_type), sizeof(param_type)));
-      // A reduced piece lands in the shard directly only if it is the shard's type and not added in.
-      const bool added = Partition::reduce_every_micro_step && options_.accumulation_steps > 1;
-      if (!same_types || shard_in_grads || added) received_ = buffer<communicate_type>::zeroed(mine);
-      if constexpr (Partition::reduce_every_micro_step) {
-        pending_.resize(buckets_.size());
-        ready_.resize(tensors_.size());
-        tensor_buckets_.assign(tensors_.size(), {std::uint32_t(buckets_.size()), 0});
-        for (std::uint32_t b = 0; b < buckets_.size(); ++b)
-          for (std::uint32_t t = buckets_[b].first_tensor; t < buckets_[b].last_tensor; ++t)
-            tensor_buckets_[t] = {std::min(tensor_buckets_[t].first, b), b + 1};
-        start_micro_step();
-      }
-    }
     chunk_sums_.assign(2 * work_.size(), 0.0f);
     chunk_nonfinite_.assign(work_.size(), 0);
+    exchange_.allocate(layout, context());
     decision_ = buffer<detail::step_decision>::zeroed(1);
     decision_sums_ = buffer<double>::zeroed(2);
-    owner_sum_.assign(std::size_t(parts), 0.0);
+    owner_sum_.assign(layout.parts(), 0.0);
     coefficients_.resize(groups_.size());
     tensor_state_.assign(tensors_.size(), 1.0);
     tensor_sums_.assign(2 * tensors_.size(), 0.0);
@@ -390,14 +237,12 @@ class optimizer
     comm_.at("grad_ready()", next_step());
     finish_step();
     tensor_at(i);
-    if constexpr (Partition::reduce_every_micro_step) {
-      if (ready_[i]) detail::fail("grad_ready: tensor '", tensor_name(i), "' was already reported in this micro-step");
-      ready_[i] = 1;
-      for (std::uint32_t b = tensor_buckets_[i].first; b < tensor_buckets_[i].last; ++b) --pending_[b];
-      abandon_window_on_error([&] {
-        while (flushed_ < buckets_.size() && pending_[next_bucket()] == 0) reduce_next_bucket();
-      });
-    }
+    bool first_report = true;
+    abandon_window_on_error([&] {
+      auto c = context();
+      first_report = exchange_.grad_ready(c, i);
+    });
+    if (!first_report) detail::fail("grad_ready: tensor '", tensor_name(i), "' was already reported in this micro-step");
   }
 
   /// Under zero2: whether tensor i's gradient of this micro-step has been reduce-scattered, so that its
@@ -411,8 +256,7 @@ class optimizer
       return false;
     }
     tensor_at(i);
-    if constexpr (Partition::reduce_every_micro_step) return tensor_buckets_[i].first + flushed_ >= buckets_.size();
-    else return false;
+    return exchange_.grad_consumed(i);
   }
 
   /// One call per backward. Within an accumulation window it folds the gradients into the
@@ -451,10 +295,10 @@ class optimizer
       backend_.step_sums(chunk_sums_.data(), chunk_nonfinite_.data(), work_.size(), decision_sums_.data());
       agree_on_backend();
       backend_.decide_step(rule, decision_sums_.data(), decision_.data());
-      if constexpr (Partition::sharded) {
+      if constexpr (exchange::sharded) {
         // ZeRO's update has collectives, which may fail once the moments changed: the host learns
         // the decision first (the one copy a step makes, which the status needs anyway).
-        wait_for_collectives();
+        detail::wait_for_collectives(comm_);
         backend_.to_host(&decided, decision_.data(), 1);
         if (!decided.skip) commit_and_update(d);
       } else {
@@ -462,7 +306,7 @@ class optimizer
         // group counters advanced for its coefficients; the host reads the decision once, after it.
         for (auto& g : groups_) ++g->step_;
         update(d);
-        wait_for_collectives();
+        detail::wait_for_collectives(comm_);
         backend_.to_host(&decided, decision_.data(), 1);  // waits: the parameters are updated on return
         if (decided.skip) {
           for (auto& g : groups_) --g->step_;
@@ -509,10 +353,11 @@ class optimizer
     try {
       if (pending_stage_ == stage::tensor_norms) {
         if constexpr (reducing) reduce_and_update();
-        pending_stage_ = Partition::sharded ? stage::gather : stage::none;
+        pending_stage_ = stage::params_back;
       }
-      if (pending_stage_ == stage::gather) {
-        gather_params();
+      if (pending_stage_ == stage::params_back) {
+        auto c = context();
+        exchange_.params_back(c);
         pending_stage_ = stage::none;
       }
       if (pending_stage_ == stage::onebit_exchange) {
@@ -605,79 +450,9 @@ class optimizer
     return o;
   }
 
-  static std::size_t align_up(std::size_t n) {
-    constexpr std::size_t a = detail::aligned_buffer<float>::alignment / sizeof(float);
-    return (n + a - 1) / a * a;
-  }
-
-  param_group& new_group(const group_options& o) {
-    if (finalized_) detail::fail("cannot add a group after the first step");
-    groups_.push_back(std::unique_ptr<param_group>(new param_group(this, std::uint32_t(groups_.size()), o)));
-    return *groups_.back();
-  }
-
-  void check_new_tensor(const std::string& name, std::size_t param_size, std::size_t grad_size, memory_space param_space,
-                        memory_space grad_space) const {
-    if (finalized_) detail::fail("cannot add tensor '", name, "' after the first step");
-    if (param_size != grad_size)
-      detail::fail("tensor '", name, "': parameter has ", param_size, " elements but gradient has ", grad_size);
-    if (param_size == 0) detail::fail("tensor '", name, "' has no elements");
-    auto where = [](memory_space s) { return s == memory_space::host ? "host" : "device"; };
-    if (!Backend::accepts(param_space) || !Backend::accepts(grad_space))
-      detail::fail("tensor '", name, "': parameter in ", where(param_space), " memory, gradient in ", where(grad_space),
-                   " memory; the ", Backend::name, " backend needs ", where(Backend::space), " memory");
-    for (const auto& g : groups_)
-      for (const auto& e : g->entries_)
-        if (e.name == name) detail::fail("tensor name '", name, "' is used twice");
-  }
-
-  /// Refuses tensor `name` if its parameter and gradient overlap each other or any tensor registered
-  /// before: the update would read one tensor's writes as another's input. Each check looks at the
-  /// two neighbours in an address-ordered map: O(n log n) for n tensors.
-  void check_unclaimed(const std::string& name, const param_type* param, const grad_type* grad, std::size_t size) const {
-    const auto [p, p_end] = bytes_of(param, size);
-    const auto [g, g_end] = bytes_of(grad, size);
-    if (std::less<>{}(p, g_end) && std::less<>{}(g, p_end))
-      detail::fail("tensor '", name, "': parameter and gradient memory overlap");
-    auto refuse_overlap = [&](const std::byte* begin, const std::byte* end, std::string_view what) {
-      const auto next = claimed_.upper_bound(begin);  // the first range starting after begin
-      const claimed_memory* other = nullptr;
-      if (next != claimed_.end() && std::less<>{}(next->first, end)) other = &next->second;
-      else if (next != claimed_.begin() && std::less<>{}(begin, std::prev(next)->second.end)) other = &std::prev(next)->second;
-      if (other)
-        detail::fail("tensor '", name, "': its ", what, " memory overlaps the ", other->gradient ? "gradient" : "parameter",
-                     " of tensor '", groups_[other->group]->entries_[other->entry].name,
-                     "'; every tensor needs memory of its own");
-    };
-    refuse_overlap(p, p_end, "parameter");
-    refuse_overlap(g, g_end, "gradient");
-  }
-  /// Records the memory of entry i of group g, checked by check_unclaimed.
-  void claim(std::uint32_t group, std::size_t i) {
-    const auto& e = groups_[group]->entries_[i];
-    const auto [p, p_end] = bytes_of(e.param, e.size);
-    const auto [g, g_end] = bytes_of(e.grad, e.size);
-    claimed_.emplace(p, claimed_memory{p_end, group, std::uint32_t(i), false});
-    claimed_.emplace(g, claimed_memory{g_end, group, std::uint32_t(i), true});
-  }
-  template <class T>
-  static std::pair<const std::byte*, const std::byte*> bytes_of(const T* data, std::size_t size) {
-    const auto* begin = reinterpret_cast<const std::byte*>(data);
-    return {begin, begin + size * sizeof(T)};
-  }
-
   const detail::tensor_slot<param_type, grad_type>& tensor_at(std::size_t i) const {
     if (i >= tensors_.size()) detail::fail("there are ", tensors_.size(), " tensors (after finalize), no tensor ", i);
     return tensors_[i];
-  }
-
-  const std::string& tensor_name(std::size_t i) const {
-    return groups_[tensors_[i].group]->entries_[i - first_tensor_of(tensors_[i].group)].name;
-  }
-  std::size_t first_tensor_of(std::uint32_t g) const {
-    std::size_t n = 0;
-    for (std::uint32_t k = 0; k < g; ++k) n += groups_[k]->entries_.size();
-    return n;
   }
 
   /// Names the tensors whose gradients held inf or NaN on this rank.
@@ -694,7 +469,8 @@ class optimizer
     return "non-finite gradients in " + names + (count > 8 ? " and " + std::to_string(count - 8) + " more" : "");
   }
 
-  detail::step_data<Precision> data(bool accumulated = false) {
+  /// The step's tensors, state and partial sums, reading the gradients as they are.
+  detail::step_data<Precision> data() {
     detail::step_data<Precision> d;
     d.tensors = tensors_.data();
     d.tensor_count = tensors_.size();
@@ -702,7 +478,6 @@ class optimizer
     d.master = master_.data();
     for (std::size_t k = 0; k < state_count; ++k) d.state[k] = state_[k].data();
     d.state_count = std::uint32_t(state_count);
-    d.accum = accumulated ? accum_.data() : nullptr;
     d.chunk_sum = chunk_sums_.data();
     d.chunk_sum2 = chunk_sums_.data() + work_.size();
     d.chunk_nonfinite = chunk_nonfinite_.data();
@@ -710,83 +485,19 @@ class optimizer
     return d;
   }
 
-  /// The flat accumulator zero1 folds micro-steps into, addressed in flat order.
-  detail::step_data<Precision> flat_data() {
-    detail::step_data<Precision> d;
-    d.tensors = tensors_.data();
-    d.tensor_count = tensors_.size();
-    d.work = &flat_work_;
-    d.accum = flat_accum_.data();
-    return d;
-  }
+  /// What the partition's exchange works with in this call.
+  exchange_context context() { return {backend_, comm_, options_, data(), micro_step_, send_scale()}; }
 
-  /// A micro-step inside the accumulation window: fold this backward's gradients in.
+  /// A micro-step inside the accumulation window: the exchange folds this backward's gradients in.
   void accumulate() {
-    if constexpr (Partition::reduce_every_micro_step) reduce_remaining();
-    else if constexpr (Partition::sharded) backend_.accumulate(flat_data(), micro_step_ == 0);
-    else backend_.accumulate(data(true), micro_step_ == 0);
+    auto c = context();
+    exchange_.micro_step(c);
   }
 
-  /// Where the boundary step reads its gradients: the user's (plus the accumulator) on one rank;
-  /// replicated across ranks, the accumulator after this micro-step is folded in and summed over
-  /// ranks; sharded, my shard of the reduce-scattered gradients.
+  /// Where the boundary step reads its gradients, as the exchange delivers them.
   detail::step_data<Precision> boundary_gradients() {
-    const bool accumulated = micro_step_ > 0;
-    if constexpr (Partition::sharded) {
-      if constexpr (Partition::reduce_every_micro_step) {
-        reduce_remaining();
-      } else {
-        for (const auto& k : buckets_) reduce_bucket(k, accumulated ? flat_accum_.data() : nullptr, true);
-      }
-      if constexpr (shard_in_grads) return data();  // my reduced shard is in the gradient tensors
-    } else {
-      if (comm_.size() == 1 || compressing()) return data(accumulated);
-      backend_.accumulate(data(true), !accumulated, send_scale());
-      all_reduce_accumulator();
-    }
-    auto d = data(true);
-    d.grads_reduced = true;
-    return d;
-  }
-
-  /// Sums the accumulator over ranks, in the communication type: in place, or converted piece by piece.
-  void all_reduce_accumulator() {
-    wait();  // the accumulate pass wrote what is sent
-    if constexpr (same_types) {
-      comm_.all_reduce(accum_.span(), reduce_op::sum);
-    } else {
-      auto* sent = staging<communicate_type>();
-      const std::size_t piece = staging_.size() / sizeof(communicate_type);
-      for (std::size_t at = 0; at < accum_.size(); at += piece) {
-        const std::size_t n = std::min(piece, accum_.size() - at);
-        backend_.fold(sent, accum_.data() + at, n, false);
-        wait();
-        comm_.all_reduce(std::span<communicate_type>(sent, n), reduce_op::sum);
-        backend_.fold(accum_.data() + at, sent, n, false);
-      }
-    }
-  }
-
-  /// Packs bucket k's gradients (plus the flat accumulator, if given) in the communication type,
-  /// reduce-scatters them and folds my piece into the shard's gradient (assigned when `first`, added
-  /// otherwise) or, under shard_in_grads, writes it back into the gradient tensors.
-  void reduce_bucket(const detail::bucket& k, const accumulate_type* flat, bool first) {
-    auto* packed = staging<communicate_type>();
-    backend_.pack_gradients(data(), k.pieces, packed, flat ? flat + k.begin : nullptr, send_scale());
-    for (const auto& [at, n] : k.gaps) backend_.zero(packed + at, n);
-    wait();  // the packed bucket is complete
-    const std::size_t mine = k.my_count(comm_.rank());
-    communicate_type* out = received_.data();
-    bool into_shard = false;  // straight into the shard: no conversion, nothing to add to
-    if constexpr (same_types && !shard_in_grads) {
-      into_shard = first;
-      if (first) out = accum_.data() + k.my_state;
-    }
-    comm_.reduce_scatter(std::span<const communicate_type>(packed, k.size()), std::span<communicate_type>(out, mine),
-                         std::span<const std::size_t>(k.counts), reduce_op::sum);
-    if (into_shard) return;
-    if constexpr (shard_in_grads) backend_.unpack_gradients(data(), k.mine, out, k.my_offset);
-    else backend_.fold(accum_.data() + k.my_state, out, mine, !first);
+    auto c = context();
+    return exchange_.boundary(c, compressing());
   }
 
   /// What gradients are multiplied by before they are summed across ranks.
@@ -815,43 +526,13 @@ class optimizer
     try {
       f();
     } catch (...) {
-      if (comm_.size() > 1 || Partition::sharded) {
+      if (!exchange_.keeps_window(comm_.size())) {
         micro_step_ = 0;
-        if constexpr (Partition::reduce_every_micro_step) start_micro_step();
+        exchange_.restart_window();
       }
       throw;
     }
   }
-
-  /// zero2 reduces buckets in one order on every rank, last first (the order of a backward pass).
-  std::size_t next_bucket() const { return buckets_.size() - 1 - flushed_; }
-  void reduce_next_bucket() {
-    reduce_bucket(buckets_[next_bucket()], nullptr, micro_step_ == 0);
-    ++flushed_;
-  }
-  /// zero2: reduces the buckets grad_ready has not and opens the next micro-step.
-  void reduce_remaining() {
-    while (flushed_ < buckets_.size()) reduce_next_bucket();
-    start_micro_step();
-  }
-  void start_micro_step() {
-    flushed_ = 0;
-    std::fill(ready_.begin(), ready_.end(), std::uint8_t(0));
-    for (std::size_t b = 0; b < buckets_.size(); ++b) pending_[b] = buckets_[b].last_tensor - buckets_[b].first_tensor;
-  }
-
-  /// After an update each rank holds the new parameters of its shards: all-gather them, bucket by bucket.
-  void gather_params() {
-    auto d = data();
-    auto* packed = staging<param_type>();
-    for (const auto& k : buckets_) {
-      backend_.pack_params(d, k.mine, packed);
-      wait();
-      comm_.all_gather(std::span<param_type>(packed, k.size()), std::span<const std::size_t>(k.counts));
-      backend_.unpack_params(d, k.pieces, packed);
-    }
-  }
-
 
   /// The sum of per-chunk partials over chunks [c0, c1), formed per owner and added in rank order:
   /// exactly what a rank-ordered all-reduce of each shard's sum gives, so all partitions add alike.
@@ -865,20 +546,8 @@ class optimizer
 
   /// Waits for the passes and collectives issued so far.
   void wait() {
-    wait_for_collectives();
+    detail::wait_for_collectives(comm_);
     backend_.synchronize();
-  }
-  /// A device communicator's collectives share the backend's stream: its own wait polls, so one a
-  /// rank never joins fails on the communicator's timeout (nccl_options) instead of blocking forever.
-  void wait_for_collectives() {
-    if constexpr (detail::stream_communicator<Communicator> && requires { comm_.inner().synchronize(); })
-      comm_.inner().synchronize();
-  }
-
-  /// The bucket buffer, as elements of T.
-  template <class T>
-  T* staging() {
-    return reinterpret_cast<T*>(staging_.data());
   }
 
   /// Whether the backend decides the step (step_decision.hpp): one rank, replicated, always; a device
@@ -888,8 +557,8 @@ class optimizer
   /// compression factors): the host decides.
   bool decides_on_backend() const {
     if (is_onebit) return false;
-    if (comm_.size() == 1 && !Partition::sharded) return true;
-    return Backend::space == memory_space::device && (Partition::sharded || !options_.sum_by_shard);
+    if (comm_.size() == 1 && !exchange::sharded) return true;
+    return Backend::space == memory_space::device && (exchange::sharded || !options_.sum_by_shard);
   }
 
   /// Across ranks, the backend's step sums are agreed where they are: the non-finite chunks (one
@@ -899,7 +568,7 @@ class optimizer
     if (comm_.size() == 1) return;
     if constexpr (!detail::stream_communicator<Communicator>) backend_.synchronize();  // the sums are done
     double* sums = decision_sums_.data();
-    if constexpr (Partition::sharded) comm_.all_reduce(std::span<double>(sums, 2), reduce_op::sum);
+    if constexpr (exchange::sharded) comm_.all_reduce(std::span<double>(sums, 2), reduce_op::sum);
     else comm_.all_reduce(std::span<double>(sums + 1, 1), reduce_op::sum);
   }
 
@@ -920,7 +589,12 @@ class optimizer
     std::uint8_t nonfinite = std::any_of(chunk_nonfinite_.begin(), chunk_nonfinite_.end(), [](auto b) { return b != 0; });
     double sumsq = rank_ordered_sum(chunk_sums_.data(), 0, work_.size());  // the same for any thread count
     comm_.all_reduce(std::span<std::uint8_t>(&nonfinite, 1), reduce_op::max);
-    if (Partition::sharded || compressing()) comm_.all_reduce(std::span<double>(&sumsq, 1), reduce_op::sum);
+    if (compressing()) {
+      comm_.all_reduce(std::span<double>(&sumsq, 1), reduce_op::sum);
+    } else {
+      auto c = context();
+      exchange_.sum_partials(c, std::span<double>(&sumsq, 1));
+    }
     detail::step_decision decided;
     decided.sumsq = sumsq;
     decided.nonfinite = nonfinite;
@@ -941,7 +615,7 @@ class optimizer
   void skip(double scale) {
     // Across ranks the window's gradients are already combined in place: an error below ends the
     // window. On one rank it stays open, so a caller that catches can finish the step again.
-    if (comm_.size() > 1 || Partition::sharded) micro_step_ = 0;
+    if (!exchange_.keeps_window(comm_.size())) micro_step_ = 0;
     if (scaler_.raises_on(true))
       detail::fail("loss scale already at its minimum (", scale, ") and the gradients still overflow; ",
                    nonfinite_report(), "; skipped ", skipped_, " of ", skipped_ + applied_,
@@ -968,7 +642,7 @@ class optimizer
       pending_stage_ = stage::tensor_norms;
     } else {
       backend_.template rule_stage<UpdateRule, detail::update_stage>(d, coefficients_.data());
-      pending_stage_ = Partition::sharded ? stage::gather : stage::none;
+      pending_stage_ = stage::params_back;
     }
     finish_step();
   }
@@ -1054,10 +728,8 @@ class optimizer
       backend_.segmented_sum(chunk_sums_.data(), norm_segments_.data(), run_sums_.size(), run_sums_.data());
       backend_.segmented_sum(run_sums_.data(), run_segments_.data(), 2 * T, tensor_sums_.data());
     }
-    if constexpr (Partition::sharded) {
-      wait();
-      comm_.all_reduce(std::span<double>(tensor_sums_), reduce_op::sum);
-    }
+    auto c = context();
+    exchange_.sum_partials(c, std::span<double>(tensor_sums_));
     backend_.template tensor_scales<UpdateRule>(gradients_, coefficients_.data(), tensor_sums_.data(),
                                                 tensor_state_.data(), tensor_scale_.data());
     backend_.template rule_stage<UpdateRule, detail::update_stage>(gradients_, coefficients_.data(), tensor_scale_.data());
@@ -1073,25 +745,14 @@ class optimizer
   options options_;
   LossScaler scaler_;
   detail::metered<Communicator> comm_;
-  std::vector<std::unique_ptr<param_group>> groups_;
-  /// The memory of every registered tensor, by start address (check_unclaimed). Made at
-  /// registration, like the groups' entries, and so not in memory_report().
-  struct claimed_memory {
-    const std::byte* end;
-    std::uint32_t group, entry;
-    bool gradient;
-  };
-  std::map<const std::byte*, claimed_memory, std::less<>> claimed_;
 
   // Fixed at finalize().
-  bool finalized_ = false;
   std::vector<detail::tensor_slot<param_type, grad_type>> tensors_;
   std::optional<detail::flat_layout> layout_;
   detail::work_list work_;                                // my elements, addressing the local state
   std::size_t state_elements_ = 0;
   buffer<float> master_;
   std::array<buffer<float>, state_count> state_;  // the rule's, in the order of UpdateRule::state
-  buffer<accumulate_type> accum_;
   shared<float> chunk_sums_;  // per chunk: the pass's sum, then (at work_.size()) its sum2
   shared<std::uint8_t> chunk_nonfinite_;
   buffer<detail::step_decision> decision_;  // this step's, where the passes run
@@ -1108,22 +769,10 @@ class optimizer
   detail::step_data<Precision> gradients_;
   [[no_unique_address]] std::conditional_t<is_onebit, detail::onebit_state<Backend>, detail::no_onebit_state> onebit_;
   /// What a committed step has left to do (finish_step).
-  enum class stage : std::uint8_t { none, tensor_norms, gather, onebit_exchange };
+  enum class stage : std::uint8_t { none, tensor_norms, params_back, onebit_exchange };
   stage pending_stage_ = stage::none;
 
-  // Sharded partitions only.
-  detail::work_list flat_work_;               // zero1 accumulation: every element, in flat order
-  buffer<accumulate_type> flat_accum_;        // zero1 accumulation over micro-steps (full size)
-  std::vector<detail::bucket> buckets_;                 // in flat order
-  buffer<std::byte> staging_;                 // one packed bucket (gradients, or parameters to gather)
-  buffer<communicate_type> received_;         // my piece of a bucket, before it joins the shard
-  struct bucket_range {
-    std::uint32_t first, last;
-  };
-  std::vector<bucket_range> tensor_buckets_;  // zero2: the buckets holding each tensor
-  std::vector<std::uint32_t> pending_;        // zero2: tensors of each bucket not reported ready
-  std::vector<std::uint8_t> ready_;           // zero2: tensors reported in this micro-step
-  std::size_t flushed_ = 0;                   // zero2: buckets reduced in this micro-step
+  exchange exchange_;
 
   int micro_step_ = 0;
   std::uint64_t applied_ = 0, skipped_ = 0, consecutive_skips_ = 0;

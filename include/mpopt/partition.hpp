@@ -1,8 +1,21 @@
-// mpopt — partitioning policies: which part of the optimizer state each rank owns, and when the
-// gradients are reduced across ranks.
+// mpopt — partitioning policies: which part of the optimizer state each rank owns, and how
+// gradients and parameters travel between ranks. A policy names an exchange, the object the
+// optimizer holds and calls through a fixed vocabulary (partition_exchange below); the optimizer
+// never asks which policy it holds.
 #pragma once
 
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
 #include <string_view>
+#include <vector>
+
+#include "detail/exchange_context.hpp"
+#include "detail/flat_layout.hpp"
+#include "detail/replicated_exchange.hpp"
+#include "detail/sharded_exchange.hpp"
+#include "memory_report.hpp"
 
 namespace mpopt {
 
@@ -10,8 +23,10 @@ namespace mpopt {
 /// Gradients are summed over ranks in fp32 at the accumulation boundary.
 struct replicated {
   static constexpr std::string_view name = "replicated";
-  static constexpr bool sharded = false;           ///< each rank updates only its own shard
+  static constexpr bool sharded = false;  ///< each rank updates only its own shard
   static constexpr bool reduce_every_micro_step = false;
+  template <class Precision, class Backend, class Communicator>
+  using exchange = detail::replicated_exchange<Precision, Backend, Communicator>;
 };
 
 /// ZeRO stage 1: each rank holds master and rule state for its shard only. Micro-steps accumulate
@@ -21,6 +36,8 @@ struct zero1 {
   static constexpr std::string_view name = "zero1";
   static constexpr bool sharded = true;
   static constexpr bool reduce_every_micro_step = false;
+  template <class Precision, class Backend, class Communicator>
+  using exchange = detail::zero1_exchange<Precision, Backend, Communicator>;
 };
 
 /// ZeRO stage 2: as zero1, but every micro-step's gradients are reduce-scattered into the shard, bucket
@@ -29,6 +46,48 @@ struct zero2 {
   static constexpr std::string_view name = "zero2";
   static constexpr bool sharded = true;
   static constexpr bool reduce_every_micro_step = true;
+  template <class Precision, class Backend, class Communicator>
+  using exchange = detail::zero2_exchange<Precision, Backend, Communicator>;
 };
+
+/// What the optimizer asks of a partition's exchange E, in the order of a step:
+///   E::sharded                  which elements I own: one shard of each group (then the norms'
+///                               partial sums are added over ranks), or all of them
+///   E::lay_out(groups, sizes, n, c)  the flat layout (detail/flat_layout.hpp) that says so
+///   e.allocate(layout, c)       its buffers, at finalize()
+///   e.grad_ready(c, t)          backward finished tensor t; false if it was reported already
+///   e.grad_consumed(t)          whether tensor t's gradient memory may be reused
+///   e.micro_step(c)             a backward inside the accumulation window
+///   e.boundary(c, local)        the window's last backward: where the update reads its gradients
+///                               (`local`: they stay on this rank, for a compressing rule)
+///   e.sum_partials(c, sums)     how the partial sums of the norms combine across ranks
+///   e.params_back(c)            the updated parameters reach every rank
+///   e.keeps_window(world), e.restart_window()  what a failed collective leaves of the window
+///   e.list_memory(report)       its buffers; returns its bookkeeping bytes
+template <class E>
+concept partition_exchange =
+    requires(E& e, const E& ce, typename E::context& c, const detail::flat_layout& layout, memory_report& r,
+             const std::vector<std::uint32_t>& groups, const std::vector<std::size_t>& sizes) {
+      { E::sharded } -> std::convertible_to<bool>;
+      { E::lay_out(groups, sizes, std::size_t{}, c) } -> std::same_as<detail::flat_layout>;
+      e.allocate(layout, c);
+      { e.grad_ready(c, std::size_t{}) } -> std::same_as<bool>;
+      { ce.grad_consumed(std::size_t{}) } -> std::same_as<bool>;
+      e.micro_step(c);
+      { e.boundary(c, bool{}) } -> std::same_as<detail::step_data<typename E::context::precision>>;
+      e.sum_partials(c, std::span<double>{});
+      e.params_back(c);
+      { ce.keeps_window(int{}) } -> std::same_as<bool>;
+      e.restart_window();
+      { ce.list_memory(r) } -> std::same_as<std::size_t>;
+    };
+
+/// A partitioning policy: a name (saved in checkpoints) and an exchange for every precision,
+/// backend and communicator.
+template <class P, class Precision, class Backend, class Communicator>
+concept partition_policy = requires {
+  { P::name } -> std::convertible_to<std::string_view>;
+  typename P::template exchange<Precision, Backend, Communicator>;
+} && partition_exchange<typename P::template exchange<Precision, Backend, Communicator>>;
 
 }  // namespace mpopt

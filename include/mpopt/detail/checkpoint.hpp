@@ -53,7 +53,7 @@ class checkpointing {
  public:
   /// Writes every parameter, master and moment by tensor name, with the scaler, counters and group
   /// options, to a safetensors file (format: README, "Checkpoints"). Every rank calls it; rank 0
-  /// writes, tensor by tensor as the sharded ones are gathered (it never holds more than one), and a
+  /// writes, tensor by tensor as the sharded ones are gathered (one at a time), and a
   /// failure there throws on every rank.
   void save(const std::filesystem::path& path) {
     Opt& o = self();
@@ -88,7 +88,7 @@ class checkpointing {
         failed = e;
       }
     };
-    std::vector<float> whole_tensor;
+    std::vector<float> whole_tensor, gathered;
     std::vector<std::byte> copied;  // a tensor in device memory, brought to the host
     for_each_saved_tensor(o, [&](const std::string&, const saved_range& r, const auto* data) {
       using T = std::remove_cv_t<std::remove_pointer_t<decltype(data)>>;
@@ -100,10 +100,7 @@ class checkpointing {
       std::span<const T> whole(data, r.count);
       if constexpr (std::is_same_v<T, float>)
         if (r.sharded) {
-          whole_tensor.assign(r.elements, 0.0f);
-          std::copy_n(data, r.count, whole_tensor.begin() + std::ptrdiff_t(r.first));
-          const std::vector<std::size_t> counts = o.layout_->counts(r.tensor);
-          o.comm_.all_gather(std::span<float>(whole_tensor), std::span<const std::size_t>(counts));
+          gather_tensor(o, r.tensor, std::span<const float>(data, r.count), whole_tensor, gathered);
           whole = whole_tensor;
         }
       write(std::as_bytes(whole));
@@ -336,6 +333,30 @@ class checkpointing {
       }
   }
 
+  /// Tensor t's state, of which this rank holds `mine`, whole on every rank. The all-gather
+  /// concatenates the pieces in rank order: where that is not the tensor's order, the pieces are
+  /// gathered aside and put in place.
+  static void gather_tensor(Opt& o, std::size_t t, std::span<const float> mine, std::vector<float>& whole,
+                            std::vector<float>& aside) {
+    const std::vector<flat_layout::owned_range> pieces = o.layout_->pieces(t);
+    std::vector<std::size_t> counts;
+    std::size_t elements = 0, my_offset = 0;
+    for (std::size_t r = 0; r < pieces.size(); ++r) {
+      if (r < std::size_t(o.comm_.rank())) my_offset += pieces[r].count;
+      counts.push_back(pieces[r].count);
+      elements += pieces[r].count;
+    }
+    const bool in_place = o.layout_->shards_in_rank_order();
+    std::vector<float>& into = in_place ? whole : aside;
+    into.assign(elements, 0.0f);
+    std::copy(mine.begin(), mine.end(), into.begin() + std::ptrdiff_t(my_offset));
+    o.comm_.all_gather(std::span<float>(into), std::span<const std::size_t>(counts));
+    if (in_place) return;
+    whole.resize(elements);
+    for (std::size_t r = 0, at = 0; r < pieces.size(); at += pieces[r++].count)
+      std::copy_n(aside.begin() + std::ptrdiff_t(at), pieces[r].count, whole.begin() + std::ptrdiff_t(pieces[r].first));
+  }
+
   /// Which part of a saved tensor a pointer holds: elements [first, first + count) of `elements`.
   struct saved_range {
     std::size_t tensor, elements, first, count;
@@ -355,7 +376,7 @@ class checkpointing {
         constexpr bool device = Backend::space == memory_space::device;
         const saved_range whole{t, e.size, 0, e.size, false, device};
         const auto o = self.finalized_ ? self.layout_->owned(t) : flat_layout::owned_range{};
-        const saved_range held = self.finalized_ ? saved_range{t, e.size, o.first, o.count, Partition::sharded, device} : whole;
+        const saved_range held = self.finalized_ ? saved_range{t, e.size, o.first, o.count, self.layout_->sharded(), device} : whole;
         auto state = [&](auto& buffer) { return self.finalized_ ? buffer.data() + o.state : nullptr; };
         f("param/" + e.name, whole, e.param);
         if constexpr (Precision::has_master) f("master/" + e.name, held, state(self.master_));

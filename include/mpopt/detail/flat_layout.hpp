@@ -3,7 +3,8 @@
 // aligned too; the groups' spaces follow each other. A sharded rank keeps state for shard `part` of
 // every group, back to back; a replicated rank keeps all of it, in flat order. Either way, work is cut
 // at the shard boundaries of the world size, so that partial sums are formed, and combined in rank
-// order, the same way under every partition policy.
+// order, the same way under every partition policy. Shard r is rank r's unless the partition says
+// otherwise (`shard_ranks`); collectives always see a bucket's pieces in rank order.
 #pragma once
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "validate.hpp"
 #include "work_list.hpp"
 
 namespace mpopt::detail {
@@ -22,23 +24,32 @@ struct bucket {
   std::uint32_t first_tensor = 0, last_tensor = 0;  ///< tensors [first, last) with elements in it
   work_list pieces;                             ///< those elements; state = offset in the bucket
   work_list mine;                               ///< the ones in my shard
-  std::vector<std::size_t> counts;              ///< elements of each rank's shard in the bucket
-  std::size_t my_offset = 0;                    ///< where my piece starts in the bucket
+  std::vector<std::size_t> counts;              ///< elements of each rank's shard in the bucket, in rank order
+  std::size_t my_offset = 0;                    ///< where my piece starts in the packed bucket
   std::size_t my_state = 0;                     ///< local state index of my piece's first element
   std::vector<std::pair<std::size_t, std::size_t>> gaps;  ///< padding (offset, count) in the bucket
 
   std::size_t size() const { return end - begin; }
-  std::size_t my_count(int part) const { return counts[std::size_t(part)]; }
+  std::size_t my_count(int rank) const { return counts[std::size_t(rank)]; }
 };
 
 class flat_layout {
  public:
   static constexpr std::size_t align = 16;  // floats per 64 bytes
 
-  /// tensor_groups[t] is the group of tensor t (ascending), tensor_sizes[t] its elements.
+  /// tensor_groups[t] is the group of tensor t (ascending), tensor_sizes[t] its elements. This rank
+  /// holds shard `part`; shard_ranks[s] is the rank holding shard s (empty: rank s).
   flat_layout(const std::vector<std::uint32_t>& tensor_groups, const std::vector<std::size_t>& tensor_sizes,
-              std::size_t groups, int parts, int part, bool sharded)
-      : parts_(std::size_t(parts)), part_(std::size_t(part)), sharded_(sharded) {
+              std::size_t groups, int parts, int part, bool sharded, std::vector<std::size_t> shard_ranks = {})
+      : parts_(std::size_t(parts)), part_(std::size_t(part)), sharded_(sharded), rank_of_(std::move(shard_ranks)) {
+    if (rank_of_.empty())
+      for (std::size_t r = 0; r < parts_; ++r) rank_of_.push_back(r);
+    shard_of_.assign(parts_, parts_);
+    for (std::size_t sh = 0; sh < parts_; ++sh)
+      if (rank_of_.size() != parts_ || rank_of_[sh] >= parts_ || shard_of_[rank_of_[sh]] != parts_)
+        fail("flat_layout: shard_ranks must give each of the ", parts_, " shards a rank of its own");
+      else
+        shard_of_[rank_of_[sh]] = sh;
     std::size_t flat = 0, local = 0;
     first_tensor_.assign(groups + 1, tensor_sizes.size());
     for (std::uint32_t g = 0, t = 0; g < groups; ++g) {
@@ -63,6 +74,16 @@ class flat_layout {
   }
 
   std::size_t flat_elements() const { return flat_elements_; }
+  /// Shards each group splits into (the world size, or 1 when work is not cut at shards).
+  std::size_t parts() const { return parts_; }
+  /// Whether this rank keeps state for its shard only.
+  bool sharded() const { return sharded_; }
+  /// Whether shard r is rank r's, for every r.
+  bool shards_in_rank_order() const {
+    for (std::size_t r = 0; r < parts_; ++r)
+      if (rank_of_[r] != r) return false;
+    return true;
+  }
   /// Elements of all tensors, without padding.
   std::size_t parameters() const {
     std::size_t n = 0;
@@ -75,7 +96,7 @@ class flat_layout {
   std::size_t bytes() const {
     return spaces_.capacity() * sizeof(space) + (offset_.capacity() + sizes_.capacity() + first_tensor_.capacity()) *
                                                     sizeof(std::size_t) +
-           groups_.capacity() * sizeof(std::uint32_t);
+           groups_.capacity() * sizeof(std::uint32_t) + (rank_of_.capacity() + shard_of_.capacity()) * sizeof(std::size_t);
   }
 
   /// This rank's elements of a tensor: [first, first + count) of it, at local state index `state`.
@@ -87,14 +108,15 @@ class flat_layout {
     const auto [lo, hi] = in_shard(t, part_);
     return lo < hi ? owned_range{lo - offset_[t], hi - lo, local_index(lo)} : owned_range{};
   }
-  /// Elements of tensor t in each rank's shard, in rank order (they follow each other in the tensor).
-  std::vector<std::size_t> counts(std::size_t t) const {
-    std::vector<std::size_t> c;
+  /// Tensor t's elements in each rank's shard, in rank order: [first, first + count) of the tensor
+  /// (state unused). In rank order, they follow each other in the tensor.
+  std::vector<owned_range> pieces(std::size_t t) const {
+    std::vector<owned_range> out;
     for (std::size_t r = 0; r < parts_; ++r) {
-      const auto [lo, hi] = in_shard(t, r);
-      c.push_back(lo < hi ? hi - lo : 0);
+      const auto [lo, hi] = in_shard(t, shard_of_[r]);
+      out.push_back(lo < hi ? owned_range{lo - offset_[t], hi - lo, 0} : owned_range{});
     }
-    return c;
+    return out;
   }
 
   /// The update work of this rank: its elements of every tensor, addressing the local state.
@@ -186,11 +208,39 @@ class flat_layout {
     }
   }
 
+  /// Shard sh of space s within the flat range [begin, end) (empty when lo >= hi).
+  static std::pair<std::size_t, std::size_t> shard_in_range(const space& s, std::size_t sh, std::size_t begin,
+                                                            std::size_t end) {
+    return {std::max(begin, s.begin + sh * s.shard), std::min(end, s.begin + (sh + 1) * s.shard)};
+  }
+
   bucket make_bucket(std::size_t g, std::size_t begin, std::size_t end) const {
     const space& s = spaces_[g];
     bucket k;
     k.begin = begin;
     k.end = end;
+    // The packed bucket holds each rank's piece in rank order: block[sh] is where shard sh's starts.
+    std::vector<std::size_t> block(parts_);
+    for (std::size_t r = 0, at = 0; r < parts_; ++r) {
+      const auto [lo, hi] = shard_in_range(s, shard_of_[r], begin, end);
+      k.counts.push_back(lo < hi ? hi - lo : 0);
+      block[shard_of_[r]] = at;
+      if (r < rank_of_[part_]) k.my_offset += k.counts.back();
+      at += k.counts.back();
+    }
+    auto packed = [&](std::size_t x) {  // where flat position x goes in the packed bucket
+      const std::size_t sh = (x - s.begin) / s.shard;
+      return block[sh] + (x - shard_in_range(s, sh, begin, end).first);
+    };
+    // Padding, cut at shard boundaries; pieces that stay adjacent once packed are one gap.
+    auto add_gap = [&](std::size_t lo, std::size_t hi) {
+      for (std::size_t x = lo; x < hi;) {
+        const std::size_t y = std::min(hi, s.begin + ((x - s.begin) / s.shard + 1) * s.shard);
+        if (!k.gaps.empty() && k.gaps.back().first + k.gaps.back().second == packed(x)) k.gaps.back().second += y - x;
+        else k.gaps.push_back({packed(x), y - x});
+        x = y;
+      }
+    };
     k.first_tensor = std::uint32_t(first_tensor_[g + 1]);
     for (std::size_t t = first_tensor_[g]; t < first_tensor_[g + 1]; ++t) {
       const bool touches = offset_[t] < end && begin < offset_[t] + sizes_[t];
@@ -198,29 +248,24 @@ class flat_layout {
         k.first_tensor = std::min(k.first_tensor, std::uint32_t(t));
         k.last_tensor = std::uint32_t(t + 1);
       }
-      const std::size_t gap_end = std::min(end, extent_end(g, t));
-      const std::size_t gap_begin = std::max(begin, offset_[t] + sizes_[t]);
-      if (gap_begin < gap_end) k.gaps.push_back({gap_begin - begin, gap_end - gap_begin});
+      add_gap(std::max(begin, offset_[t] + sizes_[t]), std::min(end, extent_end(g, t)));
     }
     if (k.last_tensor == 0) k.first_tensor = 0;
     for_each_owned_range(
         begin, end,
         [&](std::uint32_t t, std::size_t a, std::size_t b, std::size_t owner) {
-          k.pieces.add(t, a - offset_[t], b - offset_[t], a - begin, std::uint32_t(owner));
-          if (owner == part_) k.mine.add(t, a - offset_[t], b - offset_[t], a - begin, std::uint32_t(owner));
+          k.pieces.add(t, a - offset_[t], b - offset_[t], packed(a), std::uint32_t(owner));
+          if (owner == part_) k.mine.add(t, a - offset_[t], b - offset_[t], packed(a), std::uint32_t(owner));
         },
         first_tensor_[g], first_tensor_[g + 1]);
-    for (std::size_t r = 0; r < parts_; ++r) {
-      const std::size_t lo = std::max(begin, s.begin + r * s.shard), hi = std::min(end, s.begin + (r + 1) * s.shard);
-      k.counts.push_back(lo < hi ? hi - lo : 0);
-      if (r < part_) k.my_offset += k.counts.back();
-    }
-    if (k.counts[part_] != 0) k.my_state = local_index(begin + k.my_offset);
+    const auto [mine, mine_end] = shard_in_range(s, part_, begin, end);
+    if (mine < mine_end) k.my_state = local_index(mine);
     return k;
   }
 
   std::size_t parts_, part_;
   bool sharded_;
+  std::vector<std::size_t> rank_of_, shard_of_;  ///< the rank holding each shard; the shard each rank holds
   std::vector<space> spaces_;
   std::vector<std::size_t> offset_, sizes_;
   std::vector<std::uint32_t> groups_;

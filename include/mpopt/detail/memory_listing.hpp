@@ -16,7 +16,7 @@
 
 namespace mpopt::detail {
 
-template <class Opt, class Precision, class LossScaler, class Partition, class UpdateRule, class Backend, class Communicator>
+template <class Opt, class Precision, class UpdateRule, class Communicator>
 class memory_listing {
  public:
   /// Every buffer this rank holds for the optimizer, with its size; the user's tensors are listed
@@ -25,8 +25,6 @@ class memory_listing {
     const Opt& o = static_cast<const Opt&>(*this);
     using param_type = typename Opt::param_type;
     using grad_type = typename Opt::grad_type;
-    using accumulate_type = typename Opt::accumulate_type;
-    using communicate_type = typename Opt::communicate_type;
     mpopt::memory_report r;
     std::size_t user_params = 0;
     for (const auto& g : o.groups_) {
@@ -59,30 +57,7 @@ class memory_listing {
       }
       onebit_bookkeeping += o.onebit_.bookkeeping_bytes();
     }
-    const std::string accum = std::string(type_name<accumulate_type>), sent = std::string(type_name<communicate_type>);
-    if (o.accum_.size()) {
-      if (Partition::sharded)
-        r.buffers.push_back({"gradient shard", accum + " gradients of my shard, reduced over ranks (and micro-steps)",
-                             o.accum_.size() * sizeof(accumulate_type), true});
-      else
-        r.buffers.push_back({"gradient accumulator", accum + " sum over micro-steps and ranks",
-                             o.accum_.size() * sizeof(accumulate_type), true});
-    }
-    if (o.flat_accum_.size())
-      r.buffers.push_back({"gradient accumulator", accum + " sum over micro-steps, all elements (zero1)",
-                           o.flat_accum_.size() * sizeof(accumulate_type), true});
-    if (o.staging_.size())
-      r.buffers.push_back({"bucket", Partition::sharded ? "one packed bucket for reduce-scatter (" + sent + ") and all-gather"
-                                                        : "gradients converted to " + sent + " for the all-reduce",
-                           o.staging_.size(), true});
-    if (o.received_.size())
-      r.buffers.push_back({"received piece", "my piece of a reduced bucket (" + sent + ") before it joins the " +
-                                                 (Opt::shard_in_grads ? "gradient tensors" : "gradient shard"),
-                           o.received_.size() * sizeof(communicate_type), true});
-    std::size_t buckets = o.buckets_.capacity() * sizeof(bucket) + o.flat_work_.bytes();
-    for (const auto& k : o.buckets_)
-      buckets += k.pieces.bytes() + k.mine.bytes() + k.counts.capacity() * sizeof(std::size_t) +
-                 k.gaps.capacity() * sizeof(k.gaps[0]);
+    const std::size_t exchange_bookkeeping = o.exchange_.list_memory(r);
     const std::size_t bookkeeping =
         o.work_.bytes() + o.tensors_.capacity() * sizeof(o.tensors_[0]) +
         o.layout_->bytes() + o.chunk_sums_.capacity() * sizeof(float) +
@@ -90,9 +65,7 @@ class memory_listing {
         o.chunk_nonfinite_.capacity() + (o.owner_sum_.capacity() + o.tensor_sums_.capacity()) * sizeof(double) +
         o.decision_.size() * sizeof(step_decision) + o.decision_sums_.size() * sizeof(double) +
         o.coefficients_.capacity() * sizeof(o.coefficients_[0]) + o.tensor_state_.capacity() * sizeof(double) +
-        o.tensor_scale_.capacity() * sizeof(float) + buckets +
-        o.tensor_buckets_.capacity() * sizeof(typename Opt::bucket_range) + o.pending_.capacity() * sizeof(std::uint32_t) +
-        o.ready_.capacity() + onebit_bookkeeping;
+        o.tensor_scale_.capacity() * sizeof(float) + exchange_bookkeeping + onebit_bookkeeping;
     r.buffers.push_back({"work list", "tensor table, layout, chunks, buckets, partial sums, per-group scalars", bookkeeping, true});
     if constexpr (requires { o.comm_.inner().workspace_bytes(); }) {
       std::string purpose = "the communicator's own buffers";

@@ -1,0 +1,54 @@
+// mpopt — what a partition's exchange (partition.hpp) works with during one call of the optimizer:
+// the backend, the communicator, the options, the user's tensors and where the window stands.
+#pragma once
+
+#include <concepts>
+#include <cstddef>
+
+#include "../communicator.hpp"
+#include "../options.hpp"
+#include "../tensor.hpp"
+#include "metered.hpp"
+#include "step_data.hpp"
+
+namespace mpopt::detail {
+
+/// A communicator that works on device memory (mpopt::nccl) enqueues its collectives on a stream.
+template <class C>
+concept stream_communicator = requires(const C& c) {
+  requires C::space == memory_space::device;
+  c.stream();
+};
+
+/// A device communicator's collectives share the backend's stream: its own wait polls, so one a
+/// rank never joins fails on the communicator's timeout (nccl_options) instead of blocking forever.
+template <class C>
+void wait_for_collectives(metered<C>& comm) {
+  if constexpr (stream_communicator<C> && requires { comm.inner().synchronize(); }) comm.inner().synchronize();
+}
+
+template <class Precision, class Backend, class Communicator>
+struct exchange_context {
+  using precision = Precision;
+  using backend_type = Backend;
+  using communicator_type = Communicator;
+
+  Backend& backend;
+  metered<Communicator>& comm;
+  const optimizer_options& options;
+  /// The user's tensors and this rank's update work, reading the gradients as they are (no
+  /// accumulator): an exchange adds its own buffers to a copy.
+  step_data<Precision> tensors;
+  /// Micro-steps of this window already folded in: 0 while the window's first backward is handled.
+  int micro_step = 0;
+  /// What gradients are multiplied by before they are summed across ranks (gradient_predivide).
+  float send_scale = 1.0f;
+
+  /// Waits for the passes and collectives issued so far.
+  void wait() const {
+    wait_for_collectives(comm);
+    backend.synchronize();
+  }
+};
+
+}  // namespace mpopt::detail

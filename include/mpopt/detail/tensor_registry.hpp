@@ -1,0 +1,270 @@
+// mpopt — the tensor registry: parameter groups, the names and memory of their tensors, and the
+// checks that keep any two tensors apart. The optimizer derives from it; finalize() fixes the
+// groups, and the optimizer lays their tensors out (flat_layout.hpp).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <iterator>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "../tensor.hpp"
+#include "aligned_buffer.hpp"
+#include "validate.hpp"
+
+namespace mpopt {
+
+/// A tensor the optimizer allocates in a flat group: its name and element count.
+struct tensor_spec {
+  std::string name;
+  std::size_t size;
+};
+
+namespace detail {
+
+template <class Opt, class Precision, class LossScaler, class Partition, class UpdateRule, class Backend>
+class checkpointing;
+template <class Opt, class Precision, class UpdateRule, class Communicator>
+class memory_listing;
+template <class Opt, class Precision, class LossScaler, class Partition, class UpdateRule, class Backend, class Communicator>
+class agreement;
+
+/// Opt, the optimizer, derives from tensor_registry<Opt, ...>.
+template <class Opt, class Precision, class UpdateRule, class Backend>
+class tensor_registry {
+ public:
+  using param_type = typename Precision::param_type;
+  using grad_type = typename Precision::grad_type;
+  using group_options = typename UpdateRule::options;
+
+ private:
+  template <class T>
+  using buffer = typename Backend::template buffer<T>;
+
+ public:
+  /// A parameter group: tensors sharing hyperparameters and a step counter. Either the user owns the
+  /// tensors (add) or the group owns them in one flat buffer (add_flat_group).
+  class param_group {
+   public:
+    /// Registers a user-owned parameter and its gradient. Both must stay alive and in place.
+    template <tensor P, tensor G>
+    void add(P&& param, G&& grad, std::string name = {}) {
+      static_assert(std::is_same_v<tensor_element_t<P>, param_type>,
+                    "parameter tensor must hold the precision's param_type (float, mpopt::half or mpopt::bfloat16)");
+      static_assert(std::is_same_v<tensor_element_t<G>, grad_type>,
+                    "gradient tensor must hold the precision's grad_type (float, mpopt::half or mpopt::bfloat16)");
+      if (flat_) fail(label_, " is a flat group: its tensors are fixed by add_flat_group");
+      const auto p = as_view(param);
+      const auto g = as_view(grad);
+      if (name.empty()) name = label_ + "." + std::to_string(entries_.size());
+      owner_->check_new_tensor(name, p.size, g.size, p.space, g.space);
+      if (p.data == nullptr || g.data == nullptr) fail("tensor '", name, "' has a null data pointer");
+      owner_->check_unclaimed(name, p.data, g.data, p.size);
+      entries_.push_back({std::move(name), p.data, g.data, p.size});
+      owner_->claim(index_, entries_.size() - 1);
+    }
+
+    std::size_t size() const { return entries_.size(); }
+    std::span<param_type> param(std::size_t i) { return {at(i).param, at(i).size}; }
+    std::span<grad_type> grad(std::size_t i) { return {at(i).grad, at(i).size}; }
+    const std::string& name(std::size_t i) const { return at(i).name; }
+
+    const group_options& options() const { return options_; }
+    void set_options(const group_options& o) {
+      o.validate(label_);
+      options_ = o;
+    }
+    double lr() const { return options_.lr; }
+    void set_lr(double lr) {
+      group_options o = options_;
+      o.lr = lr;
+      set_options(o);
+    }
+    /// Applied steps of this group (the t of bias correction is step() + 1 on the next update).
+    std::uint64_t step() const { return step_; }
+
+   private:
+    friend class tensor_registry;
+    friend Opt;
+    // The optimizer's checkpoints, memory report and agreement read and restore the groups.
+    template <class, class, class, class, class, class>
+    friend class checkpointing;
+    template <class, class, class, class>
+    friend class memory_listing;
+    template <class, class, class, class, class, class, class>
+    friend class agreement;
+    struct entry {
+      std::string name;
+      param_type* param;
+      grad_type* grad;
+      std::size_t size;
+    };
+
+    param_group(tensor_registry* owner, std::uint32_t index, const group_options& o)
+        : owner_(owner), index_(index), label_("group " + std::to_string(index)) {
+      set_options(o);
+    }
+    const entry& at(std::size_t i) const {
+      if (i >= entries_.size()) fail(label_, " has ", entries_.size(), " tensors, no tensor ", i);
+      return entries_[i];
+    }
+
+    tensor_registry* owner_;
+    std::uint32_t index_;
+    std::string label_;
+    group_options options_;
+    std::vector<entry> entries_;
+    std::uint64_t step_ = 0;
+    bool flat_ = false;
+    buffer<param_type> flat_param_;
+    buffer<grad_type> flat_grad_;
+  };
+
+  /// A group of user-owned tensors; register them with param_group::add.
+  param_group& add_group(const group_options& o) { return new_group(o); }
+
+  /// A group whose parameters and gradients live in two flat buffers the optimizer owns (the fused
+  /// layout): param(i) and grad(i) are views to hand to the model. Parameters start at zero.
+  param_group& add_flat_group(const group_options& o, std::span<const tensor_spec> tensors) {
+    const std::string label = "group " + std::to_string(groups_.size());
+    std::vector<std::string> names;
+    std::vector<std::size_t> offsets;
+    std::size_t total = 0;
+    for (const auto& t : tensors) {
+      names.push_back(t.name.empty() ? label + "." + std::to_string(names.size()) : t.name);
+      check_new_tensor(names.back(), t.size, t.size, Backend::space, Backend::space);
+      if (std::find(names.begin(), names.end() - 1, names.back()) != names.end() - 1)
+        fail("tensor name '", names.back(), "' is used twice");
+      offsets.push_back(total);
+      total = align_up(total + t.size);
+    }
+    auto params = buffer<param_type>::zeroed(total);
+    auto grads = buffer<grad_type>::zeroed(total);
+    for (std::size_t i = 0; i < tensors.size(); ++i)  // new memory, unless a registered tensor was freed
+      check_unclaimed(names[i], params.data() + offsets[i], grads.data() + offsets[i], tensors[i].size);
+    param_group& g = new_group(o);
+    g.flat_ = true;
+    g.flat_param_ = std::move(params);
+    g.flat_grad_ = std::move(grads);
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      g.entries_.push_back({std::move(names[i]), g.flat_param_.data() + offsets[i], g.flat_grad_.data() + offsets[i], tensors[i].size});
+      claim(g.index_, i);
+    }
+    return g;
+  }
+  param_group& add_flat_group(const group_options& o, std::initializer_list<tensor_spec> tensors) {
+    return add_flat_group(o, std::span<const tensor_spec>(tensors.begin(), tensors.size()));
+  }
+
+  std::size_t group_count() const { return groups_.size(); }
+  param_group& group(std::size_t i) {
+    if (i >= groups_.size()) fail("there are ", groups_.size(), " groups, no group ", i);
+    return *groups_[i];
+  }
+
+ protected:
+  tensor_registry() = default;
+  tensor_registry(const tensor_registry&) = delete;
+  tensor_registry& operator=(const tensor_registry&) = delete;
+
+  static std::size_t align_up(std::size_t n) {
+    constexpr std::size_t a = aligned_buffer<float>::alignment / sizeof(float);
+    return (n + a - 1) / a * a;
+  }
+
+  param_group& new_group(const group_options& o) {
+    if (finalized_) fail("cannot add a group after the first step");
+    groups_.push_back(std::unique_ptr<param_group>(new param_group(this, std::uint32_t(groups_.size()), o)));
+    return *groups_.back();
+  }
+
+  void check_new_tensor(const std::string& name, std::size_t param_size, std::size_t grad_size, memory_space param_space,
+                        memory_space grad_space) const {
+    if (finalized_) fail("cannot add tensor '", name, "' after the first step");
+    if (param_size != grad_size)
+      fail("tensor '", name, "': parameter has ", param_size, " elements but gradient has ", grad_size);
+    if (param_size == 0) fail("tensor '", name, "' has no elements");
+    auto where = [](memory_space s) { return s == memory_space::host ? "host" : "device"; };
+    if (!Backend::accepts(param_space) || !Backend::accepts(grad_space))
+      fail("tensor '", name, "': parameter in ", where(param_space), " memory, gradient in ", where(grad_space),
+                   " memory; the ", Backend::name, " backend needs ", where(Backend::space), " memory");
+    for (const auto& g : groups_)
+      for (const auto& e : g->entries_)
+        if (e.name == name) fail("tensor name '", name, "' is used twice");
+  }
+
+  /// Refuses tensor `name` if its parameter and gradient overlap each other or any tensor registered
+  /// before: the update would read one tensor's writes as another's input. Each check looks at the
+  /// two neighbours in an address-ordered map: O(n log n) for n tensors.
+  void check_unclaimed(const std::string& name, const param_type* param, const grad_type* grad, std::size_t size) const {
+    const auto [p, p_end] = bytes_of(param, size);
+    const auto [g, g_end] = bytes_of(grad, size);
+    if (std::less<>{}(p, g_end) && std::less<>{}(g, p_end))
+      fail("tensor '", name, "': parameter and gradient memory overlap");
+    auto refuse_overlap = [&](const std::byte* begin, const std::byte* end, std::string_view what) {
+      const auto next = claimed_.upper_bound(begin);  // the first range starting after begin
+      const claimed_memory* other = nullptr;
+      if (next != claimed_.end() && std::less<>{}(next->first, end)) other = &next->second;
+      else if (next != claimed_.begin() && std::less<>{}(begin, std::prev(next)->second.end)) other = &std::prev(next)->second;
+      if (other)
+        fail("tensor '", name, "': its ", what, " memory overlaps the ", other->gradient ? "gradient" : "parameter",
+                     " of tensor '", groups_[other->group]->entries_[other->entry].name,
+                     "'; every tensor needs memory of its own");
+    };
+    refuse_overlap(p, p_end, "parameter");
+    refuse_overlap(g, g_end, "gradient");
+  }
+  /// Records the memory of entry i of group g, checked by check_unclaimed.
+  void claim(std::uint32_t group, std::size_t i) {
+    const auto& e = groups_[group]->entries_[i];
+    const auto [p, p_end] = bytes_of(e.param, e.size);
+    const auto [g, g_end] = bytes_of(e.grad, e.size);
+    claimed_.emplace(p, claimed_memory{p_end, group, std::uint32_t(i), false});
+    claimed_.emplace(g, claimed_memory{g_end, group, std::uint32_t(i), true});
+  }
+  template <class T>
+  static std::pair<const std::byte*, const std::byte*> bytes_of(const T* data, std::size_t size) {
+    const auto* begin = reinterpret_cast<const std::byte*>(data);
+    return {begin, begin + size * sizeof(T)};
+  }
+
+  /// The name of tensor i, counting every group's tensors in order.
+  const std::string& tensor_name(std::size_t i) const {
+    for (const auto& g : groups_) {
+      if (i < g->entries_.size()) return g->entries_[i].name;
+      i -= g->entries_.size();
+    }
+    fail("no tensor ", i);
+  }
+  std::size_t first_tensor_of(std::uint32_t g) const {
+    std::size_t n = 0;
+    for (std::uint32_t k = 0; k < g; ++k) n += groups_[k]->entries_.size();
+    return n;
+  }
+
+  std::vector<std::unique_ptr<param_group>> groups_;
+  bool finalized_ = false;  ///< the groups are fixed (Opt::finalize)
+
+ private:
+  /// The memory of every registered tensor, by start address (check_unclaimed). Made at
+  /// registration, like the groups' entries, and so not in memory_report().
+  struct claimed_memory {
+    const std::byte* end;
+    std::uint32_t group, entry;
+    bool gradient;
+  };
+  std::map<const std::byte*, claimed_memory, std::less<>> claimed_;
+};
+
+}  // namespace detail
+}  // namespace mpopt
