@@ -341,5 +341,15 @@ TEST_SUITE("layout") {
         CHECK(std::count(owned[t].begin(), owned[t].end(), 1) == std::ptrdiff_t(sizes[t]));
     }
   }
+
+  TEST_CASE("a shard order that is not one rank per shard is refused") {
+    const std::vector<std::uint32_t> groups = {0, 0};
+    const std::vector<std::size_t> sizes = {5, 300};
+    using ranks = std::vector<std::size_t>;
+    for (const ranks& bad : {ranks{0, 0, 2}, ranks{0, 1}, ranks{0, 1, 3}, ranks{2, 1, 0, 3}})
+      CHECK_THROWS_WITH_AS(mpopt::detail::flat_layout(groups, sizes, 1, 3, 0, true, bad),
+                           doctest::Contains("shard_ranks must give each of the 3 shards a rank of its own"), mpopt::error);
+    CHECK_NOTHROW(mpopt::detail::flat_layout(groups, sizes, 1, 3, 0, true, ranks{2, 0, 1}));
+  }
 }
 #endif

@@ -15,13 +15,10 @@
 #include <mpopt/mpi.hpp>
 #include <mpopt/mpopt.hpp>
 
-#include <filesystem>
-#include <optional>
 #include <string_view>
 
 #include "../examples/user_rules.hpp"
 #include "mpi_world.hpp"
-#include "temp_dir.hpp"
 #include "test_backend.hpp"
 
 namespace {
@@ -121,22 +118,6 @@ struct reversed_zero1 {
   };
 };
 static_assert(mpopt::partition_policy<reversed_zero1, mpopt::fp16, mpopt::host, mpopt::mpi>);
-
-/// A folder every rank sees: rank 0's, removed when every rank is done with it.
-struct shared_folder {
-  std::optional<temp_dir> owner;
-  std::filesystem::path path;
-  shared_folder() {
-    if (world_rank() == 0) owner.emplace("mpopt_partition_");
-    std::string name = owner ? owner->path.string() : std::string();
-    int size = int(name.size());
-    MPI_Bcast(&size, 1, MPI_INT, 0, MPI_COMM_WORLD);
-    name.resize(std::size_t(size));
-    MPI_Bcast(name.data(), size, MPI_CHAR, 0, MPI_COMM_WORLD);
-    path = name;
-  }
-  ~shared_folder() { MPI_Barrier(MPI_COMM_WORLD); }
-};
 
 /// Whether a's parameters equal b's bit for bit.
 template <class A, class B>
@@ -288,13 +269,13 @@ TEST_SUITE("mpi") {
       CHECK(std::equal(x.begin(), x.end(), y.begin(), y.end()));
     }
     // Each one's checkpoint resumes the other: three more steps, all four alike.
-    const shared_folder dir;
-    z1.opt.save(dir.path / "zero1.safetensors");
-    rev.opt.save(dir.path / "reversed.safetensors");
+    const shared_dir dir;
+    z1.opt.save(dir / "zero1.safetensors");
+    rev.opt.save(dir / "reversed.safetensors");
     rig<zero1_opt> z1_from_rev(b, a, o, so, mpopt::mpi{MPI_COMM_WORLD, det});
     rig<reversed_opt> rev_from_z1(b, a, o, so, mpopt::mpi{MPI_COMM_WORLD, det});
-    z1_from_rev.opt.load(dir.path / "reversed.safetensors");
-    rev_from_z1.opt.load(dir.path / "zero1.safetensors");
+    z1_from_rev.opt.load(dir / "reversed.safetensors");
+    rev_from_z1.opt.load(dir / "zero1.safetensors");
     CHECK(same_parameters(z1_from_rev, z1));
     for (int s = 9; s <= 11; ++s) {
       CAPTURE(s);

@@ -586,15 +586,6 @@ std::pair<mpopt::step_status, mpopt::step_status> boundary(
   return {sd, sl};
 }
 
-/// Broadcasts a string from rank 0.
-std::string broadcast_string(std::string s) {
-  int n = int(s.size());
-  MPI_Bcast(&n, 1, MPI_INT, 0, MPI_COMM_WORLD);
-  s.resize(std::size_t(n));
-  MPI_Bcast(s.data(), n, MPI_CHAR, 0, MPI_COMM_WORLD);
-  return s;
-}
-
 /// Forwards to MPI and counts the bytes this rank hands the all-reduces, all-to-alls and
 /// all-gathers (its own piece of each gather); can throw once, at the n-th all-gather, on every
 /// rank, as a broken network would be seen by all.
@@ -636,17 +627,5 @@ struct counting_mpi : mpopt::mpi {
   }
 };
 static_assert(mpopt::communicator<counting_mpi>);
-
-/// A directory rank 0 creates (and removes at the end); every rank knows its name.
-struct shared_dir {
-  std::optional<temp_dir> owner;
-  std::filesystem::path path;
-  shared_dir() {
-    if (world_rank() == 0) owner.emplace("mpopt_mpi_");
-    path = broadcast_string(owner ? owner->path.string() : std::string());
-  }
-  ~shared_dir() { MPI_Barrier(MPI_COMM_WORLD); }  // nobody still reads when rank 0 removes it
-  std::filesystem::path operator/(const std::string& name) const { return path / name; }
-};
 
 }  // namespace

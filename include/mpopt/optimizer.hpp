@@ -7,10 +7,6 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
-#include <functional>
-#include <iterator>
-#include <map>
-#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -20,7 +16,6 @@
 #include "adam.hpp"
 #include "communicator.hpp"
 #include "compressed_allreduce.hpp"
-#include "detail/aligned_buffer.hpp"
 #include "detail/agreement.hpp"
 #include "detail/checkpoint.hpp"
 #include "detail/flat_layout.hpp"
@@ -545,10 +540,7 @@ class optimizer
   }
 
   /// Waits for the passes and collectives issued so far.
-  void wait() {
-    detail::wait_for_collectives(comm_);
-    backend_.synchronize();
-  }
+  void wait() { detail::wait_for_all(backend_, comm_); }
 
   /// Whether the backend decides the step (step_decision.hpp): one rank, replicated, always; a device
   /// backend also across ranks and under ZeRO, so that the overflow flag and norm stay in device

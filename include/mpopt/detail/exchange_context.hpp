@@ -27,11 +27,16 @@ void wait_for_collectives(metered<C>& comm) {
   if constexpr (stream_communicator<C> && requires { comm.inner().synchronize(); }) comm.inner().synchronize();
 }
 
+/// Waits for the passes and collectives issued so far.
+template <class Backend, class C>
+void wait_for_all(Backend& backend, metered<C>& comm) {
+  wait_for_collectives(comm);
+  backend.synchronize();
+}
+
 template <class Precision, class Backend, class Communicator>
 struct exchange_context {
   using precision = Precision;
-  using backend_type = Backend;
-  using communicator_type = Communicator;
 
   Backend& backend;
   metered<Communicator>& comm;
@@ -44,11 +49,7 @@ struct exchange_context {
   /// What gradients are multiplied by before they are summed across ranks (gradient_predivide).
   float send_scale = 1.0f;
 
-  /// Waits for the passes and collectives issued so far.
-  void wait() const {
-    wait_for_collectives(comm);
-    backend.synchronize();
-  }
+  void wait() const { wait_for_all(backend, comm); }
 };
 
 }  // namespace mpopt::detail

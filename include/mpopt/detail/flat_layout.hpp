@@ -168,10 +168,15 @@ class flat_layout {
 
   static std::size_t round_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
 
+  /// Shard sh of space s within the flat range [begin, end) (empty when lo >= hi).
+  static std::pair<std::size_t, std::size_t> shard_in_range(const space& s, std::size_t sh, std::size_t begin,
+                                                            std::size_t end) {
+    return {std::max(begin, s.begin + sh * s.shard), std::min(end, s.begin + (sh + 1) * s.shard)};
+  }
+
   /// The flat range of tensor t's elements in shard r (empty when lo >= hi).
   std::pair<std::size_t, std::size_t> in_shard(std::size_t t, std::size_t r) const {
-    const space& s = spaces_[groups_[t]];
-    return {std::max(offset_[t], s.begin + r * s.shard), std::min(offset_[t] + sizes_[t], s.begin + (r + 1) * s.shard)};
+    return shard_in_range(spaces_[groups_[t]], r, offset_[t], offset_[t] + sizes_[t]);
   }
 
   std::size_t group_of_flat(std::size_t x) const {
@@ -206,12 +211,6 @@ class flat_layout {
         a = b;
       }
     }
-  }
-
-  /// Shard sh of space s within the flat range [begin, end) (empty when lo >= hi).
-  static std::pair<std::size_t, std::size_t> shard_in_range(const space& s, std::size_t sh, std::size_t begin,
-                                                            std::size_t end) {
-    return {std::max(begin, s.begin + sh * s.shard), std::min(end, s.begin + (sh + 1) * s.shard)};
   }
 
   bucket make_bucket(std::size_t g, std::size_t begin, std::size_t end) const {
