@@ -24,9 +24,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "communicator.hpp"
+#include "detail/agree.hpp"
 #include "detail/sign_compression.hpp"
 #include "detail/validate.hpp"
 #include "detail/work_list.hpp"
@@ -58,6 +61,37 @@ class compressed_allreduce {
     worker_.add(0, 0, padded_, 0);
     server_.add(0, 0, chunk_, 0);
     partial_.assign(std::max(worker_.size(), server_.size()), 0.0);
+  }
+
+  /// Checks that `comm` delivers what the exchange needs: bytes to the right rank in an all-to-all,
+  /// bytes and floats in the right place in all-gathers. If any rank found a fault, every rank
+  /// throws ("<user> preflight: ..."). Collective.
+  template <communicator C>
+  static void preflight(C& comm, std::string_view user) {
+    const std::size_t w = std::size_t(comm.size()), r = std::size_t(comm.rank());
+    auto code = [](std::size_t from, std::size_t to) { return std::uint8_t(from * 31 + to * 7 + 1); };
+    std::vector<std::uint8_t> sent(w), received(w), gathered(w, 0);
+    std::vector<float> ranks(w, -1.0f);
+    const std::vector<std::size_t> ones(w, 1);
+    std::string problem;
+    try {
+      for (std::size_t j = 0; j < w; ++j) sent[j] = code(r, j);
+      comm.all_to_all(std::span<const std::uint8_t>(sent), std::span<std::uint8_t>(received));
+      gathered[r] = std::uint8_t(r + 1);
+      comm.all_gather(std::span<std::uint8_t>(gathered), std::span<const std::size_t>(ones));
+      const float mine = float(r);
+      comm.all_gather(std::span<const float>(&mine, 1), std::span<float>(ranks));
+      for (std::size_t i = 0; i < w && problem.empty(); ++i) {
+        if (received[i] != code(i, r)) problem = "all_to_all of bytes delivered the wrong block from rank " + std::to_string(i);
+        else if (gathered[i] != std::uint8_t(i + 1)) problem = "all_gather of bytes put rank " + std::to_string(i) + "'s piece elsewhere";
+        else if (ranks[i] != float(i)) problem = "all_gather of floats put rank " + std::to_string(i) + "'s value elsewhere";
+      }
+    } catch (const error& e) {
+      problem = e.what();
+    }
+    detail::agree(comm, std::string(user) + " preflight", [&] {
+      if (!problem.empty()) detail::fail(user, " preflight on ", C::name, " (rank ", r, " of ", w, "): ", problem);
+    });
   }
 
   std::size_t size() const { return size_; }

@@ -21,8 +21,9 @@
 #include <nlohmann/json.hpp>
 
 #include "detail/json_fields.hpp"
-#include "lamb.hpp"
+#include "detail/onebit_driver.hpp"
 #include "detail/validate.hpp"
+#include "lamb.hpp"
 
 namespace mpopt {
 
@@ -87,7 +88,12 @@ struct onebit_lamb {
     return {float(o.beta1), float(o.beta2), float(1.0 - o.beta1), float(1.0 - o.beta2), float(o.eps),
             float(o.weight_decay), false, o.lr, o.min_coeff, o.max_coeff};
   }
-  // Warm-up steps are LAMB's; the compression stage's passes are in detail/passes.hpp.
+  /// Warm-up, then compressed exchanges of the momentum: a step that is not a fixed chain of
+  /// passes, so the rule names its own driver (detail/rule_driver.hpp, detail/onebit_driver.hpp).
+  template <class Precision, class Partition, class Backend, class Communicator>
+  using driver = detail::onebit_driver<onebit_lamb, Precision, Partition, Backend, Communicator>;
+
+  // Warm-up steps are LAMB's stages; the compression stage's passes are in detail/onebit_passes.hpp.
   template <class E>
   MPOPT_HOST_DEVICE static void direction(const scalars& k, E& e) {
     lamb::direction(k, e);

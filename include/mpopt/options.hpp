@@ -4,6 +4,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "detail/validate.hpp"
+
 namespace mpopt {
 
 /// How micro-step gradients are combined at the accumulation boundary.
@@ -29,5 +31,27 @@ struct optimizer_options {
   /// single process.
   bool sum_by_shard = false;
 };
+
+/// What load() does with state that cannot carry over.
+struct load_options {
+  /// 1-bit LAMB: a file saved in the compression stage by W > 1 ranks holds their error-feedback
+  /// buffers, which belong to those ranks. Loading on another number of ranks (above 1) throws
+  /// unless this is set; then the errors start at zero, as DeepSpeed always does on load.
+  bool reset_compression_errors = false;
+};
+
+namespace detail {
+/// o, checked (`unscaled`: the loss scaler is mpopt::no_scaling); throws naming the first bad field.
+inline optimizer_options validated(optimizer_options o, bool unscaled) {
+  require_non_negative("clip_grad", o.clip_grad);
+  if (o.accumulation_steps < 1) fail("accumulation_steps must be >= 1, got ", o.accumulation_steps);
+  if (o.bucket_elements < 1 || o.bucket_elements > (std::size_t{1} << 30))
+    fail("bucket_elements must be in [1, 2^30], got ", o.bucket_elements);
+  require_float_scale("gradient_predivide", o.gradient_predivide);
+  if (!o.skip_nonfinite && !unscaled)
+    fail("skip_nonfinite = false needs mpopt::no_scaling: a loss-scaled step must skip on overflow");
+  return o;
+}
+}  // namespace detail
 
 }  // namespace mpopt

@@ -51,9 +51,10 @@ struct zero2 {
 };
 
 /// What the optimizer asks of a partition's exchange E, in the order of a step:
-///   E::sharded                  which elements I own: one shard of each group (then the norms'
-///                               partial sums are added over ranks), or all of them
-///   E::lay_out(groups, sizes, n, c)  the flat layout (detail/flat_layout.hpp) that says so
+///   E::lay_out(groups, sizes, n, c)  which elements I own: the flat layout (detail/flat_layout.hpp),
+///                               one shard of each group (then the norms' partial sums are added
+///                               over ranks) or all of them
+///   E::sharded                  the same at compile time, for rules that need every element
 ///   e.allocate(layout, c)       its buffers, at finalize()
 ///   e.grad_ready(c, t)          backward finished tensor t; false if it was reported already
 ///   e.grad_consumed(t)          whether tensor t's gradient memory may be reused

@@ -1,14 +1,16 @@
-// mpopt — agreement across ranks: an outcome every rank shares (agree), the settings every rank
-// must hold alike before any gradient moves (check_same_settings), and 1-bit LAMB's preflight of
-// the communicator. The optimizer derives from agreement<itself, its policies>.
+// mpopt — agreement across ranks: an outcome every rank shares (agree), each step's overflow test
+// and global norm (agree_on_backend, decide_on_host), and the settings every rank must hold alike
+// before any gradient moves (check_same_settings). The optimizer derives from agreement<itself,
+// its policies>.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -17,6 +19,10 @@
 #include "../error.hpp"
 #include "../options.hpp"
 #include "../precision.hpp"
+#include "agree.hpp"
+#include "exchange_context.hpp"
+#include "step_data.hpp"
+#include "step_decision.hpp"
 #include "same_settings.hpp"
 #include "state_file.hpp"
 
@@ -25,54 +31,45 @@ namespace mpopt::detail {
 template <class Opt, class Precision, class LossScaler, class Partition, class UpdateRule, class Backend, class Communicator>
 class agreement {
  protected:
-  /// 1-bit LAMB checks, before anything else, that the communicator delivers what the compressed
-  /// all-reduce needs: bytes to the right rank in an all-to-all, bytes and floats in the right place
-  /// in all-gathers. Every rank throws if any found a fault. Collective.
-  void preflight() {
-    Opt& o = self();
-    const std::size_t w = std::size_t(o.comm_.size()), r = std::size_t(o.comm_.rank());
-    auto code = [](std::size_t from, std::size_t to) { return std::uint8_t(from * 31 + to * 7 + 1); };
-    std::vector<std::uint8_t> sent(w), received(w), gathered(w, 0);
-    std::vector<float> ranks(w, -1.0f);
-    const std::vector<std::size_t> ones(w, 1);
-    std::string problem;
-    try {
-      for (std::size_t j = 0; j < w; ++j) sent[j] = code(r, j);
-      o.comm_.all_to_all(std::span<const std::uint8_t>(sent), std::span<std::uint8_t>(received));
-      gathered[r] = std::uint8_t(r + 1);
-      o.comm_.all_gather(std::span<std::uint8_t>(gathered), std::span<const std::size_t>(ones));
-      const float mine = float(r);
-      o.comm_.all_gather(std::span<const float>(&mine, 1), std::span<float>(ranks));
-      for (std::size_t i = 0; i < w && problem.empty(); ++i) {
-        if (received[i] != code(i, r)) problem = "all_to_all of bytes delivered the wrong block from rank " + std::to_string(i);
-        else if (gathered[i] != std::uint8_t(i + 1)) problem = "all_gather of bytes put rank " + std::to_string(i) + "'s piece elsewhere";
-        else if (ranks[i] != float(i)) problem = "all_gather of floats put rank " + std::to_string(i) + "'s value elsewhere";
-      }
-    } catch (const error& e) {
-      problem = e.what();
-    }
-    agree("1-bit LAMB preflight", [&] {
-      if (!problem.empty())
-        fail("1-bit LAMB preflight on ", Communicator::name, " (rank ", r, " of ", w, "): ", problem);
-    });
-    o.comm_.take_bytes();
-  }
-
   /// Runs f on every rank and agrees on the outcome: if it threw mpopt::error anywhere, it throws on
   /// every rank (its own message where it failed), so no rank goes on into a collective alone.
   template <class F>
   void agree(std::string_view what, F&& f) {
+    detail::agree(self().comm_, what, std::forward<F>(f));
+  }
+
+  /// Across ranks, the backend's step sums are agreed where they are: the non-finite chunks (one
+  /// rank's overflow skips the step on all) and, sharded, the squared norm of each shard. Unsharded,
+  /// every rank's norm is already that of the same all-reduced gradients.
+  void agree_on_backend() {
     Opt& o = self();
-    std::optional<error> mine;
-    try {
-      f();
-    } catch (const error& e) {
-      mine = e;
+    if (o.comm_.size() == 1) return;
+    if constexpr (!stream_communicator<Communicator>) o.backend_.synchronize();  // the sums are done
+    double* sums = o.decision_sums_.data();
+    if (o.layout_->sharded()) o.comm_.all_reduce(std::span<double>(sums, 2), reduce_op::sum);
+    else o.comm_.all_reduce(std::span<double>(sums + 1, 1), reduce_op::sum);
+  }
+
+  /// The element-wise overflow test and the squared global norm, agreed by every rank, and the
+  /// decision they make. Every rank runs every reduction, whatever it found locally.
+  step_decision decide_on_host(const step_data<Precision>& d, const step_rule& rule) {
+    Opt& o = self();
+    o.backend_.gradient_norm(d);
+    o.wait();
+    std::uint8_t nonfinite = std::any_of(o.chunk_nonfinite_.begin(), o.chunk_nonfinite_.end(), [](auto b) { return b != 0; });
+    double sumsq = o.rank_ordered_sum_(o.work_, o.chunk_sums_.data(), 0, o.work_.size());  // the same for any thread count
+    o.comm_.all_reduce(std::span<std::uint8_t>(&nonfinite, 1), reduce_op::max);
+    if (o.compressing()) {
+      o.comm_.all_reduce(std::span<double>(&sumsq, 1), reduce_op::sum);
+    } else {
+      auto c = o.context();
+      o.exchange_.sum_partials(c, std::span<double>(&sumsq, 1));
     }
-    std::uint8_t failed = mine.has_value();
-    o.comm_.all_reduce(std::span<std::uint8_t>(&failed, 1), reduce_op::max);
-    if (mine) throw *mine;
-    if (failed) fail(what, "() failed on another rank");
+    step_decision decided;
+    decided.sumsq = sumsq;
+    decided.nonfinite = nonfinite;
+    rule.decide(decided);
+    return decided;
   }
 
   /// Every rank must hold the same policies, options (the optimizer's, the scaler's, each group's,

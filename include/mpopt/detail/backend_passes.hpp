@@ -106,22 +106,12 @@ class backend_passes {
     self().run_flat(fold_pass<D, S>{dst, src, n, add}, is_aligned(dst) && is_aligned(src));
   }
 
-  // 1-bit LAMB: the worker vector holds tensors back to back, unaligned.
-
-  template <class P>
-  void onebit_feed(const step_data<P>& d, const lamb_coefficients* k, const float* scaling, const std::size_t* fused,
-                   float* worker, double* partial) {
-    self().run(*d.work, onebit_feed_pass<P>{{{{placed(d), chunks(*d.work), {.sum64 = partial}}, k}, scaling, fused}, worker},
-               false);
-  }
-  /// `code` itself is read on the host; its bits and scales are where the passes run.
-  template <class P>
-  void onebit_momentum(const step_data<P>& d, const lamb_coefficients* k, const float* scaling, const std::size_t* fused,
-                       const sign_code* code, float* v_fresh, float* chunk_max) {
-    const pass_outputs out{.sum = d.chunk_sum, .sum2 = d.chunk_sum2, .largest = chunk_max};
-    const onebit_momentum_pass<P> pass{{{{placed(d), chunks(*d.work), out}, k}, scaling, fused, v_fresh},
-                                       code ? *code : sign_code{}};
-    self().run(*d.work, pass, false);
+  /// A pass of a rule's driver (rule_driver.hpp) over d's work list: make(tables, chunks) builds it
+  /// from d as the backend's kernels read it (placed) and the list's chunks. Element by element:
+  /// such passes may address buffers of their own, unaligned.
+  template <class P, class Make>
+  void tensor_pass(const step_data<P>& d, Make&& make) {
+    self().run(*d.work, make(placed(d), chunks(*d.work)), false);
   }
 
   // Flat state-indexed buffers; the compressed all-reduce's chunks start at multiples of 16.

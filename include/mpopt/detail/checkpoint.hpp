@@ -19,7 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../error.hpp"
-#include "../onebit_lamb.hpp"
+#include "../options.hpp"
 #include "../rule.hpp"
 #include "../tensor.hpp"
 #include "flat_layout.hpp"
@@ -28,14 +28,6 @@
 #include "state_file.hpp"
 
 namespace mpopt {
-
-/// What load() does with state that cannot carry over.
-struct load_options {
-  /// 1-bit LAMB: a file saved in the compression stage by W > 1 ranks holds their error-feedback
-  /// buffers, which belong to those ranks. Loading on another number of ranks (above 1) throws
-  /// unless this is set; then the errors start at zero, as DeepSpeed always does on load.
-  bool reset_compression_errors = false;
-};
 
 namespace detail {
 
@@ -46,8 +38,6 @@ struct state_dtype<bfloat16> : dtype_name<bfloat16> {};
 
 template <class Opt, class Precision, class LossScaler, class Partition, class UpdateRule, class Backend>
 class checkpointing {
-  static constexpr bool is_onebit = std::is_same_v<UpdateRule, onebit_lamb>;
-  static constexpr bool reducing = reducing_rule<UpdateRule>;
   static constexpr std::size_t state_count = UpdateRule::state.size();
 
  public:
@@ -72,7 +62,7 @@ class checkpointing {
         using T = std::remove_cv_t<std::remove_pointer_t<decltype(data)>>;
         header.push_back({std::move(key), std::string(state_dtype<T>::value), {std::int64_t(r.elements)}});
       });
-      for_each_error_tensor([&](std::string key, std::size_t elements) {
+      o.driver_.for_each_extra(o.comm_.size(), [&](std::string key, std::size_t elements) {
         header.push_back({std::move(key), "F32", {std::int64_t(elements)}});
       });
       out.emplace(path, describe(), std::move(header));
@@ -105,22 +95,7 @@ class checkpointing {
         }
       write(std::as_bytes(whole));
     });
-    // 1-bit LAMB's error buffers: each rank's worker error in turn, the server errors gathered.
-    if constexpr (is_onebit)
-      if (saves_errors()) {
-        auto& ex = o.onebit_.exchange;
-        const std::size_t r = std::size_t(o.comm_.rank()), chunk = ex.chunk_size();
-        whole_tensor.resize(ex.padded_size());
-        for (int k = 0; k < o.comm_.size(); ++k) {
-          if (o.comm_.rank() == k) o.backend_.to_host(whole_tensor.data(), ex.worker_error().data(), ex.padded_size());
-          o.comm_.broadcast(std::span<float>(whole_tensor), k);
-          write(std::as_bytes(std::span<const float>(whole_tensor)));
-        }
-        o.backend_.to_host(whole_tensor.data() + r * chunk, ex.server_error().data(), chunk);
-        const std::vector<std::size_t> counts(std::size_t(o.comm_.size()), chunk);
-        o.comm_.all_gather(std::span<float>(whole_tensor), std::span<const std::size_t>(counts));
-        write(std::as_bytes(std::span<const float>(whole_tensor)));
-      }
+    o.driver_.save_extra(o.comm_, o.backend_, write);  // what the rule's driver keeps besides (1-bit LAMB's errors)
     o.agree("save", [&] {
       if (failed) throw *failed;
       if (writer) out->finish();
@@ -153,21 +128,7 @@ class checkpointing {
     for_each_saved_tensor(o, [&](const std::string& key, const saved_range& r, auto* dst) {
       read(key, r.first, dst, r.count, r.on_device);
     });
-    if constexpr (is_onebit) {
-      o.onebit_.scaling_ready = saved.scaling_ready;
-      o.onebit_.compression_step = saved.compression_step;
-      if (o.comm_.size() > 1) {
-        auto& ex = o.onebit_.exchange;
-        ex.cancel();
-        if (saved.errors_world == o.comm_.size()) {
-          constexpr bool device = Backend::space == memory_space::device;
-          read(error_key(o.comm_.rank()), 0, ex.worker_error().data(), ex.padded_size(), device);
-          read(error_key(-1), std::size_t(o.comm_.rank()) * ex.chunk_size(), ex.server_error().data(), ex.chunk_size(), device);
-        } else {
-          ex.reset_errors();  // none saved (warm-up, one rank), or reset_compression_errors
-        }
-      }
-    }
+    o.driver_.restore(saved.driver, o.comm_, read);
     o.comm_.take_bytes();
     o.micro_step_ = 0;  // the saved state sits at an accumulation boundary
     o.pending_stage_ = Opt::stage::none;  // every parameter was just read
@@ -176,9 +137,7 @@ class checkpointing {
       o.groups_[g]->options_ = saved.groups[g];
       o.groups_[g]->step_ = saved.group_steps[g];
     }
-    o.applied_ = saved.applied;
-    o.skipped_ = saved.skipped;
-    o.consecutive_skips_ = saved.consecutive;
+    o.counts_ = {saved.applied, saved.skipped, saved.consecutive};
   }
 
  private:
@@ -191,16 +150,15 @@ class checkpointing {
     std::vector<typename UpdateRule::options> groups;
     std::vector<std::uint64_t> group_steps;
     std::uint64_t applied = 0, skipped = 0, consecutive = 0;
-    bool scaling_ready = false;         // 1-bit LAMB
-    std::uint64_t compression_step = 0;
-    int errors_world = 0;               // ranks whose error buffers the file holds (0: none)
+    typename Opt::driver::saved driver;  // what the rule's driver keeps besides
   };
 
   /// Checks a state file against this optimizer (policies, groups, tensor names, sizes, dtypes) and
   /// parses its header, changing nothing.
   saved_header check_saved(const state_reader& r, const std::string& where, const load_options& lo = {}) {
     Opt& o = self();
-    saved_header h{o.scaler_, {}, {}};
+    saved_header h;
+    h.scaler = o.scaler_;
     try {
       const nlohmann::json& meta = r.metadata();
       const nlohmann::json mine = describe();
@@ -237,25 +195,10 @@ class checkpointing {
         if (std::uint64_t(h.scaler.iteration()) > h.applied + h.skipped)
           fail(where, "saved dynamic_scale.iter (", h.scaler.iteration(), ") exceeds the steps taken (",
                h.applied + h.skipped, ")");
-      if constexpr (is_onebit) {
-        const auto& c = json_field(meta, "compression");
-        h.scaling_ready = json_flag(c, "scaling_ready", "compression.scaling_ready");
-        h.compression_step = json_count(c, "compression_step", h.applied, "compression.compression_step (at most applied_steps)");
-        const int world = int(json_integer(c, "world_size", 1, INT_MAX, "compression.world_size"));
-        h.errors_world = json_flag(c, "errors_saved", "compression.errors_saved") ? world : 0;
-        if (h.errors_world > 1 && h.errors_world != o.comm_.size() && o.comm_.size() > 1 && !lo.reset_compression_errors)
-          fail(where, "saved by ", h.errors_world, " ranks in 1-bit LAMB's compression stage, whose error-feedback "
-               "buffers belong to those ranks: load it on ", h.errors_world, " ranks to resume exactly, or pass "
-               "load_options{.reset_compression_errors = true} to continue on ", o.comm_.size(), " with zero errors");
-        if (h.errors_world != o.comm_.size()) h.errors_world = 0;  // not loaded
-        std::size_t elements = 0;  // the compressed vector: every tensor, padded to a multiple of 8 W
-        for (const auto& g : o.groups_)
-          for (const auto& e : g->entries_) elements += e.size;
-        const std::size_t unit = 8 * std::size_t(o.comm_.size()), padded = (elements + unit - 1) / unit * unit;
-        for (int k = -1; h.errors_world && k < o.comm_.size(); ++k)
-          if (!r.contains(error_key(k)) || r.shape(error_key(k)) != std::vector<std::int64_t>{std::int64_t(padded)})
-            fail(where, "tensor '", error_key(k), "' is missing or not [", padded, "]");
-      }
+      std::size_t elements = 0;
+      for (const auto& g : o.groups_)
+        for (const auto& e : g->entries_) elements += e.size;
+      h.driver = o.driver_.check_saved(meta, r, where, lo, h.applied, o.comm_.size(), elements);
     } catch (const nlohmann::json::exception& e) {
       fail(where, "malformed optimizer metadata: ", e.what());
     } catch (const error& e) {
@@ -301,36 +244,12 @@ class checkpointing {
     }
     nlohmann::json d = {{"precision", Precision::name},     {"loss_scaler", LossScaler::name},
                         {"partition", Partition::name},     {"rule", UpdateRule::name},
-                        {"scaler", o.scaler_.save()},         {"applied_steps", o.applied_},
-                        {"skipped_steps", o.skipped_},        {"consecutive_skips", o.consecutive_skips_},
+                        {"scaler", o.scaler_.save()},         {"applied_steps", o.counts_.applied},
+                        {"skipped_steps", o.counts_.skipped},        {"consecutive_skips", o.counts_.consecutive_skips},
                         {"groups", groups}};
-    if constexpr (is_onebit)
-      d["compression"] = {{"scaling_ready", o.onebit_.scaling_ready},
-                          {"compression_step", o.onebit_.compression_step},
-                          {"world_size", o.comm_.size()},
-                          {"errors_saved", saves_errors()}};
+    const nlohmann::json kept = o.driver_.describe(o.comm_.size());  // what the rule's driver adds
+    for (const auto& [key, value] : kept.items()) d[key] = value;
     return d;
-  }
-
-  /// 1-bit LAMB on several ranks, once compression has begun: the error buffers go into the file.
-  bool saves_errors() const {
-    const Opt& o = self();
-    if constexpr (is_onebit) return o.comm_.size() > 1 && o.onebit_.compression_step > 0;
-    else return false;
-  }
-  /// The file's name of rank k's worker error, or (k = -1) of the server errors of all ranks.
-  static std::string error_key(int k) {
-    return k < 0 ? "compression/server_error" : "compression/worker_error/" + std::to_string(k);
-  }
-  /// Calls f(key, elements) for the error tensors save() writes after the per-parameter ones.
-  template <class F>
-  void for_each_error_tensor(F&& f) const {
-    const Opt& o = self();
-    if constexpr (is_onebit)
-      if (saves_errors()) {
-        for (int k = 0; k < o.comm_.size(); ++k) f(error_key(k), o.onebit_.exchange.padded_size());
-        f(error_key(-1), o.onebit_.exchange.padded_size());
-      }
   }
 
   /// Tensor t's state, of which this rank holds `mine`, whole on every rank. The all-gather
@@ -384,17 +303,13 @@ class checkpointing {
           f(std::string(UpdateRule::state[k]) + "/" + e.name, held, state(self.state_[k]));
         ++t;
       }
-    if constexpr (reducing) {
-      const saved_range per_tensor{t, t, 0, t};
-      auto at = [&](auto& v) { return self.finalized_ ? v.data() : nullptr; };
-      f(std::string(UpdateRule::tensor_state), per_tensor, at(self.tensor_state_));
-      if constexpr (is_onebit) {
-        f(std::string("lamb_coeff_freeze"), per_tensor, at(self.onebit_.coeff_freeze));
-        f(std::string("last_factor"), per_tensor, at(self.onebit_.last_factor));
-        f(std::string("scaling_coeff"), per_tensor, at(self.onebit_.scaling));
-      }
-    }
-  }};
+    // What the rule's driver keeps per tensor (LAMB's tensor_state), one value each.
+    const saved_range per_tensor{t, t, 0, t};
+    Opt::driver::for_each_kept(self.driver_, [&](std::string key, auto* values) {
+      f(std::move(key), per_tensor, self.finalized_ ? values : nullptr);
+    });
+  }
+};
 
 }  // namespace detail
 }  // namespace mpopt

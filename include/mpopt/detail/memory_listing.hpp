@@ -45,27 +45,14 @@ class memory_listing {
     if constexpr (Precision::has_master) r.buffers.push_back({"master", "fp32 master weights", state, true});
     for (std::string_view name : UpdateRule::state)
       r.buffers.push_back({std::string(name), std::string(UpdateRule::name) + " state (fp32)", state, true});
-    std::size_t onebit_bookkeeping = 0;
-    if constexpr (Opt::is_onebit) {
-      if (o.comm_.size() > 1) {
-        const auto use = o.onebit_.exchange.memory_use();
-        r.buffers.push_back({"worker error", "compression error fed back into this rank's momentum (fp32, padded to 8 W)",
-                             use.worker_error, true});
-        r.buffers.push_back({"server error", "compression error of the chunk this rank averages (fp32)", use.server_error, true});
-        r.buffers.push_back({"sign bits", "the momentum's signs: sent, received, averaged (1 bit each)", use.sign_bits, true});
-        onebit_bookkeeping += use.bookkeeping;
-      }
-      onebit_bookkeeping += o.onebit_.bookkeeping_bytes();
-    }
+    const std::size_t driver_bookkeeping = o.driver_.list_memory(r);
     const std::size_t exchange_bookkeeping = o.exchange_.list_memory(r);
     const std::size_t bookkeeping =
         o.work_.bytes() + o.tensors_.capacity() * sizeof(o.tensors_[0]) +
-        o.layout_->bytes() + o.chunk_sums_.capacity() * sizeof(float) +
-        (o.norm_segments_.size() + o.run_segments_.size()) * sizeof(std::size_t) + o.run_sums_.size() * sizeof(double) +
-        o.chunk_nonfinite_.capacity() + (o.owner_sum_.capacity() + o.tensor_sums_.capacity()) * sizeof(double) +
-        o.decision_.size() * sizeof(step_decision) + o.decision_sums_.size() * sizeof(double) +
-        o.coefficients_.capacity() * sizeof(o.coefficients_[0]) + o.tensor_state_.capacity() * sizeof(double) +
-        o.tensor_scale_.capacity() * sizeof(float) + exchange_bookkeeping + onebit_bookkeeping;
+        o.layout_->bytes() + o.chunk_sums_.capacity() * sizeof(float) + o.chunk_nonfinite_.capacity() +
+        o.rank_ordered_sum_.bytes() + o.decision_.size() * sizeof(step_decision) +
+        o.decision_sums_.size() * sizeof(double) + o.coefficients_.capacity() * sizeof(o.coefficients_[0]) +
+        exchange_bookkeeping + driver_bookkeeping;
     r.buffers.push_back({"work list", "tensor table, layout, chunks, buckets, partial sums, per-group scalars", bookkeeping, true});
     if constexpr (requires { o.comm_.inner().workspace_bytes(); }) {
       std::string purpose = "the communicator's own buffers";

@@ -107,4 +107,28 @@ struct norm_segments {
   }
 };
 
+/// A list's per-chunk partials over chunks [c0, c1), added per owner and then over the owners in
+/// rank order: exactly what a rank-ordered all-reduce of each shard's sum gives, so every partition
+/// adds alike.
+class rank_ordered_sum {
+ public:
+  rank_ordered_sum() = default;
+  explicit rank_ordered_sum(const work_list& w) {
+    std::size_t owners = 0;
+    for (std::size_t c = 0; c < w.size(); ++c) owners = std::max(owners, std::size_t(w[c].owner) + 1);
+    per_owner_.assign(owners, 0.0);
+  }
+  double operator()(const work_list& w, const float* partial, std::size_t c0, std::size_t c1) {
+    std::fill(per_owner_.begin(), per_owner_.end(), 0.0);
+    for (std::size_t c = c0; c < c1; ++c) per_owner_[w[c].owner] += double(partial[c]);
+    double total = 0;
+    for (double x : per_owner_) total += x;
+    return total;
+  }
+  std::size_t bytes() const { return per_owner_.capacity() * sizeof(double); }
+
+ private:
+  std::vector<double> per_owner_;
+};
+
 }  // namespace mpopt::detail

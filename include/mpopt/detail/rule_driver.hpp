@@ -1,0 +1,59 @@
+// mpopt — a rule's driver: how the update of a committed step runs the rule's stages, and what the
+// rule keeps besides its per-element state. Almost every rule takes the default, staged_driver: its
+// stages as passes, split at the per-tensor reduction. A rule whose step is not a fixed chain of
+// passes (1-bit LAMB: warm-up, then a compressed exchange of the momentum) names its own,
+//   template <class Precision, class Partition, class Backend, class Communicator> using driver = ...;
+// and the optimizer calls it through the same vocabulary:
+//   D::host_decides            the host makes each step's decision (the driver reads the device mid-step)
+//   D::preflight(comm)         at construction: checks the communicator (collectively, if it checks)
+//   D::check_groups(groups)    at finalize, on every rank: what must agree across groups; throws
+//   d.allocate(c), d.started(c)  its buffers at finalize; after the state is initialized
+//   d.local_gradients(groups)  whether this step's gradients stay on their rank, each standing for
+//                              the combined one (the partition then neither sums nor averages them)
+//   d.begin(c)                 the update's first pass: the step is committed once it ran
+//   d.finish(c)                what is left (reductions, exchanges, the last pass); run again if it threw
+//   d.report(status)           what the step status says of it
+//   d.list_memory(report)      its buffers; returns its bookkeeping bytes
+//   checkpoints: D::for_each_kept(d, f) (per-tensor values by name), d.describe(world),
+//   d.check_saved(...), d.restore(...), d.for_each_extra(world, f), d.save_extra(...)
+#pragma once
+
+#include <span>
+
+#include "step_data.hpp"
+
+namespace mpopt::detail {
+
+/// What a driver works with during one call: the partition's context (backend, communicator,
+/// options, the step's buffers), and the committed step's gradients, scalars and groups.
+template <class Exchange, class Scalars, class Groups>
+struct rule_context : Exchange::context {
+  using precision = typename Exchange::context::precision;
+
+  Exchange& exchange;
+  /// Where the committed step reads its gradients (the partition's boundary), with the state.
+  step_data<precision> gradients;
+  const Scalars* scalars;  ///< per group, fixed at commit
+  const Groups& groups;    ///< the parameter groups: options() and step() of each
+
+  /// Per-tensor partial sums (of squares), combined across ranks as the partition says.
+  void sum_partials(std::span<double> sums) { exchange.sum_partials(*this, sums); }
+};
+
+template <class Rule, class Precision, class Backend, class Communicator>
+class staged_driver;
+
+/// The driver of Rule: its own if it names one, else the staged passes.
+template <class Rule, class Precision, class Partition, class Backend, class Communicator>
+struct driver_of {
+  using type = staged_driver<Rule, Precision, Backend, Communicator>;
+};
+template <class Rule, class Precision, class Partition, class Backend, class Communicator>
+  requires requires { typename Rule::template driver<Precision, Partition, Backend, Communicator>; }
+struct driver_of<Rule, Precision, Partition, Backend, Communicator> {
+  using type = typename Rule::template driver<Precision, Partition, Backend, Communicator>;
+};
+template <class Rule, class Precision, class Partition, class Backend, class Communicator>
+using driver_of_t = typename driver_of<Rule, Precision, Partition, Backend, Communicator>::type;
+
+}  // namespace mpopt::detail

@@ -1,0 +1,81 @@
+// mpopt — what a user reads of the optimizer's state: which elements of a tensor this rank holds,
+// their fp32 masters and rule state, and what the rule's driver keeps per tensor. The optimizer
+// derives from state_access<itself, its policies, its rule's driver>.
+#pragma once
+
+#include <cstddef>
+#include <span>
+#include <string>
+
+#include "validate.hpp"
+
+namespace mpopt::detail {
+
+template <class Opt, class Precision, class UpdateRule, class Driver>
+class state_access {
+  static constexpr std::size_t state_count = UpdateRule::state.size();
+
+ public:
+  std::size_t tensor_count() const { return self().tensors_.size(); }
+
+  /// The elements of tensor i whose state this rank holds: all of them unless sharded.
+  struct owned_elements {
+    std::size_t first, count;
+  };
+  owned_elements owned(std::size_t i) const {
+    tensor_at(i);
+    const auto o = self().layout_->owned(i);
+    return {o.first, o.count};
+  }
+  /// fp32 master weights of tensor i (in registration order), the owned elements; for fp32 the
+  /// parameter itself.
+  std::span<const float> master(std::size_t i) const {
+    const auto& t = tensor_at(i);
+    const auto o = self().layout_->owned(i);
+    if constexpr (Precision::has_master) return {self().master_.data() + o.state, o.count};
+    else return {t.param + o.first, o.count};
+  }
+  /// State buffer k of the rule (UpdateRule::state[k]: adam's 0 is exp_avg, 1 exp_avg_sq) of
+  /// tensor i, the owned elements.
+  std::span<const float> moment(std::size_t k, std::size_t i) const {
+    tensor_at(i);
+    if (k >= state_count)
+      fail("moment ", k, ": ", UpdateRule::name, " keeps ",
+           state_count ? "moments 0 to " + std::to_string(state_count - 1) : std::string("no moments"));
+    const auto o = self().layout_->owned(i);
+    return {self().state_[k].data() + o.state, o.count};
+  }
+
+  /// What a reducing rule keeps per tensor (UpdateRule::tensor_state), from the last applied step,
+  /// in registration order: LAMB's trust ratios (1-bit LAMB's compression stage: the frozen
+  /// coefficient times the factor).
+  std::span<const double> tensor_state() const
+    requires requires(const Driver& d) { d.tensor_state(); }
+  {
+    return self().driver_.tensor_state();
+  }
+  /// LAMB's name for tensor_state() (DeepSpeed's get_lamb_coeffs()).
+  std::span<const double> lamb_coeffs() const
+    requires requires(const Driver& d) { d.tensor_state(); }
+  {
+    return self().driver_.tensor_state();
+  }
+  /// 1-bit LAMB with more than one rank: the compressed all-reduce, with this rank's error buffers.
+  decltype(auto) compression() const
+    requires requires(const Driver& d) { d.compression(); }
+  {
+    return self().driver_.compression();
+  }
+
+ protected:
+  const auto& tensor_at(std::size_t i) const {
+    const auto& tensors = self().tensors_;
+    if (i >= tensors.size()) fail("there are ", tensors.size(), " tensors (after finalize), no tensor ", i);
+    return tensors[i];
+  }
+
+ private:
+  const Opt& self() const { return static_cast<const Opt&>(*this); }
+};
+
+}  // namespace mpopt::detail

@@ -1,0 +1,74 @@
+// mpopt — the optimizer's step accounting: applied and skipped steps, what a skip may not exceed
+// (the loss scale's floor, max_consecutive_skips), and the loss scaler told of each outcome.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "../status.hpp"
+#include "validate.hpp"
+#include "work_list.hpp"
+
+namespace mpopt::detail {
+
+struct step_counts {
+  std::uint64_t applied = 0, skipped = 0, consecutive_skips = 0;
+
+  /// The optimizer step the next boundary completes, counting applied and skipped ones from 1.
+  std::uint64_t next() const { return applied + skipped + 1; }
+
+  /// An applied step, and the scaler's good step.
+  template <class Scaler>
+  void apply(Scaler& scaler) {
+    scaler.update(false);
+    ++applied;
+    consecutive_skips = 0;
+  }
+
+  /// A skipped step: throws first if the scaler or the skip limit says the run cannot go on
+  /// (changing nothing), then lets the scaler see the overflow. why() names what overflowed.
+  template <class Scaler, class Why>
+  void skip(Scaler& scaler, std::uint64_t max_consecutive_skips, Why&& why) {
+    const double scale = scaler.scale();
+    if (scaler.raises_on(true))
+      fail("loss scale already at its minimum (", scale, ") and the gradients still overflow; ", why(), "; skipped ",
+           skipped, " of ", skipped + applied,
+           " steps so far. Consider bf16, a lower learning rate, or at_min_scale::keep_skipping");
+    if (max_consecutive_skips && consecutive_skips + 1 >= max_consecutive_skips)
+      fail(consecutive_skips + 1, " consecutive steps skipped (max_consecutive_skips = ", max_consecutive_skips,
+           "); loss scale ", scale, "; ", why());
+    scaler.update(true);
+    ++skipped;
+    ++consecutive_skips;
+  }
+
+  /// The status's counters and scale, as they stand after the call.
+  template <class Scaler>
+  void report(step_status& st, const Scaler& scaler) const {
+    st.scale_after = scaler.scale();
+    st.skipped_steps = skipped;
+    st.consecutive_skips = consecutive_skips;
+  }
+};
+
+/// Names the tensors whose gradients held inf or NaN on this rank, from the per-chunk flags of the
+/// overflow pass over `work` (name_of(t): tensor t's name).
+template <class NameOf>
+std::string nonfinite_report(const work_list& work, const std::uint8_t* chunk_nonfinite, std::size_t tensors,
+                             NameOf&& name_of) {
+  std::string names;
+  std::size_t count = 0;
+  for (std::size_t t = 0; t < tensors; ++t) {
+    bool bad = false;
+    for (std::size_t c = work.first_chunk(t); c < work.first_chunk(t + 1); ++c) bad |= chunk_nonfinite[c] != 0;
+    if (!bad) continue;
+    if (++count > 8) continue;
+    if (!names.empty()) names += ", ";
+    names.append("'").append(name_of(t)).append("'");
+  }
+  if (count == 0) return "no local gradient is non-finite: the global norm overflowed, or another rank overflowed";
+  return "non-finite gradients in " + names + (count > 8 ? " and " + std::to_string(count - 8) + " more" : "");
+}
+
+}  // namespace mpopt::detail
