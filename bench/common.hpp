@@ -147,7 +147,8 @@ inline std::string case_name(std::string_view precision, std::string_view rule, 
 }
 
 /// run.template operator()<Precision, Scaler, Rule>(precision, rule, fused) for every case, fused
-/// then unfused: fp32 and bf16 unscaled, fp16 with a static loss scale.
+/// then unfused: fp32 and bf16 unscaled, fp16 with a static loss scale, and bf16 Adam with
+/// stochastic rounding.
 template <class Run>
 void for_each_case(Run&& run) {
   auto both = [&]<class P, class S, class R>(std::string_view precision, std::string_view rule) {
@@ -160,6 +161,8 @@ void for_each_case(Run&& run) {
   both.template operator()<mpopt::fp16, mpopt::static_scale, mpopt::lamb>("fp16", "lamb");
   both.template operator()<mpopt::bf16, mpopt::no_scaling, mpopt::adam>("bf16", "adam");
   both.template operator()<mpopt::bf16, mpopt::no_scaling, mpopt::lamb>("bf16", "lamb");
+  // What stochastic rounding costs: the same bf16 Adam step, its parameters stochastically rounded.
+  both.template operator()<mpopt::bf16_stochastic, mpopt::no_scaling, mpopt::adam>("bf16_stochastic", "adam");
 }
 
 /// for_each_case(run) as a benchmark's main ends with it: exit status 0, or 1 after printing the

@@ -3,7 +3,8 @@
 //
 //   optimizer_step [--params N] [--repeat R] [--filter SUBSTR] [--quick]
 //
-// Cases: precision {fp32, fp16, bf16} x rule {adam, lamb} x layout {fused, unfused}.
+// Cases: precision {fp32, fp16, bf16} x rule {adam, lamb} x layout {fused, unfused}, and bf16 Adam
+// with stochastic rounding (precision "bf16_stochastic").
 //   fused:   one flat group (add_flat_group) holding one tensor of N parameters;
 //   unfused: the same N split into 10,000 user-owned tensors (std::vector) registered with add().
 // --filter matches a substring of "precision/rule/layout" (e.g. "fp16/adam", "/fused").

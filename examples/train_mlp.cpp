@@ -2,6 +2,7 @@
 //
 //   build/examples/train_mlp                                   # fp16 + dynamic loss scaling, Adam, fused layout
 //   build/examples/train_mlp --precision bf16 --rule lamb --layout unfused
+//   build/examples/train_mlp --precision bf16 --rounding stochastic   # stochastic rounding of the master
 //   build/examples/train_mlp --steps 12 --print-every 1              # watch the loss scale come down
 //   mpirun -np 4 build/examples/train_mlp_mpi --rule onebit_lamb --csv loss.csv  # compressed momentum
 //   build/examples/train_mlp --help
@@ -378,6 +379,7 @@ class mlp {
 struct config {
   std::string precision = "fp16";  // fp16 | bf16 | fp32
   std::string scaler;              // dynamic | static | none; default: dynamic for fp16, else none
+  std::string rounding = "nearest";  // nearest | stochastic (of the master into 16-bit parameters)
   std::string rule = "adam";       // adam | lamb | onebit_lamb
   std::string layout = "fused";    // fused | unfused
   std::string device = "host";     // host | cuda (train_mlp_device)
@@ -407,6 +409,10 @@ run in fp32 without loss scaling for comparison.
                                 for fp16, none otherwise)
   --loss-scale S                initial scale (dynamic, default 2^24) or the scale (static,
                                 default 1024)
+  --rounding nearest|stochastic how the fp32 master becomes the 16-bit parameters (default
+                                nearest); stochastic (bf16, or fp16 with dynamic scaling) is
+                                seeded by --seed and gives the same bits on any thread count,
+                                SIMD level or number of ranks
   --rule adam|lamb|onebit_lamb  update rule (default adam; AdamW-style weight decay). onebit_lamb
                                 (1-bit LAMB) averages the momentum over ranks 1-bit compressed after
                                 --freeze-step warm-up steps of LAMB; replicated only (no --zero 1|2)
@@ -477,6 +483,7 @@ bool parse_args(int argc, char** argv, config& c) {
     }
     if (flag == "--precision") check_choice(flag, c.precision = value, {"fp16", "bf16", "fp32"});
     else if (flag == "--scaler") check_choice(flag, c.scaler = value, {"dynamic", "static", "none"});
+    else if (flag == "--rounding") check_choice(flag, c.rounding = value, {"nearest", "stochastic"});
     else if (flag == "--rule") check_choice(flag, c.rule = value, {"adam", "lamb", "onebit_lamb"});
     else if (flag == "--freeze-step") c.freeze_step = parse_number<std::uint64_t>(flag, value, 1);
     else if (flag == "--csv") c.csv = value;
@@ -512,6 +519,10 @@ bool parse_args(int argc, char** argv, config& c) {
     throw usage_error{"--scaler " + c.scaler + " needs --precision fp16: loss scaling exists for fp16 gradients; " +
                       c.precision + " has float's exponent range (use --scaler none)"};
   if (c.loss_scale != 0 && c.scaler == "none") throw usage_error{"--loss-scale needs --scaler dynamic or static"};
+  if (c.rounding == "stochastic" && c.precision == "fp32")
+    throw usage_error{"--rounding stochastic needs --precision bf16 or fp16: fp32 parameters are their own master"};
+  if (c.rounding == "stochastic" && c.precision == "fp16" && c.scaler != "dynamic")
+    throw usage_error{"--rounding stochastic with fp16 is built with --scaler dynamic only (this example's choice)"};
   if (c.loss_scale == 0) c.loss_scale = c.scaler == "dynamic" ? 0x1p24 : 1024;
   if (c.lr < 0) c.lr = c.rule == "adam" ? 3e-3 : 1e-2;
   if (c.freeze_step != 0 && c.rule != "onebit_lamb") throw usage_error{"--freeze-step needs --rule onebit_lamb"};
@@ -624,7 +635,8 @@ run_result train(const config& c, const task& data, bool verbose) {
   std::vector<owned_tensor<P, G>> storage;  // the unfused layout's tensors; outlives the optimizer
   // Clip the true gradient to a global L2 norm of 1; give up (mpopt::error) if 100 steps in a row
   // overflow, which no sane loss scale would cause.
-  Opt opt(make_communicator(), {.clip_grad = 1.0, .accumulation_steps = c.accumulate, .max_consecutive_skips = 100},
+  Opt opt(make_communicator(),
+          {.clip_grad = 1.0, .accumulation_steps = c.accumulate, .max_consecutive_skips = 100, .rounding_seed = c.seed},
           scaler_options<typename Opt::scaler_options>(c));
 
   typename Opt::group_options weights_options{.lr = c.lr, .weight_decay = c.weight_decay};
@@ -720,12 +732,13 @@ run_result train(const config& c, const task& data, bool verbose) {
 std::string describe(const config& c) {
   std::string s = c.precision;
   if (c.scaler != "none") s += " + " + c.scaler + " scale";
+  if (c.rounding == "stochastic") s += " + stochastic rounding";
   return s;
 }
 
 void print_comparison(const config& c, const run_result& mixed, const run_result& fp32) {
   auto row = [](const char* what, const std::string& a, const std::string& b) {
-    std::printf("  %-18s %-24s %s\n", what, a.c_str(), b.c_str());
+    std::printf("  %-18s %-28s %s\n", what, a.c_str(), b.c_str());
   };
   std::printf("\nthe same run (seed, data, initial weights, batches) in fp32 without loss scaling:\n");
   row("", describe(c), "fp32");
@@ -804,6 +817,10 @@ int run_with_partition(const config& c, const task& data) {
 
 int dispatch(const config& c, const task& data) {
   if (c.precision == "fp32") return run_with_partition<mpopt::fp32, mpopt::no_scaling>(c, data);
+  if (c.rounding == "stochastic") {  // parse_args allows bf16 and fp16 with dynamic scaling
+    if (c.precision == "bf16") return run_with_partition<mpopt::bf16_stochastic, mpopt::no_scaling>(c, data);
+    return run_with_partition<mpopt::fp16_stochastic, mpopt::dynamic_scale>(c, data);
+  }
   if (c.precision == "bf16") return run_with_partition<mpopt::bf16, mpopt::no_scaling>(c, data);
   if (c.scaler == "dynamic") return run_with_partition<mpopt::fp16, mpopt::dynamic_scale>(c, data);
   if (c.scaler == "static") return run_with_partition<mpopt::fp16, mpopt::static_scale>(c, data);

@@ -82,4 +82,60 @@ TEST_SUITE("adam") {
     CHECK(st.step == 1);
     CHECK(close(p[0], 0.5 - 0.01 * (0.25 / (0.25 + 1e-8) + 0.1 * 0.5), 1e-6));
   }
+  TEST_CASE("stochastic rounding: a parameter is its master rounded with the noise of (seed, step, element), and "
+            "updates below half a bf16 step move the parameters as they move the masters, on average") {
+    using B = mpopt::bfloat16;
+    using stochastic_t = mpopt::optimizer<mpopt::bf16_stochastic, mpopt::no_scaling, mpopt::replicated, mpopt::adam, test_backend>;
+    using nearest_t = mpopt::optimizer<mpopt::bf16, mpopt::no_scaling, mpopt::replicated, mpopt::adam, test_backend>;
+    constexpr std::uint64_t seed = 0x5EED0F5EED;
+    // A constant gradient: Adam moves every element by lr = 1e-4 a step, 12 steps in all, below half a
+    // bf16 step at 1 and at 0.75 (2^-9). Two groups: the second tensor's elements count on from 4099.
+    struct model {
+      std::vector<B> a = std::vector<B>(4099, B(1.0f)), b = std::vector<B>(1000, B(-0.75f));
+      std::vector<B> ga = std::vector<B>(4099, B(0.01f)), gb = std::vector<B>(1000, B(-0.01f));
+    } ms, mo, mn;
+    auto add = [](auto& opt, model& m) {
+      opt.add_group({.lr = 1e-4, .weight_decay = 0.0}).add(m.a, m.ga, "a");
+      opt.add_group({.lr = 1e-4, .weight_decay = 0.0}).add(m.b, m.gb, "b");
+    };
+    stochastic_t s({.clip_grad = 0, .rounding_seed = seed}), other({.clip_grad = 0, .rounding_seed = seed + 1});
+    nearest_t n({.clip_grad = 0});
+    add(s, ms);
+    add(other, mo);
+    add(n, mn);
+    for (int step = 1; step <= 12; ++step) {
+      CAPTURE(step);
+      REQUIRE(s.step().step == std::uint64_t(step));
+      other.step();
+      n.step();
+      const std::uint32_t key = mpopt::detail::rounding_key(seed, std::uint64_t(step));
+      std::size_t wrong = 0;
+      std::uint64_t index = 0;
+      for (std::size_t t = 0; t < 2; ++t) {
+        const auto master = s.master(t);
+        const std::vector<B>& p = t == 0 ? ms.a : ms.b;
+        for (std::size_t k = 0; k < p.size(); ++k, ++index)
+          wrong += p[k].bits != B(mpopt::detail::stochastic_round<B>(master[k], mpopt::detail::rounding_noise(key, index))).bits;
+      }
+      CHECK_MESSAGE(wrong == 0, wrong << " parameters are not their master rounded with their element's noise");
+    }
+    // To nearest, no parameter moved; stochastically, their mean is the masters' within 5 sigma.
+    CHECK(std::all_of(mn.a.begin(), mn.a.end(), [](B x) { return float(x) == 1.0f; }));
+    CHECK(std::all_of(mn.b.begin(), mn.b.end(), [](B x) { return float(x) == -0.75f; }));
+    for (std::size_t t = 0; t < 2; ++t) {
+      CAPTURE(t);
+      const std::vector<B>& p = t == 0 ? ms.a : ms.b;
+      const auto master = s.master(t);
+      double mean = 0, m = 0;
+      for (std::size_t k = 0; k < p.size(); ++k) mean += double(float(p[k])) / double(p.size()), m += double(master[k]) / double(p.size());
+      const double step = 0x1p-8, frac = std::fmod(std::fabs(m), step) / step;
+      const double bound = 5 * step * std::sqrt(frac * (1 - frac) / double(p.size()));
+      CHECK(std::fabs(m - (t == 0 ? 1.0 : -0.75)) > 1e-3);  // the masters moved
+      CHECK(std::fabs(mean - m) <= bound);
+    }
+    // Another seed, other choices.
+    std::size_t differ = 0;
+    for (std::size_t k = 0; k < ms.a.size(); ++k) differ += ms.a[k].bits != mo.a[k].bits;
+    CHECK(differ > ms.a.size() / 10);
+  }
 }

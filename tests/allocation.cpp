@@ -110,6 +110,17 @@ TEST_SUITE("allocation") {
     check_steady_state_allocates_nothing(lamb, {&gp}, 1);
   }
 
+  TEST_CASE("stochastic rounding allocates nothing after the first step") {
+    mpopt::optimizer<mpopt::bf16_stochastic, mpopt::no_scaling, mpopt::replicated, mpopt::adam, test_backend> adam;
+    std::vector<mpopt::bfloat16> w(70001, mpopt::bfloat16(0.5f)), gw(70001);
+    adam.add_group({}).add(w, gw, "w");
+    check_steady_state_allocates_nothing(adam, {&gw}, 1);
+    mpopt::optimizer<mpopt::fp16_stochastic, mpopt::dynamic_scale, mpopt::replicated, mpopt::lamb, test_backend> lamb;
+    std::vector<mpopt::half> p(70001, mpopt::half(0.5f)), gp(70001);
+    lamb.add_group({.weight_decay = 0.01}).add(p, gp, "p");
+    check_steady_state_allocates_nothing(lamb, {&gp}, 1);
+  }
+
   TEST_CASE("1-bit LAMB allocates nothing after the first step, in warm-up and compression") {
     mpopt::optimizer<mpopt::bf16, mpopt::no_scaling, mpopt::replicated, mpopt::onebit_lamb, test_backend> opt;
     std::vector<mpopt::bfloat16> w(70001, mpopt::bfloat16(0.5f)), gw(70001);

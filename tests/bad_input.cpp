@@ -828,6 +828,18 @@ TEST_CASE("load() refuses a metadata counter that is not a non-negative integer 
   check_twins(f.target, f.twin);
 }
 
+TEST_CASE("load() refuses a rounding_seed that is not an unsigned 64-bit integer, and changes nothing") {
+  load_fixture f;
+  const auto p = f.dir / "seed.safetensors";
+  const std::vector<nlohmann::json> bad = {1e30, -1, 1.5, 2.0, "3", nullptr, true, nlohmann::json::array()};
+  for (const auto& v : bad) {
+    CAPTURE(v.dump());
+    rewrite(f.good, p, [&](nlohmann::json& m) { m["rounding_seed"] = v; });
+    f.reject(p, "rounding_seed");
+  }
+  check_twins(f.target, f.twin);
+}
+
 TEST_CASE("load() refuses counters that no run of the saved optimizer can reach, and changes nothing") {
   load_fixture f;
   const auto p = f.dir / "counts.safetensors";
@@ -963,7 +975,8 @@ TEST_CASE("registration checks overlap across many tensors in any order") {
   std::shuffle(order.begin(), order.end(), std::mt19937(11));
   auto& g = opt.add_group({});
   const std::span<float> ps(params), gs(grads);
-  for (std::size_t i : order) g.add(ps.subspan(i * size, size), gs.subspan(i * size, size), "t" + std::to_string(i));
+  for (std::size_t i : order)  // append, not "t" + ...: GCC 12 warns falsely there (-Wrestrict, PR105651)
+    g.add(ps.subspan(i * size, size), gs.subspan(i * size, size), std::string("t").append(std::to_string(i)));
   std::vector<float> spare(size);
   const std::string msg = error_of([&] { g.add(spare, gs.subspan(1234 * size + 2, size), "late"); });
   INFO(msg);

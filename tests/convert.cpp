@@ -1,15 +1,20 @@
 // Tests for mpopt/convert.hpp, which runs the host backend's lanes at its SIMD level, and so for the
 // vector primitives of mpopt/detail/simd_convert.hpp: at every level this CPU runs, convert() gives
 // the scalar conversions' bits, and the tail of a vector touches no memory past its last element.
+// Also stochastic rounding (mpopt/detail/stochastic_rounding.hpp): every lane type's bits, exact
+// unbiasedness over every noise value, and the hashed noise's mean in practice.
 #include <doctest/doctest.h>
 
 #include <mpopt/convert.hpp>
+#include <mpopt/detail/stochastic_rounding.hpp>
 
 #include <array>
 #include <bit>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <span>
 #include <string>
@@ -135,6 +140,44 @@ void check_mismatch(std::size_t in_n, std::size_t out_n) {
   expect_throw([&] { detail::convert_scalar(std::span<const From>(in), std::span<To>(out)); });
 }
 
+/// Stochastic rounding of in[j] as element first + j, through the host backend's lanes.
+template <class T>
+struct stochastic_pass {
+  const float* in;
+  float* rounded;
+  std::size_t n;
+  std::uint32_t key;
+  std::uint64_t first;
+  detail::pass_outputs out{};
+  std::size_t count() const { return (n + detail::chunk_elements - 1) / detail::chunk_elements; }
+  std::size_t size(std::size_t ci) const { return std::min(detail::chunk_elements, n - ci * detail::chunk_elements); }
+  std::size_t at(std::size_t ci) const { return ci * detail::chunk_elements; }
+  template <class L, class Tail, class R>
+  void apply(std::size_t at, std::size_t i, Tail tail, R&) const {
+    const auto x = detail::vload<L>(in + at + i, tail);
+    detail::vstore<L>(rounded + at + i, L::template round_stochastic<T>(x, key, first + at + i), tail);
+  }
+};
+
+template <class T>
+double magnitude(std::uint16_t bits) {
+  return std::fabs(double(float(T::from_bits(bits))));
+}
+
+/// The T values either side of |x| (equal when x is one), found from the nearest one by stepping its
+/// bits; past the largest finite value, the step that would follow it (what inf stands for there).
+template <class T>
+std::pair<double, double> neighbours(float x) {
+  const std::uint16_t b = T(x).bits & 0x7FFF;
+  const double v = magnitude<T>(b), ax = std::fabs(double(x));
+  if (v == ax) return {v, v};
+  auto at = [](std::uint16_t c) {
+    const double m = magnitude<T>(c);
+    return std::isinf(m) ? 2 * magnitude<T>(std::uint16_t(c - 1)) - magnitude<T>(std::uint16_t(c - 2)) : m;
+  };
+  return v < ax ? std::pair{v, at(std::uint16_t(b + 1))} : std::pair{at(std::uint16_t(b - 1)), at(b)};
+}
+
 /// f() at every SIMD level this CPU runs, then back at the level before.
 template <class F>
 void at_every_level(F&& f) {
@@ -214,6 +257,91 @@ TEST_SUITE("convert") {
   }
   TEST_CASE_TEMPLATE_INVOKE(bulk_directions, std::pair<float, half>, std::pair<float, bfloat16>,
                             std::pair<half, float>, std::pair<bfloat16, float>);
+
+  TEST_CASE_TEMPLATE("stochastic rounding: every SIMD level gives the scalar bits, also where indices cross 2^32", T,
+                     half, bfloat16) {
+    const std::vector<float> in = random_floats(5000, 0x5707);
+    std::vector<float> got(in.size()), want(in.size());
+    for (std::uint64_t seed : {0ull, 0x1234567890ABCDEFull})
+      for (std::uint64_t first : {0ull, (1ull << 32) - 37, 3 * (1ull << 32) - 1, (1ull << 40) + 5}) {
+        CAPTURE(seed);
+        CAPTURE(first);
+        const std::uint32_t key = detail::rounding_key(seed, 17);
+        for (std::size_t j = 0; j < in.size(); ++j)
+          want[j] = detail::stochastic_round<T>(in[j], detail::rounding_noise(key, first + j));
+        at_every_level([&] {
+          for (std::size_t n : {in.size(), std::size_t{0}, std::size_t{1}, std::size_t{37}}) {
+            std::fill(got.begin(), got.end(), -1.0f);
+            mpopt::host::run_flat(stochastic_pass<T>{in.data(), got.data(), n, key, first}, true);
+            CHECK(std::memcmp(got.data(), want.data(), n * sizeof(float)) == 0);
+            CHECK(std::all_of(got.begin() + std::ptrdiff_t(n), got.end(), [](float v) { return v == -1.0f; }));
+          }
+        });
+        // What is stored next rounds to nearest: exact for every value up to the largest finite,
+        // inf beyond it.
+        const float largest = float(std::numeric_limits<T>::max());
+        for (float r : want) {
+          if (std::isnan(r)) continue;
+          const float stored = float(T(r));
+          if (std::fabs(r) <= largest) CHECK(std::bit_cast<std::uint32_t>(stored) == std::bit_cast<std::uint32_t>(r));
+          else CHECK((std::isinf(stored) && std::signbit(stored) == std::signbit(r)));
+        }
+      }
+  }
+
+  TEST_CASE_TEMPLATE("stochastic rounding goes to a neighbour, up with exactly the dropped fraction over all noise",
+                     T, half, bfloat16) {
+    // noise_j = j << 8 | j >> 16 for j < 2^24 is uniform on the low 16 bits and on the high 24: every
+    // threshold each format's rule reads (README, "Rounding") comes equally often.
+    std::mt19937_64 rng(0x5708);
+    std::vector<float> xs = {1.0f + 0x1p-9f, -3.1415926f, 65519.0f, -65503.5f, 6.0e-5f, 6.1e-5f, 1.0e-7f, -2.9e-8f,
+                             1.0e-30f,       3.0e38f,     -0x1.fffffep127f, 0x1p-140f};
+    for (int k = 0; k < 10; ++k) {
+      const int e = std::uniform_int_distribution<int>(std::is_same_v<T, half> ? -27 : -130, std::is_same_v<T, half> ? 15 : 126)(rng);
+      xs.push_back(std::ldexp(std::uniform_real_distribution<float>(-2.0f, 2.0f)(rng), e));
+    }
+    for (float x : xs) {
+      CAPTURE(x);
+      if (std::is_same_v<T, half> && std::fabs(x) > 65535.0f) continue;  // beyond the step past 65504
+      const auto [down, up] = neighbours<T>(x);
+      const double fraction = up == down ? 0.0 : (std::fabs(double(x)) - down) / (up - down);
+      const double largest = magnitude<T>(std::numeric_limits<T>::max().bits);
+      std::uint64_t ups = 0;
+      for (std::uint32_t j = 0; j < (1u << 24); ++j) {
+        const float r = detail::stochastic_round<T>(x, j << 8 | j >> 16);
+        const double m = std::isinf(r) && up > largest ? up : std::fabs(double(r));  // inf: the step past it
+        if ((m != down && m != up) || std::signbit(r) != std::signbit(x)) {
+          FAIL_CHECK("rounded to " << r << ", not to " << down << " or " << up << " with x's sign");
+          break;
+        }
+        ups += m == up && up != down;
+      }
+      const double measured = double(ups) * 0x1p-24;
+      if (std::fabs(x) >= 0x1p-25f || !std::is_same_v<T, half>) CHECK(measured == fraction);
+      else CHECK(std::fabs(measured - fraction) <= 0x1p-24);  // half below 2^-25: within 2^-24 of a step
+    }
+    for (float x : {0.0f, -0.0f, INFINITY, -INFINITY})
+      CHECK(std::bit_cast<std::uint32_t>(detail::stochastic_round<T>(x, 0xFFFFFFFFu)) == std::bit_cast<std::uint32_t>(x));
+    CHECK(std::isnan(detail::stochastic_round<T>(NAN, 0xFFFFFFFFu)));
+  }
+
+  TEST_CASE_TEMPLATE("stochastic rounding with hashed noise: the mean of 20000 roundings is within 5 sigma of x", T,
+                     half, bfloat16) {
+    constexpr int n = 20000;
+    for (float x : {1.0f + 0x1p-12f, -1.0f - 0x1.8p-12f, 3.0e-3f, 7.0e-7f, -123.456f}) {
+      CAPTURE(x);
+      const auto [down, up] = neighbours<T>(x);
+      const double p = (std::fabs(double(x)) - down) / (up - down);
+      const double bound = 5.0 * (up - down) * std::sqrt(p * (1.0 - p) / n);
+      double over_steps = 0, over_elements = 0;
+      for (int k = 0; k < n; ++k) {  // one element over n steps; n elements of one step
+        over_steps += detail::stochastic_round<T>(x, detail::rounding_noise(detail::rounding_key(42, std::uint64_t(k) + 1), 1234567));
+        over_elements += detail::stochastic_round<T>(x, detail::rounding_noise(detail::rounding_key(42, 9), std::uint64_t(k)));
+      }
+      CHECK(std::fabs(over_steps / n - double(x)) <= bound);
+      CHECK(std::fabs(over_elements / n - double(x)) <= bound);
+    }
+  }
 
   TEST_CASE("a size mismatch throws mpopt::error naming both sizes and writes nothing") {
     check_mismatch<float, half>(5, 17);

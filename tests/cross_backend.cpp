@@ -1,9 +1,10 @@
 // The optimizer on the device backend over its device communicator against the same optimizer on
 // the host backend over MPI, fed the same gradients, under mpirun. ZeRO-2 fp16 Adam with dynamic
 // scaling and an overflow on one rank (no clipping: every sum the step makes is then the same on
-// both, so the states must agree bit for bit), ZeRO-1 Adam with clipping, replicated bf16 LAMB and
-// 1-bit LAMB into its compression stage (per-chunk norm sums add in another order on the device:
-// within 1e-5), and a checkpoint saved by the device optimizer and loaded by both.
+// both, so the states must agree bit for bit), the same in bf16 with stochastic rounding, ZeRO-1
+// Adam with clipping, replicated bf16 LAMB and 1-bit LAMB into its compression stage (per-chunk norm
+// sums add in another order on the device: within 1e-5), and a checkpoint saved by the device
+// optimizer and loaded by both.
 //
 // Built by nvcc with MPOPT_TEST_NCCL (nccl_optimizer.cu): mpopt::cuda on a GPU per rank over
 // mpopt::nccl; without a GPU on every rank it prints why and exits 77 on every rank (skipped).
@@ -219,6 +220,8 @@ int main(int argc, char** argv) {
   case_of<mpopt::fp16, mpopt::dynamic_scale, mpopt::zero2, mpopt::adam>("zero2 fp16 Adam, no clipping", adam,
                                                                          {.clip_grad = 0}, 5, 2, 0);
   case_of<mpopt::fp16, mpopt::dynamic_scale, mpopt::zero1, mpopt::adam>("zero1 fp16 Adam, clipped", adam, {}, 4, 1, 1e-5);
+  case_of<mpopt::bf16_stochastic, mpopt::no_scaling, mpopt::zero2, mpopt::adam>(
+      "zero2 bf16 Adam, stochastic rounding, no clipping", adam, {.clip_grad = 0, .rounding_seed = 77}, 5, -1, 0);
   case_of<mpopt::bf16, mpopt::no_scaling, mpopt::replicated, mpopt::lamb>("replicated bf16 LAMB", lamb, {}, 4, 2, 1e-5);
   case_of<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, mpopt::onebit_lamb>("1-bit LAMB", onebit, {}, 6, -1, 1e-5);
   checkpoint();

@@ -113,7 +113,8 @@ struct rig {
         group_of.push_back(gi);
       }
       for (std::size_t t = params.size() - sizes[gi].size(); t < params.size(); ++t)
-        g.add(params[t], grads[t], "g" + std::to_string(gi) + ".t" + std::to_string(t));
+        // append, not "g" + ...: GCC 12 warns falsely there (-Wrestrict, PR105651)
+        g.add(params[t], grads[t], std::string("g").append(std::to_string(gi)).append(".t").append(std::to_string(t)));
     }
   }
 

@@ -72,8 +72,9 @@ struct tensor_set {
         params.host[at + i] = param_t(normal(rng));
         grads.host[at + i] = grad_t(normal(rng) * 0.1f);
       }
-      host_table.push_back({params.host.data() + at, grads.host.data() + at, sizes[t], 0});
-      device_table.push_back({params.device.data() + at, grads.device.data() + at, sizes[t], 0});
+      const std::uint64_t first = host_table.empty() ? 0 : host_table.back().first + host_table.back().size;
+      host_table.push_back({params.host.data() + at, grads.host.data() + at, sizes[t], 0, first});
+      device_table.push_back({params.device.data() + at, grads.device.data() + at, sizes[t], 0, first});
       at = round(at + sizes[t]) + shift;
     }
   }
@@ -117,6 +118,7 @@ struct both {
     d.chunk_sum2 = pick(sum2);
     d.chunk_nonfinite = pick(nonfinite);
     d.decision = pick(decision);
+    d.rounding_key = mpopt::detail::rounding_key(7, 1);  // read under stochastic rounding only
     return d;
   }
   /// Both backends decide from their own overflow-and-norm sums; the device's decision is returned.
@@ -262,11 +264,13 @@ void adam_and_lamb(std::size_t misalign) {
 
 }  // namespace
 
-TEST_CASE("device passes = host passes: fp32, fp16, bf16; aligned and unaligned user tensors") {
+TEST_CASE("device passes = host passes: fp32, fp16, bf16, with stochastic rounding too; aligned and unaligned user tensors") {
   for (std::size_t misalign : {0, 1, 3}) {
     CAPTURE(misalign);
     adam_and_lamb<mpopt::fp32>(misalign);
     adam_and_lamb<mpopt::fp16>(misalign);
     adam_and_lamb<mpopt::bf16>(misalign);
+    adam_and_lamb<mpopt::fp16_stochastic>(misalign);
+    adam_and_lamb<mpopt::bf16_stochastic>(misalign);
   }
 }

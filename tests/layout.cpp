@@ -1,7 +1,7 @@
 // The layout, the thread count and the SIMD level are invisible: user-owned tensors (add) and a flat
 // group (add_flat_group) give bit-identical params, masters, moments, trust ratios and statuses, with
 // any number of OpenMP threads, and the host backend's AVX2 and AVX-512 paths give its scalar path's
-// bits (each level this CPU runs is compared).
+// bits (each level this CPU runs is compared). Stochastically rounded parameters too.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -226,21 +226,24 @@ template <class Precision, class Rule>
 struct combo {
   using precision = Precision;
   using rule = Rule;
-  using scaler = std::conditional_t<std::is_same_v<Precision, mpopt::fp16>, mpopt::dynamic_scale, mpopt::no_scaling>;
+  using scaler = std::conditional_t<std::is_same_v<typename Precision::param_type, mpopt::half>, mpopt::dynamic_scale,
+                                    mpopt::no_scaling>;
   using opt = mpopt::optimizer<Precision, scaler, mpopt::replicated, Rule, test_backend>;
 };
 
 }  // namespace
 
-#define LAYOUT_COMBOS                                                                                 \
-  combo<mpopt::fp32, mpopt::adam>, combo<mpopt::bf16, mpopt::adam>, combo<mpopt::fp16, mpopt::adam>, \
-      combo<mpopt::fp32, mpopt::lamb>, combo<mpopt::bf16, mpopt::lamb>, combo<mpopt::fp16, mpopt::lamb>
+#define LAYOUT_COMBOS                                                                                     \
+  combo<mpopt::fp32, mpopt::adam>, combo<mpopt::bf16, mpopt::adam>, combo<mpopt::fp16, mpopt::adam>,     \
+      combo<mpopt::fp32, mpopt::lamb>, combo<mpopt::bf16, mpopt::lamb>, combo<mpopt::fp16, mpopt::lamb>, \
+      combo<mpopt::bf16_stochastic, mpopt::adam>, combo<mpopt::fp16_stochastic, mpopt::lamb>
 
 TEST_SUITE("layout") {
   TEST_CASE_TEMPLATE("300 tensors of 1..5000 elements plus one of 200000: flat == user-owned, bit for bit, with 1, 2 and 3 threads",
                      C, LAYOUT_COMBOS) {
     using opt_t = typename C::opt;
     CAPTURE(std::string(C::precision::name));
+    CAPTURE(std::string(mpopt::rounding_of_t<typename C::precision>::name));
     CAPTURE(std::string(C::rule::name));
     std::mt19937_64 rng(0x1A40);
     std::uniform_int_distribution<std::size_t> size(1, 5000);
@@ -254,6 +257,7 @@ TEST_SUITE("layout") {
                      C, LAYOUT_COMBOS) {
     using opt_t = typename C::opt;
     CAPTURE(std::string(C::precision::name));
+    CAPTURE(std::string(mpopt::rounding_of_t<typename C::precision>::name));
     CAPTURE(std::string(C::rule::name));
     std::mt19937_64 rng(0x1A41);
     std::uniform_int_distribution<std::size_t> size(1, 16);
@@ -270,6 +274,7 @@ TEST_SUITE("simd") {
                      LAYOUT_COMBOS, combo<mpopt::fp16, mpopt::onebit_lamb>, combo<mpopt::bf16, mpopt::onebit_lamb>) {
     using opt_t = typename C::opt;
     CAPTURE(std::string(C::precision::name));
+    CAPTURE(std::string(mpopt::rounding_of_t<typename C::precision>::name));
     CAPTURE(std::string(C::rule::name));
     std::mt19937_64 rng(0x51D);
     std::uniform_int_distribution<std::size_t> size(1, 3000);

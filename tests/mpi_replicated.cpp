@@ -546,6 +546,8 @@ TEST_SUITE("mpi") {
     const bool odd = world_rank() == 1;  // the rank that differs (with one rank, nothing can)
     using adam_opt = mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, mpopt::adam, mpopt::host, mpopt::mpi>;
     using lamb_opt = mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, mpopt::lamb, mpopt::host, mpopt::mpi>;
+    using stochastic_opt =
+        mpopt::optimizer<mpopt::fp16_stochastic, mpopt::dynamic_scale, mpopt::replicated, mpopt::adam, mpopt::host, mpopt::mpi>;
     struct setup {
       mpopt::mpi_options comm = {};
       mpopt::optimizer_options opt = {};
@@ -588,6 +590,7 @@ TEST_SUITE("mpi") {
     expect(finalize(setup{.scaler = {.on_min_scale = odd ? mpopt::at_min_scale::keep_skipping : mpopt::at_min_scale::raise}}, adam),
            {"dynamic_scale.on_min_scale (", "rank 1: keep_skipping"});
     expect(finalize(setup{.comm = {.deterministic = odd}}, adam), {"mpi.deterministic (", "rank 1: true"});
+    expect(finalize(setup{.opt = {.rounding_seed = odd ? 7u : 0u}}, adam), {"rounding_seed (", "rank 1: 7"});
     expect(finalize(setup{.size = odd ? 9u : 8u}, adam), {"group 0 tensors (", "rank 1: 1 tensors, 9 elements"});
     expect(finalize(setup{.groups = odd ? 3u : 2u}, adam), {"number of groups (", "rank 1: 3"});
     // Several at once: each is named.
@@ -598,6 +601,11 @@ TEST_SUITE("mpi") {
     if (odd) msg = finalize(setup{}, lamb);
     else msg = finalize(setup{}, adam);
     expect(msg, {"policies (", "rank 1: fp16 dynamic_scale replicated lamb"});
+    // Another rounding on one rank: named on its own (the policies' line is cut short in messages).
+    stochastic_opt* stochastic = nullptr;
+    if (odd) msg = finalize(setup{}, stochastic);
+    else msg = finalize(setup{}, adam);
+    expect(msg, {"rounding (", "rank 1: stochastic", ": nearest"});
     // Afterwards the ranks agree again and train.
     CHECK(finalize(setup{}, adam).empty());
   }

@@ -517,4 +517,45 @@ TEST_SUITE("mpi") {
     CHECK(take(n).difference(mine).empty());
     check_same_on_every_rank(n);
   }
+  TEST_CASE_TEMPLATE("stochastic rounding gives one process's bits on any number of ranks, under every partition", P,
+                     mpopt::zero1, mpopt::zero2, mpopt::replicated) {
+    // Rank 0 sends the gradients, the others zeros, summed: every rank's step sees one process's
+    // gradients exactly (no clipping, which would read the norm's per-shard sums), so the masters agree
+    // bit for bit and any difference in the parameters would be the rounding's.
+    using B = mpopt::bfloat16;
+    using dist_t = mpopt::optimizer<mpopt::bf16_stochastic, mpopt::no_scaling, P, mpopt::adam, test_backend, mpopt::mpi>;
+    using local_t = mpopt::optimizer<mpopt::bf16_stochastic, mpopt::no_scaling, mpopt::replicated, mpopt::adam, test_backend>;
+    const int w = world_size(), rank = world_rank();
+    CAPTURE(w);
+    const mpopt::optimizer_options o{
+        .clip_grad = 0, .combine = mpopt::accumulation::sum, .bucket_elements = 3000, .rounding_seed = 0xD1CE};
+    dist_t d(mpopt::mpi{MPI_COMM_WORLD}, o);
+    local_t l(o);
+    const std::vector<std::vector<mpopt::tensor_spec>> groups = {{{"a", 5000}, {"b", 1}, {"c", 77}}, {{"d", 70001}, {"e", 3}}};
+    std::vector<std::span<B>> dp, lp, dg, lg;
+    for (const auto& specs : groups) {
+      auto& a = d.add_flat_group({.lr = 1e-4, .weight_decay = 0.01}, specs);
+      auto& b = l.add_flat_group({.lr = 1e-4, .weight_decay = 0.01}, specs);
+      for (std::size_t t = 0; t < specs.size(); ++t) {
+        dp.push_back(a.param(t)), dg.push_back(a.grad(t)), lp.push_back(b.param(t)), lg.push_back(b.grad(t));
+        for (std::size_t k = 0; k < specs[t].size; ++k)
+          dp.back()[k] = lp.back()[k] = B(float(0.5 + 0.25 * unit(mix((std::uint64_t(dp.size()) << 32) + k))));
+      }
+    }
+    for (int s = 0; s < 8; ++s) {
+      CAPTURE(s);
+      for (std::size_t t = 0; t < dg.size(); ++t)
+        for (std::size_t k = 0; k < dg[t].size(); ++k) {
+          lg[t][k] = B(float(unit(mix((std::uint64_t(s) << 40) + (std::uint64_t(t) << 32) + k))));
+          dg[t][k] = rank == 0 ? lg[t][k] : B(0.0f);
+        }
+      check_status_same_on_every_rank(d.step());
+      REQUIRE(d.group(0).step() == std::uint64_t(s + 1));
+      REQUIRE(l.step().applied);
+      std::size_t differ = 0;
+      for (std::size_t t = 0; t < dp.size(); ++t)
+        differ += std::memcmp(dp[t].data(), lp[t].data(), dp[t].size_bytes()) != 0;
+      CHECK_MESSAGE(differ == 0, differ << " tensors' parameters differ from one process's");
+    }
+  }
 }

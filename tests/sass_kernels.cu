@@ -1,6 +1,7 @@
 // The device backend's kernels for suite 'sass' (sass_check.py), without the doctest TU's host
-// code: the built-in rules' update passes for every precision, each aligned and unaligned. The flat-buffer passes
-// and the chunk totals come along (the class instantiation below).
+// code: the built-in rules' update passes for every precision (stochastic rounding too), each
+// aligned and unaligned. The flat-buffer passes and the chunk totals come along (the class
+// instantiation below).
 #include <mpopt/adam.hpp>
 #include <mpopt/cuda.hpp>
 #include <mpopt/lamb.hpp>
@@ -26,5 +27,7 @@ template class detail::backend_passes<cuda>;  // its non-template members: the f
 MPOPT_UPDATE_KERNELS(fp32)
 MPOPT_UPDATE_KERNELS(fp16)
 MPOPT_UPDATE_KERNELS(bf16)
+MPOPT_UPDATE_KERNELS(fp16_stochastic)
+MPOPT_UPDATE_KERNELS(bf16_stochastic)
 
 }  // namespace mpopt

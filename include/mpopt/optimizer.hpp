@@ -23,6 +23,7 @@
 #include "detail/state_access.hpp"
 #include "detail/step_counts.hpp"
 #include "detail/step_data.hpp"
+#include "detail/stochastic_rounding.hpp"
 #include "detail/tensor_registry.hpp"
 #include "detail/validate.hpp"
 #include "detail/work_list.hpp"
@@ -174,8 +175,12 @@ class optimizer
       }
     layout_.emplace(exchange::lay_out(tensor_groups, sizes, groups_.size(), context()));
     const detail::flat_layout& layout = *layout_;
+    std::uint64_t first = 0;  // registration order: the same on every rank and layout
     for (std::uint32_t gi = 0; gi < groups_.size(); ++gi)
-      for (const auto& e : groups_[gi]->entries_) tensors_.push_back({e.param, e.grad, e.size, gi});
+      for (const auto& e : groups_[gi]->entries_) {
+        tensors_.push_back({e.param, e.grad, e.size, gi, first});
+        first += e.size;
+      }
     work_ = layout.local_work();
     state_elements_ = layout.local_elements();
     if constexpr (Precision::has_master) master_ = buffer<float>(state_elements_);
@@ -280,7 +285,7 @@ class optimizer
         // The update runs behind the decision (a skipped step's passes change nothing), with the
         // group counters advanced for its coefficients; the host reads the decision once, after it.
         for (auto& g : groups_) ++g->step_;
-        update(d);
+        update(d, counts_.applied + 1);
         detail::wait_for_collectives(comm_);
         backend_.to_host(&decided, decision_.data(), 1);  // waits: the parameters are updated on return
         if (decided.skip) {
@@ -417,7 +422,7 @@ class optimizer
   void commit_and_update(detail::step_data<Precision>& d) {
     for (auto& g : groups_) ++g->step_;
     count_applied();
-    update(d);
+    update(d, counts_.applied);
     wait();  // the parameters are updated when step() returns
   }
 
@@ -441,9 +446,11 @@ class optimizer
 
   /// The update's first pass, then what follows it (finish_step), issued to the backend (the caller
   /// waits). Coefficients are fixed here, so a step finished later is the step that was committed.
-  void update(detail::step_data<Precision>& d) {
+  /// `applied`: this step's number among applied steps, which keys stochastic rounding.
+  void update(detail::step_data<Precision>& d, std::uint64_t applied) {
     for (std::size_t g = 0; g < groups_.size(); ++g)
       coefficients_[g] = UpdateRule::prepare(groups_[g]->options_, groups_[g]->step_);
+    d.rounding_key = detail::rounding_key(options_.rounding_seed, applied);
     gradients_ = d;
     auto c = update_context();
     driver_.begin(c);

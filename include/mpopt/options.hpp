@@ -30,6 +30,10 @@ struct optimizer_options {
   /// partitions then train bit for bit alike; by default replicated sums in one sequence, like a
   /// single process.
   bool sum_by_shard = false;
+  /// Seeds stochastic rounding (precision policies with mpopt::stochastic_rounding; ignored by the
+  /// others): the same seed gives the same bits on any thread count, SIMD level, backend and world
+  /// size. A checkpoint saved under stochastic rounding keeps it, and load() takes it back.
+  std::uint64_t rounding_seed = 0;
 };
 
 /// What load() does with state that cannot carry over.

@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "numeric.hpp"
+#include "rounding.hpp"
 
 namespace mpopt {
 
@@ -26,7 +27,8 @@ struct fp32 {
 /// and sent between ranks as Communicate: fp32 by default, or T to halve that memory and traffic
 /// (DeepSpeed's ZeRO keeps and sends fp16 gradients; the ZeRO paper's 2P + 14P/N counts them so).
 /// 16-bit sums round at every addition, and fp16 ones can overflow: a loss-scaled step then skips.
-template <class T, class Accumulate = float, class Communicate = float>
+/// Rounding is how the updated master becomes the parameter: round_to_nearest or stochastic_rounding.
+template <class T, class Accumulate = float, class Communicate = float, class Rounding = round_to_nearest>
 struct mixed_precision {
   static_assert(std::is_same_v<T, half> || std::is_same_v<T, bfloat16>,
                 "mixed_precision holds mpopt::half or mpopt::bfloat16 parameters");
@@ -34,12 +36,15 @@ struct mixed_precision {
                 "gradients accumulate in float or in the parameter type");
   static_assert(std::is_same_v<Communicate, float> || std::is_same_v<Communicate, T>,
                 "gradients travel as float or as the parameter type");
+  static_assert(std::is_same_v<Rounding, round_to_nearest> || std::is_same_v<Rounding, stochastic_rounding>,
+                "parameters round with mpopt::round_to_nearest or mpopt::stochastic_rounding");
   using param_type = T;
   using grad_type = T;
   using accumulate_type = Accumulate;
   using communicate_type = Communicate;
+  using rounding = Rounding;
   static constexpr bool has_master = true;
-  /// The name in checkpoints: the saved state does not depend on Accumulate or Communicate.
+  /// The name in checkpoints: the saved state does not depend on Accumulate, Communicate or Rounding.
   static constexpr std::string_view name = std::is_same_v<T, half> ? "fp16" : "bf16";
 };
 
@@ -47,6 +52,22 @@ struct mixed_precision {
 using fp16 = mixed_precision<half>;
 /// bf16 parameters and gradients, fp32 master weights (BF16_Optimizer: fp32 accumulation).
 using bf16 = mixed_precision<bfloat16>;
+/// The same, with the master stochastically rounded into the parameters.
+using fp16_stochastic = mixed_precision<half, float, float, stochastic_rounding>;
+using bf16_stochastic = mixed_precision<bfloat16, float, float, stochastic_rounding>;
+
+/// How P rounds its master into its parameters: P::rounding, or to nearest.
+template <class P>
+struct rounding_of {
+  using type = round_to_nearest;
+};
+template <class P>
+  requires requires { typename P::rounding; }
+struct rounding_of<P> {
+  using type = typename P::rounding;
+};
+template <class P>
+using rounding_of_t = typename rounding_of<P>::type;
 
 /// How buffers of each element type are named in messages and reports.
 template <class T>

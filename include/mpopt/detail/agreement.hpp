@@ -105,6 +105,8 @@ class agreement {
     add("bucket_elements", opts.bucket_elements);
     add("gradient_predivide", opts.gradient_predivide);
     add("sum_by_shard", opts.sum_by_shard);
+    add("rounding", std::string(rounding_of_t<Precision>::name));
+    add("rounding_seed", opts.rounding_seed);
     add_each(std::string(LossScaler::name) + ".", o.scaler_.settings());
     add_each(std::string(LossScaler::name) + " state.", o.scaler_.save());
     if constexpr (requires { o.comm_.inner().options().deterministic; })

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "lanes.hpp"
 #include "simd_convert.hpp"
@@ -80,6 +81,20 @@ struct avx2_lanes {
     alignas(32) float a[width];
     _mm256_store_ps(a, x.r);
     return lane_tree<width>(a, [](float u, float v) { return max(u, v); });
+  }
+  /// As avx512_lanes::round_stochastic.
+  template <class T>
+  static f32x8 round_stochastic(f32x8 x, std::uint32_t key, std::uint64_t index) {
+    const auto lo = std::uint32_t(index);
+    if (lo > 0xFFFFFFFFu - (width - 1)) {
+      alignas(32) float v[width];
+      _mm256_store_ps(v, x.r);
+      for (std::size_t j = 0; j < width; ++j) v[j] = stochastic_round<T>(v[j], rounding_noise(key, index + j));
+      return f32x8(_mm256_load_ps(v));
+    }
+    const __m256i noise = simd::noise8(key, lo, std::uint32_t(index >> 32));
+    if constexpr (std::is_same_v<T, bfloat16>) return f32x8(simd::stochastic_bfloat16_8(x.r, noise));
+    else return f32x8(simd::stochastic_half8(x.r, noise));
   }
   /// x in the lanes of the tail, +0 in the others.
   static f32x8 zero_past(f32x8 x, full_t) { return x; }

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "lanes.hpp"
 #include "simd_convert.hpp"
@@ -61,6 +62,21 @@ struct avx512_lanes {
   static f32x16 keep(f32x16 x, f32x16, full_t) { return x; }
   static f32x16 keep(f32x16 x, f32x16 fallback, tail m) { return f32x16(_mm512_mask_blend_ps(m, fallback.r, x.r)); }
   static float max_lane(f32x16 x) { return _mm512_reduce_max_ps(x.r); }
+  /// x stochastically rounded to T values, lane j as element index + j. Lanes that cross a multiple
+  /// of 2^32 (the noise's block) go one at a time.
+  template <class T>
+  static f32x16 round_stochastic(f32x16 x, std::uint32_t key, std::uint64_t index) {
+    const auto lo = std::uint32_t(index);
+    if (lo > 0xFFFFFFFFu - (width - 1)) {
+      alignas(64) float v[width];
+      _mm512_store_ps(v, x.r);
+      for (std::size_t j = 0; j < width; ++j) v[j] = stochastic_round<T>(v[j], rounding_noise(key, index + j));
+      return f32x16(_mm512_load_ps(v));
+    }
+    const __m512i noise = simd::noise16(key, lo, std::uint32_t(index >> 32));
+    if constexpr (std::is_same_v<T, bfloat16>) return f32x16(simd::stochastic_bfloat16_16(x.r, noise));
+    else return f32x16(simd::stochastic_half16(x.r, noise));
+  }
 };
 
 template <>

@@ -20,6 +20,7 @@
 
 #include "../error.hpp"
 #include "../options.hpp"
+#include "../precision.hpp"
 #include "../rule.hpp"
 #include "../tensor.hpp"
 #include "flat_layout.hpp"
@@ -138,6 +139,7 @@ class checkpointing {
       o.groups_[g]->step_ = saved.group_steps[g];
     }
     o.counts_ = {saved.applied, saved.skipped, saved.consecutive};
+    if (saved.rounding_seed) o.options_.rounding_seed = *saved.rounding_seed;
   }
 
  private:
@@ -150,6 +152,7 @@ class checkpointing {
     std::vector<typename UpdateRule::options> groups;
     std::vector<std::uint64_t> group_steps;
     std::uint64_t applied = 0, skipped = 0, consecutive = 0;
+    std::optional<std::uint64_t> rounding_seed;  // saved under stochastic rounding
     typename Opt::driver::saved driver;  // what the rule's driver keeps besides
   };
 
@@ -179,6 +182,7 @@ class checkpointing {
       h.applied = json_count(meta, "applied_steps", max_steps);
       h.skipped = json_count(meta, "skipped_steps", max_steps);
       h.consecutive = json_count(meta, "consecutive_skips", h.skipped, "consecutive_skips (at most skipped_steps)");
+      if (meta.contains("rounding_seed")) h.rounding_seed = json_count(meta, "rounding_seed", ~std::uint64_t{0});
       for (std::size_t g = 0; g < groups.size(); ++g) {
         const std::string label = "group " + std::to_string(g);
         try {
@@ -226,7 +230,8 @@ class checkpointing {
     std::vector<setting> read = {
         {"the checkpoint's step counts", std::to_string(h.applied) + " applied, " + std::to_string(h.skipped) +
                                              " skipped, " + std::to_string(h.consecutive) + " in a row"},
-        {"the checkpoint's loss scaler", h.scaler.save().dump()}};
+        {"the checkpoint's loss scaler", h.scaler.save().dump()},
+        {"the checkpoint's rounding seed", h.rounding_seed ? std::to_string(*h.rounding_seed) : "none"}};
     for (std::size_t g = 0; g < h.groups.size(); ++g)
       read.push_back({"the checkpoint's group " + std::to_string(g), "step " + std::to_string(h.group_steps[g]) + ", " +
                                                                          UpdateRule::to_json(h.groups[g]).dump()});
@@ -247,6 +252,9 @@ class checkpointing {
                         {"scaler", o.scaler_.save()},         {"applied_steps", o.counts_.applied},
                         {"skipped_steps", o.counts_.skipped},        {"consecutive_skips", o.counts_.consecutive_skips},
                         {"groups", groups}};
+    // The stochastic rounding's seed: with the applied steps it resumes the same noise.
+    if constexpr (std::is_same_v<rounding_of_t<Precision>, stochastic_rounding>)
+      d["rounding_seed"] = o.options_.rounding_seed;
     const nlohmann::json kept = o.driver_.describe(o.comm_.size());  // what the rule's driver adds
     for (const auto& [key, value] : kept.items()) d[key] = value;
     return d;

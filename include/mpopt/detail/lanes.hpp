@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "config.hpp"
+#include "stochastic_rounding.hpp"
 
 namespace mpopt::detail {
 
@@ -54,6 +55,11 @@ struct scalar_lanes {
   /// x in the lanes of the tail, fallback in the others; the largest lane.
   MPOPT_HOST_DEVICE static float keep(float x, float, full_t) { return x; }
   MPOPT_HOST_DEVICE static float max_lane(float x) { return x; }
+  /// x stochastically rounded to a T value (stochastic_rounding.hpp), as element `index`.
+  template <class T>
+  MPOPT_HOST_DEVICE static float round_stochastic(float x, std::uint32_t key, std::uint64_t index) {
+    return stochastic_round<T>(x, rounding_noise(key, index));
+  }
 };
 
 /// Runs body(i, tail) over [0, n): full vectors, then one masked tail.

@@ -67,12 +67,8 @@ class onebit_driver : public staged_driver<Rule, Precision, Backend, Communicato
     coeff_freeze_.assign(tensors, 0.0);
     last_factor_.assign(tensors, 1.0);
     scaling_.assign(tensors, 1.0f);
-    fused_.clear();
-    elements_ = 0;
-    for (std::size_t t = 0; t < tensors; ++t) {
-      fused_.push_back(elements_);
-      elements_ += c.tensors.tensors[t].size;
-    }
+    const auto& last = c.tensors.tensors[tensors - 1];
+    elements_ = last.first + last.size;  // every tensor, back to back
     chunk_max_.assign(chunks, 0.0f);
     chunk_sum_.assign(chunks, 0.0);
     ordered_ = rank_ordered_sum(*c.tensors.work);
@@ -119,7 +115,7 @@ class onebit_driver : public staged_driver<Rule, Precision, Backend, Communicato
     }
     c.backend.tensor_pass(d, [&](const auto& placed, const chunk* chunks) {
       return onebit_feed_pass<Precision>{
-          {{{placed, chunks, {.sum64 = chunk_sum_.data()}}, c.scalars}, scaling_.data(), fused_.data()},
+          {{{placed, chunks, {.sum64 = chunk_sum_.data()}}, c.scalars}, scaling_.data()},
           exchange_.worker_error().data()};
     });
     c.wait();
@@ -250,8 +246,7 @@ class onebit_driver : public staged_driver<Rule, Precision, Backend, Communicato
       bookkeeping += use.bookkeeping;
     }
     return bookkeeping + (coeff_freeze_.capacity() + last_factor_.capacity() + chunk_sum_.capacity()) * sizeof(double) +
-           (scaling_.capacity() + chunk_max_.capacity()) * sizeof(float) + fused_.capacity() * sizeof(std::size_t) +
-           ordered_.bytes();
+           (scaling_.capacity() + chunk_max_.capacity()) * sizeof(float) + ordered_.bytes();
   }
 
  private:
@@ -286,7 +281,7 @@ class onebit_driver : public staged_driver<Rule, Precision, Backend, Communicato
     c.backend.tensor_pass(d, [&](const auto& placed, const chunk* chunks) {
       const pass_outputs out{.sum = d.chunk_sum, .sum2 = d.chunk_sum2, .largest = chunk_max_.data()};
       return onebit_momentum_pass<Precision>{
-          {{{placed, chunks, out}, c.scalars}, scaling_.data(), fused_.data(), d.state[2]},
+          {{{placed, chunks, out}, c.scalars}, scaling_.data(), d.state[2]},
           averaged ? *averaged : sign_code{}};
     });
     c.wait();
@@ -315,7 +310,6 @@ class onebit_driver : public staged_driver<Rule, Precision, Backend, Communicato
   std::vector<double> coeff_freeze_;  ///< per tensor: running average of the warm-up LAMB coefficient
   std::vector<double> last_factor_;   ///< per tensor: the compression-stage factor of the last step
   shared<float> scaling_;             ///< per tensor: momentum scaling coefficient, fixed at the first compressed step
-  shared<std::size_t> fused_;         ///< per tensor: its first element in the compressed vector
   shared<float> chunk_max_;           ///< per work chunk: the largest variance ratio
   shared<double> chunk_sum_;          ///< per work chunk: sums of squares for the compression scales
   rank_ordered_sum ordered_;

@@ -1,6 +1,7 @@
 // mpopt — the element passes of 1-bit LAMB's compression stage (onebit_driver.hpp), over the
-// math of onebit_lamb_math.hpp. `fused[t]` is tensor t's first element in the compressed vector
-// (tensors back to back), `scaling[t]` its momentum scaling coefficient. They run through
+// math of onebit_lamb_math.hpp. The compressed vector holds every tensor back to back in
+// registration order, so a slice's `index` (its first element among all registered) is its place
+// there; `scaling[t]` is tensor t's momentum scaling coefficient. They run through
 // backend_passes::tensor_pass, like any pass of a rule's driver.
 #pragma once
 
@@ -17,30 +18,28 @@ namespace mpopt::detail {
 template <class P>
 struct onebit_slice : coefficient_slice<P, lamb_coefficients> {
   float scaling;
-  std::size_t fused;  // the chunk's first element in the compressed vector
   padded<float> v_fresh;
 };
 
 template <class P>
 struct onebit_pass : coefficient_pass<P, lamb_coefficients> {
   const float* scaling;
-  const std::size_t* fused;
   float* v_fresh = nullptr;  // state-indexed, when the pass uses it
   MPOPT_HOST_DEVICE onebit_slice<P> at(std::size_t ci) const {
     const auto s = coefficient_pass<P, lamb_coefficients>::at(ci);
     const chunk& c = this->chunks[ci];
-    return {s, scaling[c.tensor], fused[c.tensor] + c.begin, {v_fresh ? v_fresh + c.state : nullptr}};
+    return {s, scaling[c.tensor], {v_fresh ? v_fresh + c.state : nullptr}};
   }
 };
 
-/// worker[fused] += onebit_local_momentum (the error feedback: the worker buffer holds the last
+/// worker[index] += onebit_local_momentum (the error feedback: the worker buffer holds the last
 /// round's error); per chunk, the sum of squares of the new worker values (square64).
 template <class P>
 struct onebit_feed_pass : onebit_pass<P> {
   float* worker;
   template <class L, class S, class Tail, class R>
   MPOPT_HOST_DEVICE void apply(const S& s, std::size_t i, Tail tail, R& r) const {
-    float* w = worker + s.fused + i;
+    float* w = worker + s.index + i;
     const auto g = true_gradient<L>(s, i, tail, typename L::vec(s.scale));
     const auto x = vload<L>(w, tail) + onebit_local_momentum(g, vload<L>(s.state[0] + i, tail), typename L::vec(s.scaling), s.c);
     vstore<L>(w, x, tail);
@@ -57,7 +56,7 @@ struct onebit_momentum_pass : onebit_pass<P> {
   template <class L, class S, class Tail, class R>
   MPOPT_HOST_DEVICE void apply(const S& s, std::size_t i, Tail tail, R& r) const {
     const auto m = vload<L>(s.state[0] + i, tail);
-    const auto m_new = code.bits ? code.template load<L>(s.fused + i, tail) / typename L::vec(s.scaling)
+    const auto m_new = code.bits ? code.template load<L>(s.index + i, tail) / typename L::vec(s.scaling)
                             : lamb_first_moment(true_gradient<L>(s, i, tail, typename L::vec(s.scale)), m, s.c);
     auto fresh = vload<L>(s.v_fresh + i, tail);
     typename L::vec u0, ratio;

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "../precision.hpp"
 #include "config.hpp"
 #include "lanes.hpp"
 #include "sign_compression.hpp"
@@ -74,6 +75,8 @@ struct chunk_slice {
   bool reduced;  // the gradient is accum alone (already summed over ranks)
   std::size_t n;
   std::uint32_t tensor, group;
+  std::uint32_t rounding_key;
+  std::uint64_t index;  // of the first element among all registered (stochastic rounding's)
 };
 
 template <class P>
@@ -92,6 +95,8 @@ MPOPT_HOST_DEVICE chunk_slice<P> slice_of(const step_data<P>& d, const chunk& c)
   s.n = c.size;
   s.tensor = c.tensor;
   s.group = t.group;
+  s.rounding_key = d.rounding_key;
+  s.index = t.first + c.begin;
   return s;
 }
 
@@ -104,11 +109,15 @@ MPOPT_HOST_DEVICE typename L::vec true_gradient(const chunk_slice<P>& s, std::si
   return g * scale;
 }
 
-/// The new parameter into the master and, when it is a separate 16-bit tensor, the parameter.
+/// The new parameter into the master and, when it is a separate 16-bit tensor, the parameter,
+/// rounded as the precision policy says.
 template <class L, class P, class Tail>
 MPOPT_HOST_DEVICE void store_param(const chunk_slice<P>& s, std::size_t i, typename L::vec p, Tail tail) {
   vstore<L>(s.master + i, p, tail);
-  if constexpr (P::has_master) vstore<L>(s.param + i, p, tail);
+  if constexpr (P::has_master) {
+    using T = typename P::param_type;
+    vstore<L>(s.param + i, rounding_of_t<P>::template round<L, T>(p, s.rounding_key, s.index + i), tail);
+  }
 }
 
 /// Passes over the optimizer's tensors (chunks of d.work, given as `chunks` where the backend can

@@ -141,6 +141,11 @@ struct quad_lanes {
     return x;
   }
   MPOPT_HOST_DEVICE static float max_lane(quad x) { return max(max(x.x[0], x.x[1]), max(x.x[2], x.x[3])); }
+  template <class T>
+  MPOPT_HOST_DEVICE static quad round_stochastic(quad x, std::uint32_t key, std::uint64_t index) {
+    for (unsigned j = 0; j < 4; ++j) x.x[j] = stochastic_round<T>(x.x[j], rounding_noise(key, index + j));
+    return x;
+  }
 
  private:
   /// 16 bytes of float or 8 bytes of 16-bit values in one access (memcpy off the GPU: no aliasing

@@ -84,6 +84,48 @@ inline void store16(bfloat16* p, __m512 v, __mmask16 m) { _mm512_mask_cvtepi32_s
 /// Mask of the first n lanes, n in 0..16.
 inline __mmask16 first_lanes16(unsigned n) { return static_cast<__mmask16>((1u << n) - 1u); }
 
+// Stochastic rounding (stochastic_rounding.hpp), lane for lane the scalar functions' bits.
+
+inline __m512i mix32_16(__m512i x) {
+  x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+  x = _mm512_mullo_epi32(x, _mm512_set1_epi32(int(0x7FEB352Du)));
+  x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 15));
+  x = _mm512_mullo_epi32(x, _mm512_set1_epi32(int(0x846CA68Bu)));
+  return _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+}
+/// rounding_noise of elements lo .. lo + 15 of the block hi (the caller keeps them in one block).
+inline __m512i noise16(std::uint32_t key, std::uint32_t lo, std::uint32_t hi) {
+  const __m512i i = _mm512_add_epi32(_mm512_set1_epi32(int(lo)),
+                                     _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  return mix32_16(_mm512_add_epi32(mix32_16(_mm512_xor_si512(i, _mm512_set1_epi32(int(key)))), _mm512_set1_epi32(int(hi))));
+}
+/// The carry rule: (u + (noise & dropped)) & ~dropped.
+inline __m512i carry_round16(__m512i u, __m512i noise, std::uint32_t dropped) {
+  const __m512i d = _mm512_set1_epi32(int(dropped));
+  return _mm512_andnot_si512(d, _mm512_add_epi32(u, _mm512_and_si512(noise, d)));
+}
+inline __mmask16 is_nan16(__m512i a) { return _mm512_cmpgt_epi32_mask(a, _mm512_set1_epi32(0x7F800000)); }
+inline __m512 stochastic_bfloat16_16(__m512 v, __m512i noise) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __mmask16 nan = is_nan16(_mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)));
+  return _mm512_castsi512_ps(_mm512_mask_blend_epi32(nan, carry_round16(u, noise, 0xFFFFu), u));
+}
+inline __m512 stochastic_half16(__m512 v, __m512i noise) {
+  const __m512i u = _mm512_castps_si512(v), a = _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF));
+  const __m512i sign = _mm512_andnot_si512(a, u);
+  // Below 2^-14: steps of 2^-24, counted in fp32 (q exact; fp32 subnormals give 0).
+  const __mmask16 normal32 = _mm512_cmpge_epi32_mask(a, _mm512_set1_epi32(0x00800000));
+  const __m512 q = _mm512_castsi512_ps(_mm512_maskz_add_epi32(normal32, a, _mm512_set1_epi32(0x0C000000)));
+  const __m512 k = _mm512_cvtepi32_ps(_mm512_cvttps_epi32(q));
+  const __m512 threshold = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(noise, 8)), _mm512_set1_ps(0x1p-24f));
+  const __mmask16 up = _mm512_cmp_ps_mask(_mm512_sub_ps(q, k), threshold, _CMP_GT_OQ);
+  const __m512 steps = _mm512_mask_add_ps(k, up, k, _mm512_set1_ps(1.0f));
+  const __m512i small = _mm512_or_si512(_mm512_castps_si512(_mm512_mul_ps(steps, _mm512_set1_ps(0x1p-24f))), sign);
+  const __mmask16 below = _mm512_cmplt_epi32_mask(a, _mm512_set1_epi32(0x38800000));
+  const __m512i r = _mm512_mask_blend_epi32(below, carry_round16(u, noise, 0x1FFFu), small);
+  return _mm512_castsi512_ps(_mm512_mask_blend_epi32(is_nan16(a), r, u));
+}
+
 MPOPT_TARGET_END
 
 MPOPT_TARGET_BEGIN(MPOPT_ISA_AVX2)
@@ -139,6 +181,44 @@ inline __m128i bf16_narrow8(__m256 v) {
 }
 inline void store8(bfloat16* p, __m256 v) { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), bf16_narrow8(v)); }
 inline void store8(bfloat16* p, __m256 v, int n) { store8_u16(p, bf16_narrow8(v), n); }
+
+// Stochastic rounding, as the 16-lane forms above.
+
+inline __m256i mix32_8(__m256i x) {
+  x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+  x = _mm256_mullo_epi32(x, _mm256_set1_epi32(int(0x7FEB352Du)));
+  x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 15));
+  x = _mm256_mullo_epi32(x, _mm256_set1_epi32(int(0x846CA68Bu)));
+  return _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+}
+inline __m256i noise8(std::uint32_t key, std::uint32_t lo, std::uint32_t hi) {
+  const __m256i i = _mm256_add_epi32(_mm256_set1_epi32(int(lo)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  return mix32_8(_mm256_add_epi32(mix32_8(_mm256_xor_si256(i, _mm256_set1_epi32(int(key)))), _mm256_set1_epi32(int(hi))));
+}
+inline __m256i carry_round8(__m256i u, __m256i noise, std::uint32_t dropped) {
+  const __m256i d = _mm256_set1_epi32(int(dropped));
+  return _mm256_andnot_si256(d, _mm256_add_epi32(u, _mm256_and_si256(noise, d)));
+}
+inline __m256i is_nan8(__m256i a) { return _mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x7F800000)); }
+inline __m256 stochastic_bfloat16_8(__m256 v, __m256i noise) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i nan = is_nan8(_mm256_and_si256(u, _mm256_set1_epi32(0x7FFFFFFF)));
+  return _mm256_castsi256_ps(_mm256_blendv_epi8(carry_round8(u, noise, 0xFFFFu), u, nan));
+}
+inline __m256 stochastic_half8(__m256 v, __m256i noise) {
+  const __m256i u = _mm256_castps_si256(v), a = _mm256_and_si256(u, _mm256_set1_epi32(0x7FFFFFFF));
+  const __m256i sign = _mm256_andnot_si256(a, u);
+  const __m256i normal32 = _mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x007FFFFF));
+  const __m256 q = _mm256_castsi256_ps(_mm256_and_si256(normal32, _mm256_add_epi32(a, _mm256_set1_epi32(0x0C000000))));
+  const __m256 k = _mm256_cvtepi32_ps(_mm256_cvttps_epi32(q));
+  const __m256 threshold = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(noise, 8)), _mm256_set1_ps(0x1p-24f));
+  const __m256 up = _mm256_cmp_ps(_mm256_sub_ps(q, k), threshold, _CMP_GT_OQ);
+  const __m256 steps = _mm256_add_ps(k, _mm256_and_ps(up, _mm256_set1_ps(1.0f)));
+  const __m256i small = _mm256_or_si256(_mm256_castps_si256(_mm256_mul_ps(steps, _mm256_set1_ps(0x1p-24f))), sign);
+  const __m256i below = _mm256_cmpgt_epi32(_mm256_set1_epi32(0x38800000), a);
+  const __m256i r = _mm256_blendv_epi8(carry_round8(u, noise, 0x1FFFu), small, below);
+  return _mm256_castsi256_ps(_mm256_blendv_epi8(r, u, is_nan8(a)));
+}
 
 MPOPT_TARGET_END
 

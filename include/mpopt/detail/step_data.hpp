@@ -18,6 +18,7 @@ struct tensor_slot {
   Grad* grad;
   std::size_t size;
   std::uint32_t group;
+  std::uint64_t first;  ///< the index of element 0 among all registered elements (stochastic rounding's)
 };
 
 /// Pointers and scalars for one pass. Kernels read the true gradient as
@@ -44,6 +45,7 @@ struct step_data {
   float grad_scale = 1.0f;                  ///< the unscale, for the overflow-and-norm pass
   const step_decision* decision = nullptr;  ///< where the backend runs: read by the update passes
   bool grads_reduced = false;
+  std::uint32_t rounding_key = 0;  ///< the update's stochastic rounding noise (rounding_key())
 };
 
 }  // namespace mpopt::detail
