@@ -1,5 +1,5 @@
 // What the host and the device benchmark share: the bytes a step must move, the data they step on,
-// the command line and the summary of timed rounds (protocol: /work/shared/BENCH.md).
+// the command line and the summary of timed rounds (protocol: bench/README.md).
 #pragma once
 
 #include <mpopt/mpopt.hpp>
@@ -36,40 +36,38 @@ inline int max_threads() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Bytes per parameter. What the step must read plus what it must write, once each, per pass it makes
-// (a gradient pre-pass, then one Adam pass or two LAMB passes; the host and the device backend alike).
-//   gs = sizeof(grad) (4 fp32, 2 fp16/bf16), ps = sizeof(param); master/m/v are fp32 (4 each).
-//   fp32 has no separate master: the param (4 B) is the master, read and written once.
+// Bytes per parameter that an update cannot avoid: each state element read and written once.
+//   gs = sizeof(grad) (4 fp32, 2 fp16/bf16), ps = sizeof(param) when it is not the master (2), else 0;
+//   master, m and v are fp32 (fp32 has no separate master: the parameter is the master).
 //
-//   pre-pass (all cases): read g                                     -> gs
-//   Adam update pass:     read g, master, m, v; write m, v, master   -> gs + 12 + 12
-//                         + write param when it is not the master    -> + ps (fp16/bf16)
-//   LAMB pass 1:          read g, master, m, v; write m, v           -> gs + 12 + 8
-//   LAMB pass 2:          read master, m, v; write master            -> 12 + 4
-//                         + write param when it is not the master    -> + ps (fp16/bf16)
+//   Adam, one pass:   read g, master, m, v; write m, v, master, param     gs + 12 + 12 + ps = 28
+//   LAMB, two passes: the trust ratio needs the norms of the weights and of the whole update before
+//                     any weight moves, so the update is applied in a second pass, which reads back
+//                     the moments it needs rather than keeping them:
+//     pass 1          read g, master, m, v; write m, v                    gs + 12 + 8
+//     pass 2          read master, m, v; write master, param              12 + 4 + ps       = 40
+//   (Recomputing the moments in pass 2 instead costs more: 16 + 28 = 44 in fp32.)
 //
-//   fp32 adam: 4 + (4+4+4+4 + 4+4+4)             = 32   fp32 lamb: 4 + (4+12+8) + (12+4)     = 44
-//   fp16 adam: 2 + (2+4+4+4 + 4+4+4 + 2)         = 30   fp16 lamb: 2 + (2+12+8) + (12+4+2)   = 42
-//   bf16 adam: 2 + (2+4+4+4 + 4+4+4 + 2)         = 30   bf16 lamb: 2 + (2+12+8) + (12+4+2)   = 42
+// The gradient pre-pass (overflow check and global norm, read g once) is needed only when the
+// update depends on it: clipping, or skipping a non-finite step. It is counted apart.
 // ---------------------------------------------------------------------------------------------
 template <class Precision, class Rule>
-constexpr std::size_t bytes_per_param() {
+constexpr std::size_t minimal_bytes_per_param() {
   constexpr std::size_t gs = sizeof(typename Precision::grad_type);
   constexpr std::size_t ps = Precision::has_master ? sizeof(typename Precision::param_type) : 0;
-  constexpr std::size_t pre = gs;
-  if constexpr (std::is_same_v<Rule, mpopt::adam>) {
-    return pre + (gs + 12 + 12 + ps);
-  } else {
-    return pre + (gs + 12 + 8) + (12 + 4 + ps);
-  }
+  if constexpr (std::is_same_v<Rule, mpopt::lamb>) return (gs + 12 + 8) + (12 + 4 + ps);
+  else return gs + 12 + 12 + ps;
 }
-static_assert(bytes_per_param<mpopt::fp32, mpopt::adam>() == 32);
-static_assert(bytes_per_param<mpopt::fp16, mpopt::adam>() == 30);
-static_assert(bytes_per_param<mpopt::bf16, mpopt::adam>() == 30);
-static_assert(bytes_per_param<mpopt::fp32, mpopt::lamb>() == 44);
-static_assert(bytes_per_param<mpopt::fp16, mpopt::lamb>() == 42);
-static_assert(bytes_per_param<mpopt::bf16, mpopt::lamb>() == 42);
-constexpr std::size_t largest_bytes_per_param = 44;
+template <class Precision>
+constexpr std::size_t prepass_bytes_per_param() {
+  return sizeof(typename Precision::grad_type);
+}
+static_assert(minimal_bytes_per_param<mpopt::fp32, mpopt::adam>() == 28);
+static_assert(minimal_bytes_per_param<mpopt::fp16, mpopt::adam>() == 28);
+static_assert(minimal_bytes_per_param<mpopt::bf16, mpopt::adam>() == 28);
+static_assert(minimal_bytes_per_param<mpopt::fp32, mpopt::lamb>() == 40);
+static_assert(minimal_bytes_per_param<mpopt::bf16, mpopt::lamb>() == 40);
+constexpr std::size_t largest_bytes_per_param = 44;  // fp32 LAMB with its pre-pass
 
 template <class T>
 inline T from_float(float x) {
@@ -124,45 +122,55 @@ inline stats gbps(std::vector<double> seconds, double bytes) {
   return summarize(seconds);
 }
 
-/// What every case steps with (bench/README, "Cases"): clipping at 1, no accumulation, fp16's
-/// static loss scale 1024, lr 1e-3 and weight decay 0.01 (AdamW, LAMB).
+/// What every case steps with (bench/README, "Cases"): no accumulation, fp16's static loss scale 1024,
+/// lr 1e-3 and weight decay 0.01 (AdamW, LAMB); clipping at 1, or (`clipped` false: the "noclip"
+/// cases) no clipping and, where no loss scale asks for it, no overflow skip, so that nothing needs
+/// to be known before the update.
 template <class Scaler, class Rule>
 struct case_settings {
   mpopt::optimizer_options optimizer;
   typename Scaler::options scaler{};
   typename Rule::options rule;
 
-  case_settings() {
-    optimizer.clip_grad = 1.0;
+  explicit case_settings(bool clipped) {
+    optimizer.clip_grad = clipped ? 1.0 : 0.0;
+    optimizer.skip_nonfinite = clipped || !std::is_same_v<Scaler, mpopt::no_scaling>;
     optimizer.accumulation_steps = 1;
     if constexpr (std::is_same_v<Scaler, mpopt::static_scale>) scaler.scale = 1024.0;
     rule.lr = 1e-3;
     rule.weight_decay = 0.01;
   }
+  /// Whether the step must read every gradient before it updates anything.
+  bool prepass() const { return optimizer.clip_grad > 0 || optimizer.skip_nonfinite; }
 };
 
-/// "precision/rule/layout", what --filter matches.
-inline std::string case_name(std::string_view precision, std::string_view rule, bool fused) {
-  return std::string(precision) + "/" + std::string(rule) + (fused ? "/fused" : "/unfused");
+/// "precision/rule/layout", and "/noclip" for the cases without clipping: what --filter matches.
+inline std::string case_name(std::string_view precision, std::string_view rule, bool fused, bool clipped) {
+  return std::string(precision).append("/").append(rule).append(fused ? "/fused" : "/unfused").append(clipped ? "" : "/noclip");
 }
 
-/// run.template operator()<Precision, Scaler, Rule>(precision, rule, fused) for every case, fused
-/// then unfused: fp32 and bf16 unscaled, fp16 with a static loss scale, and bf16 Adam with
-/// stochastic rounding.
+/// run.template operator()<Precision, Scaler, Rule>(precision, rule, fused, clipped) for every case,
+/// fused then unfused: fp32 and bf16 unscaled, fp16 with a static loss scale, and bf16 Adam with
+/// stochastic rounding, all clipped; then fp32 and bf16 again without clipping.
 template <class Run>
 void for_each_case(Run&& run) {
-  auto both = [&]<class P, class S, class R>(std::string_view precision, std::string_view rule) {
-    run.template operator()<P, S, R>(precision, rule, true);
-    run.template operator()<P, S, R>(precision, rule, false);
+  auto both = [&]<class P, class S, class R>(std::string_view precision, std::string_view rule, bool clipped) {
+    run.template operator()<P, S, R>(precision, rule, true, clipped);
+    run.template operator()<P, S, R>(precision, rule, false, clipped);
   };
-  both.template operator()<mpopt::fp32, mpopt::no_scaling, mpopt::adam>("fp32", "adam");
-  both.template operator()<mpopt::fp32, mpopt::no_scaling, mpopt::lamb>("fp32", "lamb");
-  both.template operator()<mpopt::fp16, mpopt::static_scale, mpopt::adam>("fp16", "adam");
-  both.template operator()<mpopt::fp16, mpopt::static_scale, mpopt::lamb>("fp16", "lamb");
-  both.template operator()<mpopt::bf16, mpopt::no_scaling, mpopt::adam>("bf16", "adam");
-  both.template operator()<mpopt::bf16, mpopt::no_scaling, mpopt::lamb>("bf16", "lamb");
-  // What stochastic rounding costs: the same bf16 Adam step, its parameters stochastically rounded.
-  both.template operator()<mpopt::bf16_stochastic, mpopt::no_scaling, mpopt::adam>("bf16_stochastic", "adam");
+  for (const bool clipped : {true, false}) {
+    both.template operator()<mpopt::fp32, mpopt::no_scaling, mpopt::adam>("fp32", "adam", clipped);
+    both.template operator()<mpopt::fp32, mpopt::no_scaling, mpopt::lamb>("fp32", "lamb", clipped);
+    if (clipped) {  // a loss-scaled step always checks for overflow first
+      both.template operator()<mpopt::fp16, mpopt::static_scale, mpopt::adam>("fp16", "adam", clipped);
+      both.template operator()<mpopt::fp16, mpopt::static_scale, mpopt::lamb>("fp16", "lamb", clipped);
+    }
+    both.template operator()<mpopt::bf16, mpopt::no_scaling, mpopt::adam>("bf16", "adam", clipped);
+    both.template operator()<mpopt::bf16, mpopt::no_scaling, mpopt::lamb>("bf16", "lamb", clipped);
+    // What stochastic rounding costs: the same bf16 Adam step, its parameters stochastically rounded.
+    if (clipped)
+      both.template operator()<mpopt::bf16_stochastic, mpopt::no_scaling, mpopt::adam>("bf16_stochastic", "adam", clipped);
+  }
 }
 
 /// for_each_case(run) as a benchmark's main ends with it: exit status 0, or 1 after printing the
@@ -180,7 +188,7 @@ int run_every_case(const char* bench, Run&& run) {
 
 struct config {
   std::size_t params = std::size_t{1} << 26;
-  int repeat = 7;
+  int repeat = 11;
   std::string filter;
 
   /// Whether "precision/rule/layout" is a case to run.
@@ -191,8 +199,8 @@ struct config {
   std::fprintf(code ? stderr : stdout,
                "usage: %s [--params N] [--repeat R] [--filter SUBSTR] [--quick]\n"
                "  --params N      parameters per case (default 2^26 = 67108864)\n"
-               "  --repeat R      timed rounds per case (default 7); the median is reported\n"
-               "  --filter SUBSTR run only cases whose \"precision/rule/layout\" contains SUBSTR\n"
+               "  --repeat R      timed rounds per case (default 11); the median is reported\n"
+               "  --filter SUBSTR run only cases whose \"precision/rule/layout[/noclip]\" contains SUBSTR\n"
                "  --quick         smoke test: 2^20 parameters, 3 rounds\n",
                program);
   std::exit(code);

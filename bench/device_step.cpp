@@ -1,6 +1,6 @@
 // mpopt device benchmark: the time of one optimizer step() on the device backend (mpopt::cuda)
-// against a device-to-device copy of the same bytes, measured in the same process (protocol:
-// /work/shared/BENCH.md, fields: bench/README.md).
+// against a device-to-device copy of the bytes the update cannot avoid, measured in the same process
+// (protocol and fields: bench/README.md).
 //
 //   device_step [--params N] [--repeat R] [--filter SUBSTR] [--quick]
 //
@@ -9,7 +9,7 @@
 // copy is thrust::copy. The second shows the benchmark works and what the device backend's code
 // reaches on a CPU, nothing about a GPU.
 //
-// Cases: precision {fp32, fp16, bf16} x rule {adam, lamb} x layout {fused, unfused}.
+// Cases: those of bench/common.hpp (for_each_case), clipped and "/noclip".
 //   fused:   one flat group (add_flat_group) holding one tensor of N parameters, in device memory;
 //   unfused: the same N split into 1000 device buffers registered with add() (the chunked path).
 // Per case: one untimed step and copy, then R rounds of (copy, step), each timed alone; step()
@@ -52,17 +52,17 @@ void fill_device(const device& backend, T* dst, std::size_t n, float sigma, std:
 }
 
 template <class Precision, class Scaler, class Rule>
-void run_case(const config& cfg, std::string_view precision, std::string_view rule, bool fused,
+void run_case(const config& cfg, std::string_view precision, std::string_view rule, bool fused, bool clipped,
               device::buffer<std::uint64_t>& copy_src, device::buffer<std::uint64_t>& copy_dst) {
   using P = typename Precision::param_type;
   using G = typename Precision::grad_type;
   const std::string_view layout = fused ? "fused" : "unfused";
-  const std::string name = case_name(precision, rule, fused);
+  const std::string name = case_name(precision, rule, fused, clipped);
   if (!cfg.wants(name)) return;
   std::fprintf(stderr, "device_step: %s ...\n", name.c_str());
 
   const std::size_t n = cfg.params;
-  const case_settings<Scaler, Rule> settings;
+  const case_settings<Scaler, Rule> settings(clipped);
   mpopt::optimizer<Precision, Scaler, mpopt::replicated, Rule, device> opt(settings.optimizer, settings.scaler);
   const auto& ro = settings.rule;
 
@@ -96,7 +96,7 @@ void run_case(const config& cfg, std::string_view precision, std::string_view ru
       std::exit(1);
     }
   };
-  constexpr std::size_t bpp = bytes_per_param<Precision, Rule>();
+  constexpr std::size_t bpp = minimal_bytes_per_param<Precision, Rule>();
   const double total = double(bpp) * double(n);
   const std::size_t words = (bpp * n / 2 + 7) / 8;  // read once and written once: `total` moved
   checked_step();
@@ -116,11 +116,11 @@ void run_case(const config& cfg, std::string_view precision, std::string_view ru
   const std::size_t kernels = opt.backend().launches() - before;
   const stats step = gbps(t_step, total), copy = gbps(t_copy, 16.0 * double(words));
   std::printf(
-      "{\"bench\":\"device_step\",\"device\":\"%s\",\"precision\":\"%.*s\",\"rule\":\"%.*s\",\"layout\":\"%.*s\","
+      "{\"bench\":\"device_step\",\"device\":\"%s\",\"precision\":\"%.*s\",\"rule\":\"%.*s\",\"layout\":\"%.*s\",\"clip_grad\":%g,"
       "\"params\":%zu,\"threads\":%d,\"bytes_per_param\":%zu,\"kernels_per_step\":%zu,\"gbps\":%.2f,"
       "\"copy_gbps\":%.2f,\"ratio\":%.3f,\"gbps_min\":%.2f,\"gbps_max\":%.2f}\n",
       MPOPT_DEVICE_IS_GPU ? "gpu" : "thrust-omp", int(precision.size()), precision.data(), int(rule.size()),
-      rule.data(), int(layout.size()), layout.data(), n, max_threads(), bpp, kernels, step.median, copy.median, step.median / copy.median, step.min, step.max);
+      rule.data(), int(layout.size()), layout.data(), settings.optimizer.clip_grad, n, max_threads(), bpp, kernels, step.median, copy.median, step.median / copy.median, step.min, step.max);
   std::fflush(stdout);
 }
 
@@ -136,11 +136,12 @@ int main(int argc, char** argv) {
     return 77;
   }
 #endif
-  // Copy buffers for the largest case (LAMB fp32: 44 B/param moved, half of it copied).
+  // Copy buffers large enough for every case (half of 44 B/param copied).
   const std::size_t words = (cfg.params * largest_bytes_per_param / 2 + 7) / 8;
   device::buffer<std::uint64_t> src(words), dst(words);
   return run_every_case("device_step", [&]<class P, class S, class R>(std::string_view precision,
-                                                                      std::string_view rule, bool fused) {
-    run_case<P, S, R>(cfg, precision, rule, fused, src, dst);
+                                                                      std::string_view rule, bool fused,
+                                                                      bool clipped) {
+    run_case<P, S, R>(cfg, precision, rule, fused, clipped, src, dst);
   });
 }

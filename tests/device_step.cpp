@@ -22,8 +22,9 @@ struct step_cost {
 /// The cost of each of `steps` steps of a two-tensor fused optimizer, after a first step (which also
 /// initializes the state); step `overflow_at` sees an infinite gradient and is skipped.
 template <class Precision, class Rule, class Scaler = mpopt::no_scaling, class Partition = mpopt::replicated>
-std::vector<step_cost> cost_per_step(typename Rule::options o, int steps, int overflow_at = -1) {
-  mpopt::optimizer<Precision, Scaler, Partition, Rule, mpopt::cuda> opt;
+std::vector<step_cost> cost_per_step(typename Rule::options o, int steps, int overflow_at = -1,
+                                     mpopt::optimizer_options oo = {}) {
+  mpopt::optimizer<Precision, Scaler, Partition, Rule, mpopt::cuda> opt(oo);
   auto& g = opt.add_flat_group(o, {{"w", 70001}, {"b", 17}});
   using grad_t = typename Precision::grad_type;
   for (std::size_t t = 0; t < g.size(); ++t)
@@ -56,6 +57,20 @@ TEST_SUITE("device") {
     CHECK(cost_per_step<mpopt::fp16, mpopt::lamb, mpopt::dynamic_scale>({}, 3) == repeat(3, {10, 1}));
     CHECK(cost_per_step<mpopt::bf16, mpopt::lamb>({}, 3) == repeat(3, {10, 1}));
     CHECK(cost_per_step<mpopt::fp32, mpopt::lamb>({}, 3) == repeat(3, {10, 1}));
+  }
+
+  TEST_CASE("with nothing to know before the update (no clipping, no overflow skip) there is no gradient pass: the "
+            "decision copied in, the update summing the gradient's squares as it reads them, one wait") {
+    const mpopt::optimizer_options unchecked{.clip_grad = 0, .skip_nonfinite = false};
+    CHECK(cost_per_step<mpopt::bf16, mpopt::adam>({}, 3, -1, unchecked) == repeat(3, {2, 1}));
+    CHECK(cost_per_step<mpopt::fp32, mpopt::adam>({}, 3, -1, unchecked) == repeat(3, {2, 1}));
+    // LAMB: the decision, moments (with totals), per-tensor sums, trust ratios, apply.
+    CHECK(cost_per_step<mpopt::fp32, mpopt::lamb>({}, 3, -1, unchecked) == repeat(3, {5, 1}));
+    // Under ZeRO: the bucket packed, the decision, the update, the all-gather's pack and unpack.
+    // Waits: the packed bucket, the gathered bucket, the end of the step, and before the norms are
+    // summed across ranks (which finds nothing left to wait for).
+    CHECK(cost_per_step<mpopt::bf16, mpopt::adam, mpopt::no_scaling, mpopt::zero1>({}, 3, -1, unchecked) ==
+          repeat(3, {5, 4}));
   }
 
   TEST_CASE("a skipped step is decided on the device too: the same kernels (over empty chunks), one wait") {

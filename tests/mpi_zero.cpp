@@ -70,6 +70,54 @@ struct failing_mpi : mpopt::mpi {
 };
 static_assert(mpopt::communicator<failing_mpi>);
 
+/// An optimizer over every rank (partition P) against one over one process, `steps` steps of
+/// DeepSpeed-like Adam: rank 0 sends the gradients, the others zeros, summed, so every rank's step
+/// sees one process's gradients exactly. Before each step s, edit(s, grads, {}, {}) may change both
+/// sides' gradients ({dist, local}); after it, edit(-1 - s, ..., dist status, local status) checks the
+/// statuses. Every step must be applied, the same on every rank, and leave the parameters of both
+/// the same bits.
+template <class Precision, class P, class Edit>
+void step_as_one_process(const mpopt::optimizer_options& o, const std::vector<std::vector<mpopt::tensor_spec>>& groups,
+                         int steps, Edit&& edit) {
+  using T = typename Precision::param_type;
+  using dist_t = mpopt::optimizer<Precision, mpopt::no_scaling, P, mpopt::adam, test_backend, mpopt::mpi>;
+  using local_t = mpopt::optimizer<Precision, mpopt::no_scaling, mpopt::replicated, mpopt::adam, test_backend>;
+  const int w = world_size(), rank = world_rank();
+  CAPTURE(w);
+  dist_t d(mpopt::mpi{MPI_COMM_WORLD}, o);
+  local_t l(o);
+  std::vector<std::span<T>> dp, lp;
+  std::array<std::vector<std::span<T>>, 2> grads;  // dist, local
+  for (const auto& specs : groups) {
+    auto& a = d.add_flat_group({.lr = 1e-4, .weight_decay = 0.01}, specs);
+    auto& b = l.add_flat_group({.lr = 1e-4, .weight_decay = 0.01}, specs);
+    for (std::size_t t = 0; t < specs.size(); ++t) {
+      dp.push_back(a.param(t)), grads[0].push_back(a.grad(t)), lp.push_back(b.param(t)), grads[1].push_back(b.grad(t));
+      for (std::size_t k = 0; k < specs[t].size; ++k)
+        dp.back()[k] = lp.back()[k] = T(float(0.5 + 0.25 * unit(mix((std::uint64_t(dp.size()) << 32) + k))));
+    }
+  }
+  for (int s = 0; s < steps; ++s) {
+    CAPTURE(s);
+    auto& [dg, lg] = grads;
+    for (std::size_t t = 0; t < dg.size(); ++t)
+      for (std::size_t k = 0; k < dg[t].size(); ++k) {
+        lg[t][k] = T(float(unit(mix((std::uint64_t(s) << 40) + (std::uint64_t(t) << 32) + k))));
+        dg[t][k] = rank == 0 ? lg[t][k] : T(0.0f);
+      }
+    edit(s, grads, mpopt::step_status{}, mpopt::step_status{});
+    const auto ds = d.step(), ls = l.step();
+    check_status_same_on_every_rank(ds);
+    REQUIRE(ds.applied);
+    REQUIRE(ls.applied);
+    REQUIRE(d.group(0).step() == std::uint64_t(s + 1));
+    edit(-1 - s, grads, ds, ls);
+    std::size_t differ = 0;
+    for (std::size_t t = 0; t < dp.size(); ++t) differ += std::memcmp(dp[t].data(), lp[t].data(), dp[t].size_bytes()) != 0;
+    CHECK_MESSAGE(differ == 0, differ << " tensors' parameters differ from one process's");
+  }
+}
+
 }  // namespace
 
 TEST_SUITE("mpi") {
@@ -519,43 +567,29 @@ TEST_SUITE("mpi") {
   }
   TEST_CASE_TEMPLATE("stochastic rounding gives one process's bits on any number of ranks, under every partition", P,
                      mpopt::zero1, mpopt::zero2, mpopt::replicated) {
-    // Rank 0 sends the gradients, the others zeros, summed: every rank's step sees one process's
-    // gradients exactly (no clipping, which would read the norm's per-shard sums), so the masters agree
-    // bit for bit and any difference in the parameters would be the rounding's.
-    using B = mpopt::bfloat16;
-    using dist_t = mpopt::optimizer<mpopt::bf16_stochastic, mpopt::no_scaling, P, mpopt::adam, test_backend, mpopt::mpi>;
-    using local_t = mpopt::optimizer<mpopt::bf16_stochastic, mpopt::no_scaling, mpopt::replicated, mpopt::adam, test_backend>;
-    const int w = world_size(), rank = world_rank();
-    CAPTURE(w);
+    // No clipping, which would read the norm's per-shard sums: the masters agree bit for bit and
+    // any difference in the parameters would be the rounding's.
     const mpopt::optimizer_options o{
         .clip_grad = 0, .combine = mpopt::accumulation::sum, .bucket_elements = 3000, .rounding_seed = 0xD1CE};
-    dist_t d(mpopt::mpi{MPI_COMM_WORLD}, o);
-    local_t l(o);
-    const std::vector<std::vector<mpopt::tensor_spec>> groups = {{{"a", 5000}, {"b", 1}, {"c", 77}}, {{"d", 70001}, {"e", 3}}};
-    std::vector<std::span<B>> dp, lp, dg, lg;
-    for (const auto& specs : groups) {
-      auto& a = d.add_flat_group({.lr = 1e-4, .weight_decay = 0.01}, specs);
-      auto& b = l.add_flat_group({.lr = 1e-4, .weight_decay = 0.01}, specs);
-      for (std::size_t t = 0; t < specs.size(); ++t) {
-        dp.push_back(a.param(t)), dg.push_back(a.grad(t)), lp.push_back(b.param(t)), lg.push_back(b.grad(t));
-        for (std::size_t k = 0; k < specs[t].size; ++k)
-          dp.back()[k] = lp.back()[k] = B(float(0.5 + 0.25 * unit(mix((std::uint64_t(dp.size()) << 32) + k))));
+    step_as_one_process<mpopt::bf16_stochastic, P>(o, {{{"a", 5000}, {"b", 1}, {"c", 77}}, {{"d", 70001}, {"e", 3}}}, 8,
+                                                   [](int, auto&, const auto&, const auto&) {});
+  }
+
+  TEST_CASE_TEMPLATE("with nothing to know before the update the norm comes from the update pass, agreed across "
+                     "ranks after it: one process's bits, under every partition", P,
+                     mpopt::zero1, mpopt::zero2, mpopt::replicated) {
+    // No clipping and no overflow skip: no rank reads its gradients before the update.
+    const mpopt::optimizer_options o{
+        .clip_grad = 0, .combine = mpopt::accumulation::sum, .skip_nonfinite = false, .bucket_elements = 3000};
+    step_as_one_process<mpopt::bf16, P>(o, {{{"a", 5000}, {"b", 1}, {"c", 70001}, {"d", 77}}}, 4,
+                                        [](int s, auto& grads, const auto& ds, const auto& ls) {
+      if (s >= 0) {
+        if (s == 3)  // every rank's gradient: the norm says so
+          for (auto& g : grads) g[2][123] = mpopt::bfloat16(NAN);
+        return;
       }
-    }
-    for (int s = 0; s < 8; ++s) {
-      CAPTURE(s);
-      for (std::size_t t = 0; t < dg.size(); ++t)
-        for (std::size_t k = 0; k < dg[t].size(); ++k) {
-          lg[t][k] = B(float(unit(mix((std::uint64_t(s) << 40) + (std::uint64_t(t) << 32) + k))));
-          dg[t][k] = rank == 0 ? lg[t][k] : B(0.0f);
-        }
-      check_status_same_on_every_rank(d.step());
-      REQUIRE(d.group(0).step() == std::uint64_t(s + 1));
-      REQUIRE(l.step().applied);
-      std::size_t differ = 0;
-      for (std::size_t t = 0; t < dp.size(); ++t)
-        differ += std::memcmp(dp[t].data(), lp[t].data(), dp[t].size_bytes()) != 0;
-      CHECK_MESSAGE(differ == 0, differ << " tensors' parameters differ from one process's");
-    }
+      if (!std::isnan(ds.grad_norm)) CHECK(std::abs(ds.grad_norm - ls.grad_norm) <= 1e-12 * ls.grad_norm);
+      else CHECK(std::isnan(ls.grad_norm));
+    });
   }
 }

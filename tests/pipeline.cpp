@@ -3,6 +3,8 @@
 // step is compared with the float64 reference (tests/reference.hpp) as in adam.cpp.
 #include <doctest/doctest.h>
 
+#include <cstring>
+
 #include "harness.hpp"
 
 using namespace harness;
@@ -58,6 +60,12 @@ typename Scaler::options scaler_options() {
 #define FAULT_CFGS(R, L)                                                                          \
   pcfg<mpopt::fp16, mpopt::dynamic_scale, R, L>, pcfg<mpopt::fp16, mpopt::static_scale, R, L>, \
       pcfg<mpopt::bf16, mpopt::no_scaling, R, L>, pcfg<mpopt::fp32, mpopt::no_scaling, R, L>
+// Without a loss scale (where skip_nonfinite = false is allowed): both rules and layouts.
+#define UNSCALED_CFGS                                                                                      \
+  pcfg<mpopt::fp32, mpopt::no_scaling, mpopt::adam, layout::unfused>,                                      \
+      pcfg<mpopt::bf16, mpopt::no_scaling, mpopt::adam, layout::flat>,                                     \
+      pcfg<mpopt::fp32, mpopt::no_scaling, mpopt::lamb, layout::flat>,                                     \
+      pcfg<mpopt::bf16, mpopt::no_scaling, mpopt::lamb, layout::unfused>
 #define ALL_FAULT_CFGS                                                                                  \
   FAULT_CFGS(mpopt::adam, layout::unfused), FAULT_CFGS(mpopt::adam, layout::flat),                      \
       FAULT_CFGS(mpopt::lamb, layout::unfused), FAULT_CFGS(mpopt::lamb, layout::flat)
@@ -117,10 +125,7 @@ TEST_SUITE("pipeline") {
   }
 
   TEST_CASE_TEMPLATE("without the check (skip_nonfinite = false, no_scaling) a NaN gradient reaches the weights", C,
-                     pcfg<mpopt::fp32, mpopt::no_scaling, mpopt::adam, layout::unfused>,
-                     pcfg<mpopt::bf16, mpopt::no_scaling, mpopt::adam, layout::flat>,
-                     pcfg<mpopt::fp32, mpopt::no_scaling, mpopt::lamb, layout::flat>,
-                     pcfg<mpopt::bf16, mpopt::no_scaling, mpopt::lamb, layout::unfused>) {
+                     UNSCALED_CFGS) {
     using opt_t = typename C::opt;
     const std::string what = C::describe();
     CAPTURE(what);
@@ -139,6 +144,49 @@ TEST_SUITE("pipeline") {
     CHECK(std::isnan(r.opt.moment(0, 2)[150]));
     CHECK(std::isnan(r.opt.moment(1, 2)[150]));
     CHECK(r.opt.group(0).step() == 4);
+  }
+
+  TEST_CASE_TEMPLATE("with nothing to know before the update (clip_grad = 0, skip_nonfinite = false) the update pass "
+                     "sums the norm: the steps of a step with a gradient pass, bit for bit",
+                     C, UNSCALED_CFGS) {
+    using opt_t = typename C::opt;
+    const std::string what = C::describe();
+    CAPTURE(what);
+    for (const int window : {1, 3}) {
+      CAPTURE(window);
+      // Fused: no separate gradient pass. Checked: a clip that never binds and the overflow check,
+      // so the gradient is read first, and the same update follows.
+      auto fused = make_rig<opt_t>(C::lay, {.clip_grad = 0, .accumulation_steps = window, .skip_nonfinite = false},
+                                   {}, 0xF0, true);
+      auto checked = make_rig<opt_t>(C::lay, {.clip_grad = 1e30, .accumulation_steps = window}, {}, 0xF0, true);
+      std::mt19937_64 rng(0xF1);
+      for (int s = 0; s < 4 * window; ++s) {
+        const auto truth = random_grads(fused->sizes, rng, 3.0);
+        const auto a = fused->step(truth), b = checked->step(truth);
+        fused->check(a);
+        checked->check(b);
+        if (!a.lib.applied) continue;
+        REQUIRE(b.lib.applied);
+        // The fused pass sums each chunk in double, the gradient pass in float: both within the
+        // reference's tolerance (check), and of each other.
+        CHECK(close(a.lib.grad_norm, b.lib.grad_norm, 2e-5));
+        CHECK(a.lib.clip_coef == 1.0);
+        CHECK(a.lib.grad_norm_clipped == a.lib.grad_norm);
+        for (std::size_t i = 0; i < fused->sizes.size(); ++i) {
+          CHECK(std::memcmp(fused->params[i].data(), checked->params[i].data(), fused->sizes[i] * sizeof(fused->params[i][0])) == 0);
+          CHECK(std::memcmp(fused->opt.moment(1, i).data(), checked->opt.moment(1, i).data(), fused->sizes[i] * sizeof(float)) == 0);
+        }
+      }
+      // A NaN gradient goes through, and the norm it gives says so.
+      auto truth = random_grads(fused->sizes, rng, 3.0);
+      truth[3][70000] = NAN;
+      for (int m = 0; m < window; ++m) {
+        const auto res = fused->step(truth);
+        fused->check(res);
+        if (m + 1 == window) CHECK((res.lib.applied && std::isnan(res.lib.grad_norm)));
+      }
+      CHECK(std::isnan(fused->opt.master(3)[70000]));
+    }
   }
 
   TEST_CASE_TEMPLATE("gradient accumulation: 4 micro-steps make one step on their mean (or sum); micro-steps change nothing",

@@ -84,6 +84,7 @@ class optimizer
   using agreement::agree_on_backend;
   using agreement::check_same_settings;
   using agreement::decide_on_host;
+  using agreement::norm_after_update;
   using registry::groups_;
   using registry::finalized_;
   using registry::tensor_name;
@@ -187,6 +188,7 @@ class optimizer
     for (auto& b : state_) b = buffer<float>(state_elements_);
     chunk_sums_.assign(2 * work_.size(), 0.0f);
     chunk_nonfinite_.assign(work_.size(), 0);
+    chunk_grad_sums_.assign(work_.size(), 0.0);
     exchange_.allocate(layout, context());
     decision_ = buffer<detail::step_decision>::zeroed(1);
     decision_sums_ = buffer<double>::zeroed(2);
@@ -269,7 +271,15 @@ class optimizer
     d.grad_scale = float(unscale);
     const detail::step_rule rule{unscale, local, options_.clip_grad, options_.skip_nonfinite};
     detail::step_decision decided;
-    if (decides_on_backend()) {
+    if (!rule.needs_gradient_first() && detail::sums_gradient_v<driver>) {
+      // Nothing to decide before the update (no clipping, no skipping): it runs at once, and its
+      // first pass sums the gradient's squares for the status as it reads them.
+      decided.grad_scale = d.grad_scale;
+      backend_.to_device(decision_.data(), &decided, 1);
+      d.chunk_grad_sum = chunk_grad_sums_.data();
+      commit_and_update(d);
+      decided = norm_after_update(rule);
+    } else if (decides_on_backend()) {
       backend_.gradient_norm(d);
       backend_.step_sums(chunk_sums_.data(), chunk_nonfinite_.data(), work_.size(), decision_sums_.data());
       agree_on_backend();
@@ -472,6 +482,7 @@ class optimizer
   std::array<buffer<float>, state_count> state_;  // the rule's, in the order of UpdateRule::state
   shared<float> chunk_sums_;  // per chunk: the pass's sum, then (at work_.size()) its sum2
   shared<std::uint8_t> chunk_nonfinite_;
+  shared<double> chunk_grad_sums_;  // per chunk: the update's own sum of the gradient's squares
   buffer<detail::step_decision> decision_;  // this step's, where the passes run
   buffer<double> decision_sums_;            // its inputs: squared norm, non-finite chunks
   detail::rank_ordered_sum rank_ordered_sum_;

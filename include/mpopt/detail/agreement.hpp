@@ -72,6 +72,19 @@ class agreement {
     return decided;
   }
 
+  /// The norm of a step that needed nothing before its update: its first pass summed the gradient's
+  /// squares per chunk (step_data::chunk_grad_sum), combined here across ranks as the partition says.
+  /// The step is applied everywhere already: a failing collective here throws with it applied.
+  step_decision norm_after_update(const step_rule& rule) {
+    Opt& o = self();
+    step_decision decided;  // the update was waited for (commit_and_update): the sums are done
+    decided.sumsq = o.rank_ordered_sum_(o.work_, o.chunk_grad_sums_.data(), 0, o.work_.size());
+    auto c = o.context();
+    o.exchange_.sum_partials(c, std::span<double>(&decided.sumsq, 1));
+    rule.decide(decided);
+    return decided;
+  }
+
   /// Every rank must hold the same policies, options (the optimizer's, the scaler's, each group's,
   /// the communicator's) and tensors; otherwise every rank throws, naming what differs on which
   /// ranks, before any gradient moves. What decides the number of settings is compared first.

@@ -40,11 +40,14 @@ class backend_passes {
   }
   /// One stage of a rule (rule.hpp) over every element, with k[g] the scalars of group g and, after
   /// a reduction, tensor_scale[t] the factor of tensor t. A `direction` stage writes the per-chunk
-  /// sums of squares its norms feed.
+  /// sums of squares its norms feed; the update's `first` stage also the gradient's, where d asks
+  /// for them (chunk_grad_sum).
   template <class Rule, class Stage, class P>
-  void rule_stage(const step_data<P>& d, const typename Rule::scalars* k, const float* tensor_scale = nullptr) {
-    const pass_outputs out = Stage::feeds_norms ? pass_outputs{.sum = d.chunk_sum, .sum2 = d.chunk_sum2} : pass_outputs{};
-    update(d, rule_pass<P, Rule, Stage>{{{placed(d), chunks(*d.work), out}, k}, tensor_scale});
+  void rule_stage(const step_data<P>& d, const typename Rule::scalars* k, const float* tensor_scale = nullptr,
+                  bool first = false) {
+    pass_outputs out = Stage::feeds_norms ? pass_outputs{.sum = d.chunk_sum, .sum2 = d.chunk_sum2} : pass_outputs{};
+    if (first) out.sum64 = d.chunk_grad_sum;
+    update(d, rule_pass<P, Rule, Stage>{{{placed(d), chunks(*d.work), out}, k}, tensor_scale, out.sum64 != nullptr});
   }
   /// sums[s] = the sum of x over [offsets[s], offsets[s + 1]) in double (segment_sum, square_sum.hpp;
   /// on a GPU, CUB's order): per-chunk partials into per-tensor sums.

@@ -50,6 +50,7 @@ class memory_listing {
     const std::size_t bookkeeping =
         o.work_.bytes() + o.tensors_.capacity() * sizeof(o.tensors_[0]) +
         o.layout_->bytes() + o.chunk_sums_.capacity() * sizeof(float) + o.chunk_nonfinite_.capacity() +
+        o.chunk_grad_sums_.capacity() * sizeof(double) +
         o.rank_ordered_sum_.bytes() + o.decision_.size() * sizeof(step_decision) +
         o.decision_sums_.size() * sizeof(double) + o.coefficients_.capacity() * sizeof(o.coefficients_[0]) +
         exchange_bookkeeping + driver_bookkeeping;

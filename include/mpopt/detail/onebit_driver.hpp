@@ -43,6 +43,8 @@ class onebit_driver : public staged_driver<Rule, Precision, Backend, Communicato
  public:
   /// The compression stage reads the device mid-step (the factors, the exchange): the host decides.
   static constexpr bool host_decides = true;
+  /// Past warm-up its first pass feeds the compression, not the status's gradient norm.
+  static constexpr bool sums_gradient = false;
 
   /// Before anything else, the communicator must deliver what the compressed all-reduce needs.
   static void preflight(metered<Communicator>& comm) {

@@ -237,11 +237,14 @@ struct rule_slice : coefficient_slice<P, K> {
   float tensor_scale;
 };
 
-/// One stage of a rule over every element; tensor_scale[t] (after a reduction) or 1.
+/// One stage of a rule over every element; tensor_scale[t] (after a reduction) or 1. The update's
+/// first pass may also sum the squares of the true gradient (square64, step_data::chunk_grad_sum):
+/// the vector it loads anyway, so the status's norm costs no pass of its own.
 template <class P, class Rule, class Stage>
 struct rule_pass : coefficient_pass<P, typename Rule::scalars> {
   using slice = rule_slice<P, typename Rule::scalars>;
   const float* tensor_scale = nullptr;
+  bool sums_gradient = false;
   MPOPT_HOST_DEVICE slice at(std::size_t ci) const {
     const auto s = coefficient_pass<P, typename Rule::scalars>::at(ci);
     return {s, tensor_scale ? tensor_scale[s.tensor] : 1.0f};
@@ -249,6 +252,7 @@ struct rule_pass : coefficient_pass<P, typename Rule::scalars> {
   template <class L, class Tail, class R>
   MPOPT_HOST_DEVICE void apply(const slice& s, std::size_t i, Tail tail, R& r) const {
     element<L, slice, Tail, R> e{s, i, tail, r};
+    if (sums_gradient) r.square64(i, e.grad(), tail);
     Stage::template run<Rule>(s.c, e);
   }
 };

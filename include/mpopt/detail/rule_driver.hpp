@@ -5,6 +5,9 @@
 //   template <class Precision, class Partition, class Backend, class Communicator> using driver = ...;
 // and the optimizer calls it through the same vocabulary:
 //   D::host_decides            the host makes each step's decision (the driver reads the device mid-step)
+//   D::sums_gradient           (optional) begin()'s first pass sums the gradient's squares when the step
+//                              data asks (step_data::chunk_grad_sum): then a step that needs nothing
+//                              before its update makes no separate gradient pass
 //   D::preflight(comm)         at construction: checks the communicator (collectively, if it checks)
 //   D::check_groups(groups)    at finalize, on every rank: what must agree across groups; throws
 //   d.allocate(c), d.started(c)  its buffers at finalize; after the state is initialized
@@ -55,5 +58,12 @@ struct driver_of<Rule, Precision, Partition, Backend, Communicator> {
 };
 template <class Rule, class Precision, class Partition, class Backend, class Communicator>
 using driver_of_t = typename driver_of<Rule, Precision, Partition, Backend, Communicator>::type;
+
+/// D::sums_gradient, or false for a driver that does not say.
+template <class D>
+constexpr bool sums_gradient_v = [] {
+  if constexpr (requires { D::sums_gradient; }) return bool(D::sums_gradient);
+  else return false;
+}();
 
 }  // namespace mpopt::detail

@@ -35,6 +35,8 @@ class staged_driver {
  public:
   /// The backend decides each step where it can: nothing here reads the device mid-step.
   static constexpr bool host_decides = false;
+  /// begin() sums the gradient's squares where the step data asks (step_data::chunk_grad_sum).
+  static constexpr bool sums_gradient = true;
   static void preflight(metered<Communicator>&) {}
   template <class Groups>
   static void check_groups(const Groups&) {}
@@ -68,8 +70,8 @@ class staged_driver {
   /// The update's first pass: the whole update, or the direction before the reduction.
   template <class Context>
   void begin(Context& c) {
-    if constexpr (reducing) c.backend.template rule_stage<Rule, direction_stage>(c.gradients, c.scalars);
-    else c.backend.template rule_stage<Rule, update_stage>(c.gradients, c.scalars);
+    if constexpr (reducing) c.backend.template rule_stage<Rule, direction_stage>(c.gradients, c.scalars, nullptr, true);
+    else c.backend.template rule_stage<Rule, update_stage>(c.gradients, c.scalars, nullptr, true);
   }
 
   /// A reducing rule: the per-tensor norms (a tensor can straddle shards, so the partial sums are

@@ -42,6 +42,9 @@ struct step_data {
   float* chunk_sum = nullptr;     ///< per-chunk partial sums of squares
   float* chunk_sum2 = nullptr;    ///< a second per-chunk partial (LAMB: update norms)
   std::uint8_t* chunk_nonfinite = nullptr;
+  /// Set when nothing had to be known before the update: its first pass then also sums the squares
+  /// of the true gradient per chunk, in double, for the step's status (no separate gradient pass).
+  double* chunk_grad_sum = nullptr;
   float grad_scale = 1.0f;                  ///< the unscale, for the overflow-and-norm pass
   const step_decision* decision = nullptr;  ///< where the backend runs: read by the update passes
   bool grads_reduced = false;

@@ -30,6 +30,10 @@ struct step_rule {
   double clip_grad;       ///< max global norm; 0 disables clipping
   bool skip_nonfinite;
 
+  /// Whether the update depends on the gradient's norm or finiteness (clipping, or skipping a
+  /// non-finite step): only then must the gradient be read before the update.
+  MPOPT_HOST_DEVICE bool needs_gradient_first() const { return clip_grad > 0 || skip_nonfinite; }
+
   /// d from its sums (sumsq, nonfinite).
   MPOPT_HOST_DEVICE void decide(step_decision& d) const {
     d.skip = skip_nonfinite && (d.nonfinite > 0 || !(d.sumsq <= DBL_MAX));  // NaN compares false

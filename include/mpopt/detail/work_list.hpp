@@ -118,7 +118,8 @@ class rank_ordered_sum {
     for (std::size_t c = 0; c < w.size(); ++c) owners = std::max(owners, std::size_t(w[c].owner) + 1);
     per_owner_.assign(owners, 0.0);
   }
-  double operator()(const work_list& w, const float* partial, std::size_t c0, std::size_t c1) {
+  template <class T>
+  double operator()(const work_list& w, const T* partial, std::size_t c0, std::size_t c1) {
     std::fill(per_owner_.begin(), per_owner_.end(), 0.0);
     for (std::size_t c = c0; c < c1; ++c) per_owner_[w[c].owner] += double(partial[c]);
     double total = 0;
