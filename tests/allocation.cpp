@@ -144,6 +144,19 @@ TEST_SUITE("allocation") {
     check_steady_state_allocates_nothing(lars, {&gq}, 1);
   }
 
+  TEST_CASE("without clipping or overflow skip (no gradient pass: the update sums the norm) fp32 Adam and bf16 "
+            "LAMB allocate nothing after the first step") {
+    const mpopt::optimizer_options unchecked{.clip_grad = 0, .skip_nonfinite = false};
+    mpopt::optimizer<mpopt::fp32, mpopt::no_scaling, mpopt::replicated, mpopt::adam, test_backend> adam{unchecked};
+    std::vector<float> w(70001, 0.5f), gw(70001);
+    adam.add_group({}).add(w, gw, "w");
+    check_steady_state_allocates_nothing(adam, {&gw}, 1);
+    mpopt::optimizer<mpopt::bf16, mpopt::no_scaling, mpopt::replicated, mpopt::lamb, test_backend> lamb{unchecked};
+    std::vector<mpopt::bfloat16> p(70001, mpopt::bfloat16(0.5f)), gp(70001);
+    lamb.add_group({.weight_decay = 0.01}).add(p, gp, "p");
+    check_steady_state_allocates_nothing(lamb, {&gp}, 1);
+  }
+
   TEST_CASE("fp32 Adam with gradient accumulation allocates nothing after the first step") {
     mpopt::optimizer<mpopt::fp32, mpopt::no_scaling, mpopt::replicated, mpopt::adam, test_backend> opt{{.accumulation_steps = 3}};
     std::vector<float> w(5000, 1.0f), gw(5000);
