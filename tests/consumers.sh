@@ -1,23 +1,61 @@
 #!/usr/bin/env bash
-# mpopt as its users consume it: (1) installed, found with pkg-config; (2) as a Meson subproject
-# through dependency('mpopt'). Each builds and runs examples/quickstart.cpp.
+# mpopt as its users consume it, each building and running examples/quickstart.cpp: installed, found
+# (1) with pkg-config, (2) with CMake's find_package, (3) as an installed Meson dependency; and
+# (4) as a Meson subproject, whose tests, examples and benchmarks stay off. Also: below C++20 the
+# headers stop with a clear #error, and mpopt::version matches the package's version.
 set -euo pipefail
 src=$1
 build=$2
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+version=$(meson introspect --projectinfo "$build" | python3 -c 'import json, sys; print(json.load(sys.stdin)["version"])')
 
-echo "== installed, pkg-config"
-meson install -C "$build" --destdir "$work/root" --quiet
+echo "== installed (meson install --destdir)"
+meson install -C "$build" --destdir "$work/root" --quiet --no-rebuild
 pc=$(find "$work/root" -name mpopt.pc | head -1)
+config=$(find "$work/root" -name mpoptConfig.cmake | head -1)
 [ -n "$pc" ] || { echo "meson install did not install mpopt.pc"; exit 1; }
-cat "$pc"
-flags=$(PKG_CONFIG_PATH=$(dirname "$pc") PKG_CONFIG_SYSROOT_DIR="$work/root" pkg-config --cflags --libs mpopt)
-echo "pkg-config --cflags --libs mpopt: $flags"
-g++ -std=c++20 -O2 "$src/examples/quickstart.cpp" $flags -o "$work/quickstart_installed"
-(cd "$work" && ./quickstart_installed | tail -2)
+[ -n "$config" ] || { echo "meson install did not install mpoptConfig.cmake"; exit 1; }
+[ -f "$(dirname "$config")/mpoptConfigVersion.cmake" ] || { echo "no mpoptConfigVersion.cmake"; exit 1; }
+prefix=$(dirname "$(dirname "$(dirname "$(dirname "$config")")")")  # <prefix>/lib[/<arch>]/cmake/mpopt
+[ -d "$prefix/include/mpopt" ] || prefix=$(dirname "$prefix")
+export PKG_CONFIG_PATH=$(dirname "$pc") PKG_CONFIG_SYSROOT_DIR="$work/root"
 
-echo "== Meson subproject"
+# What each consumer prints last must be quickstart's (the check that it ran).
+run() { (cd "$work" && "$1" | tail -2); }
+
+echo "== 1. pkg-config"
+flags=$(pkg-config --cflags --libs mpopt)
+echo "pkg-config --cflags --libs mpopt: $flags"
+g++ -std=c++20 -O2 "$src/examples/quickstart.cpp" $flags -o "$work/quickstart_pkgconfig"
+run ./quickstart_pkgconfig
+
+echo "== 2. CMake find_package"
+mkdir -p "$work/cmake_app"
+cp "$src/examples/quickstart.cpp" "$work/cmake_app/"
+cat > "$work/cmake_app/CMakeLists.txt" <<CMAKE
+cmake_minimum_required(VERSION 3.16)
+project(app CXX)
+find_package(mpopt $version EXACT REQUIRED)
+add_executable(quickstart quickstart.cpp)
+target_link_libraries(quickstart PRIVATE mpopt::mpopt)
+CMAKE
+cmake -S "$work/cmake_app" -B "$work/cmake_app/build" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$work/cmake_app/build" >/dev/null
+run ./cmake_app/build/quickstart
+
+echo "== 3. installed Meson dependency"
+mkdir -p "$work/meson_app"
+cp "$src/examples/quickstart.cpp" "$work/meson_app/"
+cat > "$work/meson_app/meson.build" <<MESON
+project('app', 'cpp', default_options : ['cpp_std=c++20'])
+executable('quickstart', 'quickstart.cpp', dependencies : dependency('mpopt', version : '$version'))
+MESON
+meson setup "$work/meson_app/build" "$work/meson_app" >/dev/null
+ninja -C "$work/meson_app/build" >/dev/null
+run ./meson_app/build/quickstart
+
+echo "== 4. Meson subproject (no -Dmpopt: options: its own targets are off)"
 mkdir -p "$work/app/subprojects"
 ln -s "$src" "$work/app/subprojects/mpopt"
 cp "$src/examples/quickstart.cpp" "$work/app/"
@@ -26,7 +64,27 @@ project('app', 'cpp', default_options : ['cpp_std=c++20'])
 mpopt_dep = dependency('mpopt', fallback : ['mpopt', 'mpopt_dep'])
 executable('quickstart', 'quickstart.cpp', dependencies : mpopt_dep)
 MESON
-meson setup "$work/app/build" "$work/app" -Dmpopt:tests=false -Dmpopt:examples=false -Dmpopt:bench=false >/dev/null
+env -u PKG_CONFIG_PATH -u PKG_CONFIG_SYSROOT_DIR meson setup "$work/app/build" "$work/app" --wrap-mode=forcefallback >/dev/null
+targets=$(ninja -C "$work/app/build" -t targets all | grep -c ': \(cpp_LINKER\|cuda_LINKER\)' || true)
+[ "$targets" -eq 1 ] || { echo "the subproject added $((targets - 1)) executables of its own"; exit 1; }
 ninja -C "$work/app/build" >/dev/null
-(cd "$work" && ./app/build/quickstart | tail -2)
-echo "both consumers built and ran"
+run ./app/build/quickstart
+
+echo "== below C++20: a clear #error"
+if echo '#include <mpopt/mpopt.hpp>' | g++ -std=c++17 -fsyntax-only -I"$src/include" -x c++ - 2>"$work/cxx17.err"; then
+  echo "a C++17 build of <mpopt/mpopt.hpp> compiled"
+  exit 1
+fi
+head -3 "$work/cxx17.err"
+grep -q 'error: #error "mpopt needs C++20' "$work/cxx17.err"
+
+echo "== mpopt::version"
+cat > "$work/version.cpp" <<'CPP'
+#include <mpopt/version.hpp>
+#include <cstdio>
+int main() { std::printf("%d.%d.%d\n", mpopt::version.major, mpopt::version.minor, mpopt::version.patch); }
+CPP
+g++ -std=c++20 -I"$src/include" "$work/version.cpp" -o "$work/version"
+[ "$("$work/version")" = "$version" ] || { echo "mpopt::version $("$work/version") is not $version"; exit 1; }
+echo "mpopt::version $version"
+echo "all four consumers built and ran"

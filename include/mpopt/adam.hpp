@@ -1,6 +1,8 @@
 // mpopt — the Adam update rule (FusedAdam math): L2 or decoupled (AdamW) weight decay.
 #pragma once
 
+#include "version.hpp"  // first: C++20, or a clear error
+
 #include <array>
 #include <cmath>
 #include <cstdint>

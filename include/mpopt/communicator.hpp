@@ -2,6 +2,8 @@
 // Counts are elements, never bytes; every rank calls every collective in the same order.
 #pragma once
 
+#include "version.hpp"  // first: C++20, or a clear error
+
 #include <algorithm>
 #include <concepts>
 #include <cstdint>

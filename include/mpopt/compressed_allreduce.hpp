@@ -19,6 +19,8 @@
 // takes that backend object.
 #pragma once
 
+#include "version.hpp"  // first: C++20, or a clear error
+
 #include <algorithm>
 #include <cmath>
 #include <cstddef>

@@ -4,6 +4,8 @@
 // rules of float_bits.hpp).
 #pragma once
 
+#include "version.hpp"  // first: C++20, or a clear error
+
 #include <cstddef>
 #include <span>
 #include <string>

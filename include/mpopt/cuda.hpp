@@ -14,6 +14,8 @@
 // step nothing is allocated.
 #pragma once
 
+#include "version.hpp"  // first: C++20, or a clear error
+
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>

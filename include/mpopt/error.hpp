@@ -1,6 +1,8 @@
 // mpopt — the one exception type the library throws.
 #pragma once
 
+#include "version.hpp"  // first: C++20, or a clear error
+
 #include <stdexcept>
 #include <string>
 #include <string_view>

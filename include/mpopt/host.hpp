@@ -3,6 +3,8 @@
 // passes of detail/passes.hpp; it owns no formula.
 #pragma once
 
+#include "version.hpp"  // first: C++20, or a clear error
+
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>

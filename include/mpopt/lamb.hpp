@@ -1,6 +1,8 @@
 // mpopt — the LAMB update rule (FusedLamb math): per-tensor trust ratio on uncorrected moments.
 #pragma once
 
+#include "version.hpp"  // first: C++20, or a clear error
+
 #include <algorithm>
 #include <array>
 #include <cfloat>

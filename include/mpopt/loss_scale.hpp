@@ -2,6 +2,8 @@
 // with the overflow flag already agreed by every rank.
 #pragma once
 
+#include "version.hpp"  // first: C++20, or a clear error
+
 #include <algorithm>
 #include <cstdint>
 #include <string_view>

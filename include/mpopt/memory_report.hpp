@@ -2,6 +2,8 @@
 // against what they measure (and against the ZeRO formulas once state is partitioned).
 #pragma once
 
+#include "version.hpp"  // first: C++20, or a clear error
+
 #include <cstddef>
 #include <cstdio>
 #include <string>

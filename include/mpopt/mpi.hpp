@@ -2,6 +2,8 @@
 // needs no MPI header.
 #pragma once
 
+#include "version.hpp"  // first: C++20, or a clear error
+
 #include <chrono>
 #include <climits>
 #include <cstddef>

@@ -1,6 +1,7 @@
 // mpopt — mixed-precision, partitioned optimizers for C++ training engines. Include this one header.
 #pragma once
 
+#include "version.hpp"  // IWYU pragma: export
 #include "adam.hpp"           // IWYU pragma: export
 #include "communicator.hpp"   // IWYU pragma: export
 #include "compressed_allreduce.hpp"  // IWYU pragma: export

@@ -2,6 +2,8 @@
 // Include it separately: mpopt.hpp needs no CUDA, NCCL or MPI header.
 #pragma once
 
+#include "version.hpp"  // first: C++20, or a clear error
+
 #include <cuda_runtime.h>
 #include <nccl.h>
 

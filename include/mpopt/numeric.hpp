@@ -3,6 +3,8 @@
 // explicitly (rounding to nearest even) from float or double. Arithmetic happens in float.
 #pragma once
 
+#include "version.hpp"  // first: C++20, or a clear error
+
 #include <cstdint>
 #include <limits>
 #include <string_view>

@@ -9,6 +9,8 @@
 // scaled by a factor that tracks how far the fresh variance has drifted from the frozen one.
 #pragma once
 
+#include "version.hpp"  // first: C++20, or a clear error
+
 #include <algorithm>
 #include <array>
 #include <cfloat>

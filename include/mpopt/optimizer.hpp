@@ -3,6 +3,8 @@
 // own their options, state and element math.
 #pragma once
 
+#include "version.hpp"  // first: C++20, or a clear error
+
 #include <algorithm>
 #include <array>
 #include <cstdint>

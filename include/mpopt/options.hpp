@@ -1,6 +1,8 @@
 // mpopt — the step pipeline's options, common to every policy combination.
 #pragma once
 
+#include "version.hpp"  // first: C++20, or a clear error
+
 #include <cstddef>
 #include <cstdint>
 

@@ -4,6 +4,8 @@
 // never asks which policy it holds.
 #pragma once
 
+#include "version.hpp"  // first: C++20, or a clear error
+
 #include <concepts>
 #include <cstddef>
 #include <cstdint>

@@ -3,6 +3,8 @@
 // Master weights and moments are always fp32.
 #pragma once
 
+#include "version.hpp"  // first: C++20, or a clear error
+
 #include <concepts>
 #include <string_view>
 #include <type_traits>

@@ -2,6 +2,8 @@
 // precision policy (mixed_precision's Rounding).
 #pragma once
 
+#include "version.hpp"  // first: C++20, or a clear error
+
 #include <cstdint>
 #include <string_view>
 

@@ -12,6 +12,8 @@
 // Each accessor loads or stores when called, so a stage moves exactly the bytes it names.
 #pragma once
 
+#include "version.hpp"  // first: C++20, or a clear error
+
 #include <array>
 #include <concepts>
 #include <cstddef>

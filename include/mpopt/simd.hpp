@@ -5,6 +5,8 @@
 // choice only changes speed.
 #pragma once
 
+#include "version.hpp"  // first: C++20, or a clear error
+
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>

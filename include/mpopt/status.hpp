@@ -1,6 +1,8 @@
 // mpopt — what step() reports. Never silent: every call says whether the weights moved and why.
 #pragma once
 
+#include "version.hpp"  // first: C++20, or a clear error
+
 #include <cstdint>
 #include <string_view>
 

@@ -1,6 +1,8 @@
 // mpopt — how the library sees a user's tensor: element type, data pointer, element count, memory space.
 #pragma once
 
+#include "version.hpp"  // first: C++20, or a clear error
+
 #include <concepts>
 #include <cstddef>
 #include <span>
