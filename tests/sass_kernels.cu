@@ -17,11 +17,12 @@ template class detail::backend_passes<cuda>;  // its non-template members: the f
   template void cuda_passes::accumulate<P>(const detail::step_data<P>&, bool, float);                             \
   template void cuda_passes::gradient_norm<P>(const detail::step_data<P>&);                                       \
   template void cuda_passes::rule_stage<adam, detail::update_stage, P>(const detail::step_data<P>&,                \
-                                                                       const adam::scalars*, const float*);       \
+                                                                       const adam::scalars*, const float*, bool); \
   template void cuda_passes::rule_stage<lamb, detail::direction_stage, P>(const detail::step_data<P>&,            \
-                                                                          const lamb::scalars*, const float*);    \
+                                                                          const lamb::scalars*, const float*,     \
+                                                                          bool);                                  \
   template void cuda_passes::rule_stage<lamb, detail::update_stage, P>(const detail::step_data<P>&,               \
-                                                                       const lamb::scalars*, const float*);       \
+                                                                       const lamb::scalars*, const float*, bool); \
   template void cuda_passes::zero_grad<P>(const detail::step_data<P>&);
 
 MPOPT_UPDATE_KERNELS(fp32)

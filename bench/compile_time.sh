@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# What a header-only library costs its users at every build: for each representative translation
+# unit, the seconds and peak memory (cc1plus's maximum resident set) of an -O2 compile to an object
+# file, and the preprocessed lines of <mpopt/mpopt.hpp>. Run from anywhere, on an idle machine:
+#   bench/compile_time.sh [CXX]        (default g++; MPI through mpicxx, with that compiler)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cxx=${1:-g++}
+cccl=/usr/local/cuda/include/cccl
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+flags=(-std=c++20 -O2 -fopenmp -ffp-contract=off -Wno-psabi -DNDEBUG -I"$root/include")
+
+# Runs a compiler command; prints "seconds peak_MB".
+measure() {
+  python3 - "$@" <<'PY'
+import resource, subprocess, sys, time
+t0 = time.perf_counter()
+rc = subprocess.run(sys.argv[1:]).returncode
+seconds = time.perf_counter() - t0
+peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # KiB -> MiB, cc1plus included
+print(f"{seconds:.1f} {peak:.0f}")
+sys.exit(rc)
+PY
+}
+
+row() {  # name, then the compile command
+  local name=$1
+  shift
+  read -r seconds mb < <(measure "$@" -c -o "$work/tu.o")
+  printf '| %s | %s | %s |\n' "$name" "$seconds" "$mb"
+}
+
+lines=$(echo '#include <mpopt/mpopt.hpp>' | "$cxx" "${flags[@]}" -E -x c++ - | wc -l)
+echo "$($cxx --version | head -1); $(nproc) cores; <mpopt/mpopt.hpp> preprocesses to $lines lines"
+echo
+echo '| translation unit (-O2) | seconds | peak MiB |'
+echo '|---|---|---|'
+row "examples/quickstart.cpp" "$cxx" "${flags[@]}" "$root/examples/quickstart.cpp"
+row "examples/train_mlp.cpp" "$cxx" "${flags[@]}" "$root/examples/train_mlp.cpp"
+if command -v mpicxx >/dev/null; then
+  row "tests/mpi_zero.cpp (mpicxx)" env OMPI_CXX="$cxx" mpicxx "${flags[@]}" -I"$root/tests" "$root/tests/mpi_zero.cpp"
+else
+  echo "| tests/mpi_zero.cpp | skipped: no mpicxx | |"
+fi
+if [ -f "$cccl/thrust/version.h" ]; then
+  row "examples/train_mlp.cpp, device backend on Thrust-OMP" "$cxx" "${flags[@]}" -isystem "$cccl" \
+    -DTHRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_OMP -DMPOPT_EXAMPLE_DEVICE=1 "$root/examples/train_mlp.cpp"
+else
+  echo "| train_mlp, device backend | skipped: no CCCL at $cccl | |"
+fi
