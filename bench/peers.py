@@ -74,7 +74,16 @@ ARGS = parse_args()
 os.environ["OMP_NUM_THREADS"] = str(ARGS.threads)
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")  # the venv's ninja
-import torch  # noqa: E402
+try:
+    import torch  # noqa: E402
+except ImportError as e:  # every peer, and the buffers, need torch: report, do not fail
+    why = f"torch not importable ({e}); install: see the docstring"
+    print(f"peers.py: {why}", file=sys.stderr)
+    for name in CASES:
+        if ARGS.filter in name:
+            for peer in PEERS:
+                print(json.dumps({"bench": "peers", "case": name, "peer": peer, "skipped": why}))
+    sys.exit(0)
 
 torch.set_num_threads(ARGS.threads)
 
