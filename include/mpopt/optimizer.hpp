@@ -85,8 +85,7 @@ class optimizer
   using agreement::agree;
   using agreement::agree_on_backend;
   using agreement::check_same_settings;
-  using agreement::decide_on_host;
-  using agreement::norm_after_update;
+  using agreement::decide_on_host, agreement::update_then_norm;
   using registry::groups_;
   using registry::finalized_;
   using registry::tensor_name;
@@ -274,13 +273,7 @@ class optimizer
     const detail::step_rule rule{unscale, local, options_.clip_grad, options_.skip_nonfinite};
     detail::step_decision decided;
     if (!rule.needs_gradient_first() && detail::sums_gradient_v<driver>) {
-      // Nothing to decide before the update (no clipping, no skipping): it runs at once, and its
-      // first pass sums the gradient's squares for the status as it reads them.
-      decided.grad_scale = d.grad_scale;
-      backend_.to_device(decision_.data(), &decided, 1);
-      d.chunk_grad_sum = chunk_grad_sums_.data();
-      commit_and_update(d);
-      decided = norm_after_update(rule);
+      decided = update_then_norm(d, rule);  // nothing to decide first: no gradient pass
     } else if (decides_on_backend()) {
       backend_.gradient_norm(d);
       backend_.step_sums(chunk_sums_.data(), chunk_nonfinite_.data(), work_.size(), decision_sums_.data());

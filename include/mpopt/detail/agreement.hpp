@@ -72,12 +72,17 @@ class agreement {
     return decided;
   }
 
-  /// The norm of a step that needed nothing before its update: its first pass summed the gradient's
-  /// squares per chunk (step_data::chunk_grad_sum), combined here across ranks as the partition says.
-  /// The step is applied everywhere already: a failing collective here throws with it applied.
-  step_decision norm_after_update(const step_rule& rule) {
+  /// A step that needs nothing before its update (no clipping, no skipping): the update runs at once
+  /// under a fixed decision, and its first pass sums the gradient's squares per chunk as it reads them
+  /// (step_data::chunk_grad_sum); the norm, combined across ranks as the partition says, comes after.
+  /// The step is applied everywhere by then: a failing collective here throws with it applied.
+  step_decision update_then_norm(step_data<Precision>& d, const step_rule& rule) {
     Opt& o = self();
-    step_decision decided;  // the update was waited for (commit_and_update): the sums are done
+    step_decision decided;
+    decided.grad_scale = d.grad_scale;
+    o.backend_.to_device(o.decision_.data(), &decided, 1);
+    d.chunk_grad_sum = o.chunk_grad_sums_.data();
+    o.commit_and_update(d);  // waits: the sums are done
     decided.sumsq = o.rank_ordered_sum_(o.work_, o.chunk_grad_sums_.data(), 0, o.work_.size());
     auto c = o.context();
     o.exchange_.sum_partials(c, std::span<double>(&decided.sumsq, 1));
