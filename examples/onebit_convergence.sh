@@ -4,7 +4,7 @@
 # step as CSV, gnuplot draws both curves into one PNG, and the final training losses (the whole
 # training set, evaluated after the last step) are printed side by side.
 #
-#   examples/onebit_convergence.sh [--exe build/examples/train_mlp_mpi] [--out DIR] [-- train_mlp args]
+#   examples/onebit_convergence.sh [--exe build/examples/train_mlp] [--out DIR] [-- train_mlp args]
 #
 # The task is the example's teacher-labelled data with 2^18 training samples, so 2000 steps of
 # 64 samples on 4 ranks see each sample about twice, as in pretraining: both optimizers fit the
@@ -13,7 +13,7 @@
 # Exits nonzero if 1-bit LAMB's final loss is more than 5% above LAMB's, or a run fails.
 set -euo pipefail
 
-exe=build/examples/train_mlp_mpi
+exe=build/examples/train_mlp
 out=build/onebit_convergence
 while (($#)); do
   case "$1" in

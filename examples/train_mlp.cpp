@@ -4,7 +4,7 @@
 //   build/examples/train_mlp --precision bf16 --rule lamb --layout unfused
 //   build/examples/train_mlp --precision bf16 --rounding stochastic   # stochastic rounding of the master
 //   build/examples/train_mlp --steps 12 --print-every 1              # watch the loss scale come down
-//   mpirun -np 4 build/examples/train_mlp_mpi --rule onebit_lamb --csv loss.csv  # compressed momentum
+//   mpirun -np 4 build/examples/train_mlp --rule onebit_lamb --csv loss.csv  # compressed momentum
 //   build/examples/train_mlp --help
 //
 // The task: 32-d Gaussian points labelled by a random "teacher" network (the argmax of its 10
@@ -66,8 +66,9 @@ using device_backend = mpopt::host;  // never chosen: parse_args refuses --devic
 #endif
 
 #if MPOPT_EXAMPLE_MPI
-// train_mlp_mpi: every rank trains on its own shard of the data; the optimizer's communicator sums
-// the gradients over the ranks (replicated) or reduce-scatters them into shards (--zero 1|2).
+// The MPI build (train_mlp wherever MPI is found): every rank trains on its own shard of the data;
+// the optimizer's communicator sums the gradients over the ranks (replicated) or reduce-scatters
+// them into shards (--zero 1|2).
 constexpr bool with_mpi = true;
 using communicator = mpopt::mpi;
 communicator make_communicator() { return mpopt::mpi{MPI_COMM_WORLD}; }
@@ -382,7 +383,7 @@ struct config {
   std::string rounding = "nearest";  // nearest | stochastic (of the master into 16-bit parameters)
   std::string rule = "adam";       // adam | lamb | onebit_lamb
   std::string layout = "fused";    // fused | unfused
-  std::string device = "host";     // host | cuda (train_mlp_device)
+  std::string device = with_device ? "cuda" : "host";  // cuda in train_mlp_device, else host
   int zero = -1;                   // -1: one process; 0: replicated over MPI ranks; 1, 2: ZeRO stage
   int steps = 600;
   int batch = 64;
@@ -432,9 +433,9 @@ run in fp32 without loss scaling for comparison.
   --train-samples N             training set size (default 8192: many passes over few samples;
                                 2^18: about one pass in 2000 steps on 4 ranks, like pretraining)
   --print-every N               progress line every N steps (default 100; 0: none)
-  --device host|cuda            the optimizer's backend (default host); cuda needs train_mlp_device,
-                                the device backend's source built for Thrust's OpenMP system
-  --zero 0|1|2                  train_mlp_mpi only (under mpirun): 0 replicated, 1 ZeRO-1, 2 ZeRO-2;
+  --device host|cuda            the optimizer's backend: host in train_mlp; cuda (only) in
+                                train_mlp_device, the device backend built for Thrust's OpenMP system
+  --zero 0|1|2                  the MPI build only (under mpirun): 0 replicated, 1 ZeRO-1, 2 ZeRO-2;
                                 each rank trains on its own shard of the data (default 0)
   --help                        this text
 )";
@@ -505,10 +506,12 @@ bool parse_args(int argc, char** argv, config& c) {
       check_choice(flag, c.device = value, {"host", "cuda"});
       if (c.device == "cuda" && !with_device)
         throw usage_error{"--device cuda needs the device build: build/examples/train_mlp_device --device cuda"};
+      if (c.device == "host" && with_device)  // one backend per build keeps each build's instantiations few
+        throw usage_error{"train_mlp_device steps on the device backend only: build/examples/train_mlp for the host"};
     }
     else if (flag == "--zero") {
       check_choice(flag, value, {"0", "1", "2"});
-      if (!with_mpi) throw usage_error{"--zero needs the MPI build: mpirun -np 2 build/examples/train_mlp_mpi --zero 2"};
+      if (!with_mpi) throw usage_error{"--zero needs the MPI build: mpirun -np 2 build/examples/train_mlp --zero 2"};
       c.zero = std::stoi(value);
     }
     else throw usage_error{"unknown option '" + flag + "'"};
@@ -802,17 +805,17 @@ int run_with_rule(const config& c, const task& data) {
   return run<mpopt::optimizer<Precision, Scaler, Partition, mpopt::adam, Backend, communicator>>(c, data);
 }
 
-template <class Precision, class Scaler, class Partition>
-int run_with_backend(const config& c, const task& data) {
-  if (c.device == "cuda") return run_with_rule<Precision, Scaler, Partition, device_backend>(c, data);
-  return run_with_rule<Precision, Scaler, Partition, mpopt::host>(c, data);
-}
+// Each build instantiates only what its flags can reach (parse_args refuses the rest): ZeRO only over
+// MPI, the device backend only in train_mlp_device.
+using backend = std::conditional_t<with_device, device_backend, mpopt::host>;
 
 template <class Precision, class Scaler>
 int run_with_partition(const config& c, const task& data) {
-  if (c.zero == 1) return run_with_backend<Precision, Scaler, mpopt::zero1>(c, data);
-  if (c.zero == 2) return run_with_backend<Precision, Scaler, mpopt::zero2>(c, data);
-  return run_with_backend<Precision, Scaler, mpopt::replicated>(c, data);
+  if constexpr (with_mpi) {
+    if (c.zero == 1) return run_with_rule<Precision, Scaler, mpopt::zero1, backend>(c, data);
+    if (c.zero == 2) return run_with_rule<Precision, Scaler, mpopt::zero2, backend>(c, data);
+  }
+  return run_with_rule<Precision, Scaler, mpopt::replicated, backend>(c, data);
 }
 
 int dispatch(const config& c, const task& data) {

@@ -113,8 +113,8 @@ inline std::string checksum(std::string_view mpopt_text, std::span<const std::ui
 inline std::optional<std::vector<std::uint8_t>> with_metadata(std::span<const std::uint8_t> file, const std::string& text) {
   const auto parts = split(file);
   if (!parts) return std::nullopt;
-  // ordered: the header's keys, tensors included, stay in file order.
-  auto header = nlohmann::ordered_json::parse(parts->header.begin(), parts->header.end(), nullptr, false);
+  // nlohmann::json, as save() writes it: keys in name order, data_offsets unchanged.
+  auto header = nlohmann::json::parse(parts->header.begin(), parts->header.end(), nullptr, false);
   if (!header.is_object() || !header.contains("__metadata__") || !header["__metadata__"].is_object()) return std::nullopt;
   header["__metadata__"]["mpopt"] = text;
   header["__metadata__"]["checksum"] = checksum(text, parts->data);

@@ -65,8 +65,8 @@ struct metadata {
 std::optional<metadata> read_metadata(std::span<const std::uint8_t> file) {
   const auto parts = fuzz::split(file);
   if (!parts) return std::nullopt;
-  // ordered_json, as the reader parses it: both see the same values if a key is duplicated.
-  const auto header = nlohmann::ordered_json::parse(parts->header.begin(), parts->header.end(), nullptr, false);
+  // nlohmann::json, as the reader parses it: both see the same values if a key is duplicated.
+  const auto header = nlohmann::json::parse(parts->header.begin(), parts->header.end(), nullptr, false);
   const auto meta = header.find("__metadata__");  // end() for anything but an object
   if (meta == header.end()) return std::nullopt;
   const auto text = meta->find("mpopt"), stored = meta->find("checksum");

@@ -214,9 +214,10 @@ class state_stream {
     sum_.emplace(meta_text.size() + data_size);
     sum_->update(std::as_bytes(std::span(meta_text)));
 
-    // ordered_json keeps __metadata__ first and the tensors in file order.
+    // Key order is the map's: readers place tensors by data_offsets, not by key order. (One JSON
+    // type throughout, so a translation unit instantiates nlohmann's templates once.)
     const std::string placeholder(16, '0');
-    nlohmann::ordered_json header;
+    nlohmann::json header;
     header["__metadata__"] = {{"format", state_format},
                               {"format_version", state_format_version},
                               {"mpopt", meta_text},
@@ -438,7 +439,7 @@ class state_reader {
       fail(std::string("read failed: ") + (errno ? std::strerror(errno) : "short read (the file shrank)"));
   }
 
-  using header_json = nlohmann::ordered_json;  // keeps the header's key order
+  using header_json = nlohmann::json;
 
   static const header_json* member(const header_json& obj, const char* key) {
     const auto it = obj.find(key);
@@ -493,7 +494,7 @@ class state_reader {
     }
 
     // Tensors must tile the data section exactly, as safetensors requires. The stable sort keeps
-    // zero-size tensors that share an offset in header (= insertion) order.
+    // zero-size tensors that share an offset in name order.
     std::stable_sort(entries_.begin(), entries_.end(),
                      [](const entry& a, const entry& b) { return a.begin < b.begin || (a.begin == b.begin && a.end < b.end); });
     std::uint64_t cursor = 0;
