@@ -2,7 +2,8 @@
 //
 // mpopt does not ask for a particular tensor class. It reads parameters and gradients, and writes
 // parameters, through mpopt::tensor_traits<T>, which answers four questions about a T:
-//   - what are its elements?              element_type: float, mpopt::half or mpopt::bfloat16
+//   - what are its elements?              element_type: float, mpopt::half or mpopt::bfloat16 (or a
+//                                         type with their bits: examples/eigen_tensor.cpp)
 //   - where do they start?                data(t): a pointer to contiguous elements
 //   - how many are there?                 size(t)
 //   - in which memory do they live?       space: memory_space::host for the host backend

@@ -1,13 +1,26 @@
 // The whole library compiles under nvcc (for every architecture in -Dgpu_arch, warnings as
-// errors), and on a GPU the shared element math gives the host's bits. Without a GPU the test
-// prints why and exits 77 (skipped): the build itself is the check.
+// errors), tensors of CUDA's __half and __nv_bfloat16 train on the host bit for bit like mpopt's
+// (numeric_traits from <mpopt/interop.hpp>), and on a GPU the shared element math gives the host's
+// bits. Without a GPU the test prints why and exits 77 (skipped): the build and the host checks are
+// the test.
 #include <mpopt/mpopt.hpp>
 
+#include <bit>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <vector>
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
+
+#include <mpopt/interop.hpp>  // after CUDA's 16-bit headers: declares __half and __nv_bfloat16
+
+// Device memory holding __half goes to an fp16 optimizer as mpopt::view<__half>, no cast.
+static_assert(mpopt::tensor_storing<mpopt::view<__half>, mpopt::half>);
+static_assert(mpopt::tensor_storing<std::vector<__nv_bfloat16>, mpopt::bfloat16>);
+static_assert(!mpopt::tensor_storing<std::vector<__half>, mpopt::bfloat16>);
 
 namespace {
 
@@ -26,6 +39,33 @@ __global__ void adam_elements(const adam_inputs* in, float* out, mpopt::detail::
   out[3 * i + 2] = v;
 }
 
+/// Three Adam steps on host tensors of Cuda (__half or __nv_bfloat16) and of S, its mpopt type, from
+/// the same bits; 0 when every parameter comes out the same.
+template <class Precision, class Cuda>
+int check_cuda_type(const char* what) {
+  using S = typename Precision::param_type;
+  using optimizer = mpopt::optimizer<Precision, mpopt::no_scaling, mpopt::replicated, mpopt::adam>;
+  constexpr std::size_t n = 100;
+  std::vector<S> p(n), g(n);
+  std::vector<Cuda> cp(n), cg(n);
+  for (std::size_t i = 0; i < n; ++i) cp[i] = std::bit_cast<Cuda>(p[i] = S(0.01f * float(i) - 0.3f));
+  optimizer a, b;
+  a.add_group({.lr = 1e-2}).add(p, g, "w");
+  b.add_group({.lr = 1e-2}).add(cp, cg, "w");
+  for (int step = 1; step <= 3; ++step) {
+    for (std::size_t i = 0; i < n; ++i) cg[i] = std::bit_cast<Cuda>(g[i] = S(std::sin(float(i + step))));
+    if (!a.step().applied || !b.step().applied) {
+      std::fprintf(stderr, "cuda_headers: %s: a step was skipped\n", what);
+      return 1;
+    }
+  }
+  if (std::memcmp(p.data(), cp.data(), n * sizeof(S)) != 0 || std::bit_cast<S>(cp[7]) == S(0.01f * 7 - 0.3f)) {
+    std::fprintf(stderr, "cuda_headers: %s tensors did not train like mpopt's\n", what);
+    return 1;
+  }
+  return 0;
+}
+
 int check(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return 0;
   std::fprintf(stderr, "cuda_headers: %s: %s\n", what, cudaGetErrorString(e));
@@ -38,6 +78,9 @@ int main() {
   // The host types instantiate under nvcc too.
   mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, mpopt::adam> host_optimizer;
   (void)host_optimizer;
+  if (check_cuda_type<mpopt::fp16, __half>("__half") || check_cuda_type<mpopt::bf16, __nv_bfloat16>("__nv_bfloat16"))
+    return 1;
+  std::printf("cuda_headers: host tensors of __half and __nv_bfloat16 train like mpopt::half and mpopt::bfloat16\n");
 
   int devices = 0;
   if (const cudaError_t e = cudaGetDeviceCount(&devices); e != cudaSuccess || devices == 0) {

@@ -1,9 +1,18 @@
 // Tests for how the library sees a user's tensor (include/mpopt/tensor.hpp): the mpopt::tensor concept,
-// the std::span / std::vector / mpopt::view adapters, and a foreign tensor type adapted through a
-// tensor_traits specialization and used with the optimizer end to end.
+// the std::span / std::vector / mpopt::view adapters, a foreign tensor type adapted through a
+// tensor_traits specialization and used with the optimizer end to end, and foreign 16-bit element
+// types with mpopt's bits (numeric_traits: a user's own, and with MPOPT_TEST_EIGEN Eigen's through
+// <mpopt/interop.hpp>) taken as they are.
 #include <doctest/doctest.h>
 
 #include <mpopt/mpopt.hpp>
+// interop.hpp before Eigen declares nothing; included again after Eigen/Core, it adds Eigen's types.
+#include <mpopt/interop.hpp>
+#if MPOPT_TEST_EIGEN
+#include <Eigen/Core>
+
+#include <mpopt/interop.hpp>
+#endif
 
 #include <array>
 #include <bit>
@@ -42,6 +51,15 @@ class matrix {
 struct int_sized {
   float* p;
   int n;
+};
+
+// 16-bit element types of the user's own with the bits of mpopt::half and mpopt::bfloat16 (as a
+// framework's fp16 type would be); numeric_traits below declares it.
+struct f16 {
+  std::uint16_t raw;
+};
+struct b16 {
+  std::uint16_t raw;
 };
 
 // Types that are NOT tensors, each missing one requirement.
@@ -94,6 +112,26 @@ struct mpopt::tensor_traits<user::no_size> {
   static float* data(user::no_size& t) { return t.p; }
   static constexpr memory_space space = memory_space::host;
 };
+
+template <>
+struct mpopt::numeric_traits<user::f16> {
+  using storage = mpopt::half;
+};
+template <>
+struct mpopt::numeric_traits<user::b16> {
+  using storage = mpopt::bfloat16;
+};
+
+#if MPOPT_TEST_EIGEN
+// Eigen's dense vectors, adapted as examples/eigen_tensor.cpp does.
+template <class S>
+struct mpopt::tensor_traits<Eigen::Matrix<S, Eigen::Dynamic, 1>> {
+  using element_type = S;
+  static S* data(Eigen::Matrix<S, Eigen::Dynamic, 1>& v) { return v.data(); }
+  static std::size_t size(const Eigen::Matrix<S, Eigen::Dynamic, 1>& v) { return std::size_t(v.size()); }
+  static constexpr memory_space space = memory_space::host;
+};
+#endif
 
 namespace {
 
@@ -150,6 +188,36 @@ static_assert(!can_add<fp32_adam::param_group, int, std::vector<float>>);
 static_assert(!can_add<fp32_adam::param_group, std::vector<float>, float*>);
 static_assert(!can_add<fp32_adam::param_group, std::span<const float>, std::vector<float>>);
 
+// Element types with mpopt's bits (numeric_traits): the optimizer takes their tensors where its
+// param_type/grad_type is their storage type, and only there; tensor_of stays exact.
+static_assert(std::is_same_v<mpopt::storage_t<float>, float>);
+static_assert(std::is_same_v<mpopt::storage_t<half>, half>);
+static_assert(std::is_same_v<mpopt::storage_t<bfloat16>, bfloat16>);
+static_assert(std::is_same_v<mpopt::storage_t<user::f16>, half>);
+static_assert(std::is_same_v<mpopt::tensor_storage_t<std::vector<user::b16>&>, bfloat16>);
+static_assert(mpopt::tensor_storing<std::vector<half>, fp16_lamb::param_type>);
+static_assert(mpopt::tensor_storing<std::vector<user::f16>, fp16_lamb::param_type>);
+static_assert(mpopt::tensor_storing<user::matrix<user::b16>, bf16_adam::grad_type>);
+static_assert(mpopt::tensor_storing<mpopt::view<user::f16>, half>);
+static_assert(!mpopt::tensor_storing<std::vector<user::f16>, bf16_adam::param_type>);  // fp16 bits are not bf16's
+static_assert(!mpopt::tensor_storing<std::vector<user::b16>, fp16_lamb::grad_type>);
+static_assert(!mpopt::tensor_storing<std::vector<user::f16>, fp32_adam::param_type>);
+static_assert(!mpopt::tensor_storing<std::vector<std::uint16_t>, half>);  // same size, but not declared
+static_assert(!mpopt::tensor_storing<std::vector<double>, float>);
+static_assert(!mpopt::tensor_storing<int, float>);
+static_assert(!mpopt::tensor_of<std::vector<user::f16>, half>);
+#if MPOPT_TEST_EIGEN
+using eigen_half_vector = Eigen::Matrix<Eigen::half, Eigen::Dynamic, 1>;
+using eigen_bf16_vector = Eigen::Matrix<Eigen::bfloat16, Eigen::Dynamic, 1>;
+static_assert(std::is_same_v<mpopt::storage_t<Eigen::half>, half>);
+static_assert(std::is_same_v<mpopt::storage_t<Eigen::bfloat16>, bfloat16>);
+static_assert(mpopt::tensor_storing<eigen_half_vector, fp16_lamb::param_type>);
+static_assert(mpopt::tensor_storing<eigen_bf16_vector, bf16_adam::param_type>);
+static_assert(mpopt::tensor_storing<Eigen::VectorXf, fp32_adam::param_type>);
+static_assert(!mpopt::tensor_storing<eigen_half_vector, bf16_adam::param_type>);
+static_assert(!mpopt::tensor_storing<eigen_bf16_vector, fp16_lamb::grad_type>);
+#endif
+
 std::uint32_t bits(float f) { return std::bit_cast<std::uint32_t>(f); }
 
 bool same_status(const mpopt::step_status& a, const mpopt::step_status& b) {
@@ -170,6 +238,53 @@ std::vector<std::uint16_t> bits16(std::span<const E> s) {
   std::vector<std::uint16_t> out;
   for (auto x : s) out.push_back(x.bits);
   return out;
+}
+
+// What a few steps leave behind, to compare bit for bit.
+struct trace {
+  std::vector<mpopt::step_status> statuses;
+  std::vector<std::uint16_t> param;
+  std::vector<float> master;
+};
+
+// Trains one 16-bit tensor, param and grad of any element types storing the optimizer's types, for 8
+// steps (gradients scaled by the loss scale, an infinity at step 3); written through the elements' own
+// types with the bits of mpopt::half/bfloat16 values.
+template <class Opt, class P, class G>
+trace train_16bit(Opt& opt, P& param, G& grad) {
+  using S = typename Opt::param_type;
+  const auto p = mpopt::as_view(param);
+  const auto g = mpopt::as_view(grad);
+  using PE = std::remove_pointer_t<decltype(p.data)>;
+  using GE = std::remove_pointer_t<decltype(g.data)>;
+  for (std::size_t i = 0; i < p.size; ++i) p.data[i] = std::bit_cast<PE>(value<S>(i, 0));
+  opt.add_group({.lr = 1e-2, .weight_decay = 0.01}).add(param, grad, "w");
+  // The optimizer's view of the tensor is the user's memory.
+  CHECK(static_cast<void*>(opt.group(0).param(0).data()) == static_cast<void*>(p.data));
+  CHECK(static_cast<void*>(opt.group(0).grad(0).data()) == static_cast<void*>(g.data));
+  trace t;
+  for (std::size_t step = 1; step <= 8; ++step) {
+    const float scale = float(opt.loss_scale());
+    for (std::size_t i = 0; i < g.size; ++i) g.data[i] = std::bit_cast<GE>(S(float(value<float>(i, step)) * scale));
+    if (step == 3) g.data[5] = std::bit_cast<GE>(S(std::numeric_limits<float>::infinity()));
+    t.statuses.push_back(opt.step());
+  }
+  for (std::size_t i = 0; i < p.size; ++i) t.param.push_back(std::bit_cast<std::uint16_t>(p.data[i]));
+  t.master.assign(opt.master(0).begin(), opt.master(0).end());
+  return t;
+}
+
+void check_same(const trace& a, const trace& b) {
+  REQUIRE(a.statuses.size() == b.statuses.size());
+  for (std::size_t s = 0; s < a.statuses.size(); ++s) {
+    CAPTURE(s);
+    CHECK(same_status(a.statuses[s], b.statuses[s]));
+    CHECK(a.statuses[s].applied == (s != 2));  // step 3 overflowed
+  }
+  CHECK(a.param == b.param);
+  REQUIRE(a.master.size() == b.master.size());
+  CHECK(std::memcmp(a.master.data(), b.master.data(), sizeof(float) * a.master.size()) == 0);
+  CHECK(a.master[0] != float(value<float>(0, 0)));  // it trained
 }
 
 }  // namespace
@@ -315,5 +430,52 @@ TEST_CASE("a tensor registered without a name gets a generated, distinct one") {
   CHECK_FALSE(group.name(0).empty());
   CHECK(group.name(0) != group.name(1));
 }
+
+}  // TEST_SUITE
+
+TEST_SUITE("tensor") {
+
+TEST_CASE("a tensor of a type numeric_traits maps to mpopt::half trains bit for bit like one of mpopt::half (fp16, dynamic scale)") {
+  constexpr std::size_t n = 37;
+  const mpopt::dynamic_scale_options scaler{.init_scale = 256, .window = 2};
+  fp16_lamb a({}, scaler), b({}, scaler), c({}, scaler);
+  std::vector<half> ap(n), ag(n), cg(n);
+  std::vector<user::f16> bp(n), bg(n), cp(n);
+  const trace ta = train_16bit(a, ap, ag);
+  const trace tb = train_16bit(b, bp, bg);
+  const trace tc = train_16bit(c, cp, cg);  // parameter of user::f16, gradient of mpopt::half
+  check_same(ta, tb);
+  check_same(ta, tc);
+}
+
+TEST_CASE("a tensor of a type numeric_traits maps to mpopt::bfloat16 trains bit for bit like one of mpopt::bfloat16 (bf16, LAMB)") {
+  using bf16_lamb = mpopt::optimizer<mpopt::bf16, mpopt::no_scaling, mpopt::replicated, mpopt::lamb>;
+  bf16_lamb a, b;
+  user::matrix<bfloat16> ap(3, 11), ag(3, 11);
+  user::matrix<user::b16> bp(3, 11), bg(3, 11);
+  check_same(train_16bit(a, ap, ag), train_16bit(b, bp, bg));
+  CHECK(a.lamb_coeffs()[0] == b.lamb_coeffs()[0]);
+}
+
+#if MPOPT_TEST_EIGEN
+TEST_CASE("Eigen::half vectors train bit for bit like std::vector<mpopt::half> (fp16, dynamic scale, Adam)") {
+  constexpr std::size_t n = 41;
+  using fp16_adam = mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, mpopt::adam>;
+  fp16_adam a({}, {.init_scale = 1024, .window = 3}), b({}, {.init_scale = 1024, .window = 3});
+  std::vector<half> ap(n), ag(n);
+  eigen_half_vector bp(n), bg(n);
+  check_same(train_16bit(a, ap, ag), train_16bit(b, bp, bg));
+  CHECK(float(bp[0]) == float(ap[0]));  // Eigen reads the value the optimizer wrote
+}
+
+TEST_CASE("Eigen::bfloat16 vectors train bit for bit like std::vector<mpopt::bfloat16> (bf16, Adam)") {
+  constexpr std::size_t n = 29;
+  bf16_adam a, b;
+  std::vector<bfloat16> ap(n), ag(n);
+  eigen_bf16_vector bp(n), bg(n);
+  check_same(train_16bit(a, ap, ag), train_16bit(b, bp, bg));
+  CHECK(float(bp[3]) == float(ap[3]));
+}
+#endif
 
 }  // TEST_SUITE

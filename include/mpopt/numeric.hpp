@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <limits>
 #include <string_view>
+#include <type_traits>
 
 #include "detail/config.hpp"
 #include "detail/float_bits.hpp"
@@ -78,6 +79,66 @@ struct dtype_name<bfloat16> {
 };
 template <class T>
 inline constexpr std::string_view dtype_name_v = dtype_name<T>::value;
+
+/// Customization point: declares that T has the bits of `storage` (float, mpopt::half or
+/// mpopt::bfloat16), so tensors of T go to the optimizer as they are, with no cast and no copy:
+///   template <> struct mpopt::numeric_traits<my::half> { using storage = mpopt::half; };
+/// The library then reads and writes T's memory as `storage`; storage_t checks, at compile time,
+/// that T has storage's size and alignment and is trivially copyable. The bit layout (IEEE binary16
+/// for half, the top half of a float for bfloat16) is what the declaration promises.
+/// <mpopt/interop.hpp> declares Eigen's and CUDA's 16-bit types; std::float16_t and
+/// std::bfloat16_t are declared below where the compiler has them.
+template <class T>
+struct numeric_traits;
+template <>
+struct numeric_traits<float> {
+  using storage = float;
+};
+template <>
+struct numeric_traits<half> {
+  using storage = half;
+};
+template <>
+struct numeric_traits<bfloat16> {
+  using storage = bfloat16;
+};
+// C++23's extended floating-point types, where the compiler has them: _Float16 and __bf16 in
+// GCC 13 and later (the literals need no <stdfloat>).
+#if defined(__STDCPP_FLOAT16_T__)
+template <>
+struct numeric_traits<decltype(0.0f16)> {  // std::float16_t
+  using storage = half;
+};
+#endif
+#if defined(__STDCPP_BFLOAT16_T__)
+template <>
+struct numeric_traits<decltype(0.0bf16)> {  // std::bfloat16_t
+  using storage = bfloat16;
+};
+#endif
+
+namespace detail {
+/// T has a numeric_traits specialization (a declared storage type).
+template <class T>
+concept has_numeric_traits = requires { typename numeric_traits<T>::storage; };
+
+/// The layout checks behind storage_t: a declaration that cannot be true is a compile-time error.
+template <class T, class S = typename numeric_traits<T>::storage>
+struct checked_storage {
+  static_assert(std::is_same_v<S, float> || std::is_same_v<S, half> || std::is_same_v<S, bfloat16>,
+                "mpopt::numeric_traits<T>::storage must be float, mpopt::half or mpopt::bfloat16");
+  static_assert(sizeof(T) == sizeof(S) && alignof(T) == alignof(S),
+                "mpopt::numeric_traits<T>: T must have the size and alignment of its storage type");
+  static_assert(std::is_trivially_copyable_v<T>,
+                "mpopt::numeric_traits<T>: T must be trivially copyable (the optimizer writes its bits)");
+  using type = S;
+};
+}  // namespace detail
+
+/// The mpopt type whose bits T has: numeric_traits<T>::storage, layout checked. T itself for float,
+/// mpopt::half and mpopt::bfloat16.
+template <class T>
+using storage_t = typename detail::checked_storage<T>::type;
 
 }  // namespace mpopt
 

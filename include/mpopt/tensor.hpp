@@ -1,4 +1,5 @@
-// mpopt — how the library sees a user's tensor: element type, data pointer, element count, memory space.
+// mpopt — how the library sees a user's tensor: element type, data pointer, element count, memory space,
+// and the storage type (float, mpopt::half, mpopt::bfloat16) whose bits its elements have.
 #pragma once
 
 #include "version.hpp"  // first: C++20, or a clear error
@@ -10,13 +11,16 @@
 #include <utility>
 #include <vector>
 
+#include "numeric.hpp"
+
 namespace mpopt {
 
 /// Where a tensor's memory lives. The host backend accepts only host memory.
 enum class memory_space { host, device };
 
 /// Customization point. Specialize for your tensor type with:
-///   using element_type = ...;                         // float, mpopt::half or mpopt::bfloat16
+///   using element_type = ...;                         // float, mpopt::half or mpopt::bfloat16, or a
+///                                                     // type numeric_traits maps to one
 ///   static element_type* data(T&);                   // contiguous storage
 ///   static std::size_t size(const T&);               // number of elements
 ///   static constexpr memory_space space = memory_space::host;   // or, when it varies per object:
@@ -50,6 +54,17 @@ concept tensor = requires(std::remove_reference_t<T>& t) {
 /// A tensor whose elements are exactly E.
 template <class T, class E>
 concept tensor_of = tensor<T> && std::same_as<tensor_element_t<T>, E>;
+
+/// The mpopt type whose bits a tensor's elements have: storage_t of its element type.
+template <class T>
+using tensor_storage_t = storage_t<tensor_element_t<T>>;
+
+/// A tensor whose elements have the bits of E: E itself, or a type numeric_traits maps to E (such
+/// as Eigen::half or __half for mpopt::half). What the optimizer takes where its param_type or
+/// grad_type is E.
+template <class T, class E>
+concept tensor_storing =
+    tensor<T> && detail::has_numeric_traits<tensor_element_t<T>> && std::same_as<tensor_storage_t<T>, E>;
 
 /// A non-owning view of contiguous elements: the adapter for raw pointers.
 template <class E>
@@ -95,5 +110,16 @@ view<tensor_element_t<T>> as_view(T&& t) {
     space = traits::space;
   return {traits::data(t), static_cast<std::size_t>(traits::size(std::as_const(t))), space};
 }
+
+namespace detail {
+/// as_view with the data pointer as the storage type's: how the optimizer registers a tensor of
+/// Eigen::half as one of mpopt::half. numeric_traits declared the bits the same, storage_t checked
+/// size, alignment and trivial copyability.
+template <tensor T>
+view<tensor_storage_t<T>> storage_view(T&& t) {
+  const auto v = as_view(t);
+  return {reinterpret_cast<tensor_storage_t<T>*>(v.data), v.size, v.space};
+}
+}  // namespace detail
 
 }  // namespace mpopt

@@ -39,6 +39,13 @@ class memory_listing;
 template <class Opt, class Precision, class LossScaler, class Partition, class UpdateRule, class Backend, class Communicator>
 class agreement;
 
+/// Whether E has the bits of S; true where E has no numeric_traits at all, which add() reports on
+/// its own (once, not once per check).
+template <class E, class S>
+struct stores_or_unknown : std::true_type {};
+template <has_numeric_traits E, class S>
+struct stores_or_unknown<E, S> : std::is_same<storage_t<E>, S> {};
+
 /// Opt, the optimizer, derives from tensor_registry<Opt, ...>.
 template <class Opt, class Precision, class UpdateRule, class Backend>
 class tensor_registry {
@@ -56,22 +63,25 @@ class tensor_registry {
   /// tensors (add) or the group owns them in one flat buffer (add_flat_group).
   class param_group {
    public:
-    /// Registers a user-owned parameter and its gradient. Both must stay alive and in place.
+    /// Registers a user-owned parameter and its gradient. Both must stay alive and in place. Their
+    /// elements are the precision's param_type and grad_type, or types with their bits
+    /// (numeric_traits: Eigen::half for mpopt::half, say), read and written as those.
     template <tensor P, tensor G>
     void add(P&& param, G&& grad, std::string name = {}) {
-      static_assert(std::is_same_v<tensor_element_t<P>, param_type>,
-                    "parameter tensor must hold the precision's param_type (float, mpopt::half or mpopt::bfloat16)");
-      static_assert(std::is_same_v<tensor_element_t<G>, grad_type>,
-                    "gradient tensor must hold the precision's grad_type (float, mpopt::half or mpopt::bfloat16)");
-      if (flat_) fail(label_, " is a flat group: its tensors are fixed by add_flat_group");
-      const auto p = as_view(param);
-      const auto g = as_view(grad);
-      if (name.empty()) name = label_ + "." + std::to_string(entries_.size());
-      owner_->check_new_tensor(name, p.size, g.size, p.space, g.space);
-      if (p.data == nullptr || g.data == nullptr) fail("tensor '", name, "' has a null data pointer");
-      owner_->check_unclaimed(name, p.data, g.data, p.size);
-      entries_.push_back({std::move(name), p.data, g.data, p.size});
-      owner_->claim(index_, entries_.size() - 1);
+      using pe = tensor_element_t<P>;
+      using ge = tensor_element_t<G>;
+      constexpr bool known = has_numeric_traits<pe> && has_numeric_traits<ge>;
+      static_assert(known, "tensor elements must be float, mpopt::half, mpopt::bfloat16, or a type mpopt::numeric_traits "
+                           "maps to one (include <mpopt/interop.hpp> after Eigen's or CUDA's headers for theirs)");
+      static_assert(stores_or_unknown<pe, param_type>::value,
+                    "parameter tensor must hold the precision's param_type (float, mpopt::half or mpopt::bfloat16) "
+                    "or a type with its bits (mpopt::numeric_traits<element>::storage)");
+      static_assert(stores_or_unknown<ge, grad_type>::value,
+                    "gradient tensor must hold the precision's grad_type (float, mpopt::half or mpopt::bfloat16) "
+                    "or a type with its bits (mpopt::numeric_traits<element>::storage)");
+      // Only the messages above, not the errors a wrong type would cause below.
+      if constexpr (known && stores_or_unknown<pe, param_type>::value && stores_or_unknown<ge, grad_type>::value)
+        add_views(storage_view(param), storage_view(grad), std::move(name));
     }
 
     std::size_t size() const { return entries_.size(); }
@@ -109,6 +119,16 @@ class tensor_registry {
       grad_type* grad;
       std::size_t size;
     };
+
+    void add_views(view<param_type> p, view<grad_type> g, std::string name) {
+      if (flat_) fail(label_, " is a flat group: its tensors are fixed by add_flat_group");
+      if (name.empty()) name = label_ + "." + std::to_string(entries_.size());
+      owner_->check_new_tensor(name, p.size, g.size, p.space, g.space);
+      if (p.data == nullptr || g.data == nullptr) fail("tensor '", name, "' has a null data pointer");
+      owner_->check_unclaimed(name, p.data, g.data, p.size);
+      entries_.push_back({std::move(name), p.data, g.data, p.size});
+      owner_->claim(index_, entries_.size() - 1);
+    }
 
     param_group(tensor_registry* owner, std::uint32_t index, const group_options& o)
         : owner_(owner), index_(index), label_("group " + std::to_string(index)) {
