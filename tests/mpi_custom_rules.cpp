@@ -83,7 +83,7 @@ std::string difference(const A& a, const B& b) {
 }
 
 template <class Precision, class Scaler, class Rule>
-struct cfg {
+struct rule_cfg {
   using precision = Precision;
   using scaler = Scaler;
   using rule = Rule;
@@ -129,7 +129,7 @@ bool same_parameters(const A& a, const B& b) {
 }
 
 #define USER_RULE_CFGS(R) \
-  cfg<mpopt::bf16, mpopt::no_scaling, R>, cfg<mpopt::fp16, mpopt::dynamic_scale, R>, cfg<mpopt::fp32, mpopt::no_scaling, R>
+  rule_cfg<mpopt::bf16, mpopt::no_scaling, R>, rule_cfg<mpopt::fp16, mpopt::dynamic_scale, R>, rule_cfg<mpopt::fp32, mpopt::no_scaling, R>
 
 }  // namespace
 
@@ -235,7 +235,7 @@ TEST_SUITE("mpi") {
   TEST_CASE_TEMPLATE("a partition written outside the library (zero1, shards in reverse rank order) trains to zero1's "
                      "parameters bit for bit, and their checkpoints load into each other",
                      C, USER_RULE_CFGS(user_rules::lion), USER_RULE_CFGS(user_rules::lars),
-                     cfg<mpopt::fp16, mpopt::dynamic_scale, mpopt::adam>, cfg<mpopt::bf16, mpopt::no_scaling, mpopt::lamb>) {
+                     rule_cfg<mpopt::fp16, mpopt::dynamic_scale, mpopt::adam>, rule_cfg<mpopt::bf16, mpopt::no_scaling, mpopt::lamb>) {
     using P = typename C::precision;
     using S = typename C::scaler;
     using R = typename C::rule;
