@@ -47,7 +47,8 @@ typename Opt::group_options group_options(std::size_t g) {
   return o;
 }
 
-/// Tensors the user owns, in two groups, with their optimizer. Sizes straddle SIMD widths.
+/// Tensors the user owns, in two groups, with their optimizer. Sizes straddle SIMD widths; one
+/// tensor has a 2-d shape (stored in the file), the others none.
 template <class Opt>
 struct model {
   using P = typename Opt::param_type;
@@ -69,7 +70,7 @@ struct model {
     auto& embed = opt.add_group(group_options<Opt>(0));
     embed.add(params[0], grads[0], names[0]);
     embed.add(params[1], grads[1], names[1]);
-    opt.add_group(group_options<Opt>(1)).add(params[2], grads[2], names[2]);
+    opt.add_group(group_options<Opt>(1)).add(params[2], grads[2], names[2], {3, 3});
   }
   model(const model&) = delete;
   model& operator=(const model&) = delete;

@@ -18,6 +18,7 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <limits>
 #include <random>
@@ -45,9 +46,11 @@ enum class layout { unfused, flat };
 struct tensor_def {
   const char* name;
   std::size_t size;
+  std::vector<std::int64_t> shape;  // registered with add(); empty: none
 };
-// Two groups with their own options; sizes straddle SIMD widths.
-const std::vector<std::vector<tensor_def>> groups_def{{{"encoder.weight", 45}, {"encoder.bias", 7}}, {{"head.weight", 19}}};
+// Two groups with their own options; sizes straddle SIMD widths. A 2-d shape, a 1-d one, none.
+const std::vector<std::vector<tensor_def>> groups_def{{{"encoder.weight", 45, {9, 5}}, {"encoder.bias", 7, {7}}},
+                                                      {{"head.weight", 19, {}}}};
 
 // Steps (0-based) whose gradients hold a non-finite element; the save happens after step 6.
 bool overflows_at(std::uint64_t i) { return i == 6 || i == 7 || i == 13; }
@@ -97,7 +100,7 @@ struct run {
     for (std::size_t gi = 0; gi < groups_def.size(); ++gi) {
       if (lay == layout::flat) {
         std::vector<mpopt::tensor_spec> specs;
-        for (const auto& d : groups_def[gi]) specs.push_back({d.name, d.size});
+        for (const auto& d : groups_def[gi]) specs.push_back({d.name, d.size, d.shape});
         auto& group = opt.add_flat_group(group_options<Opt>(gi), specs);
         for (std::size_t i = 0; i < group.size(); ++i) {
           params.push_back(group.param(i));
@@ -108,7 +111,7 @@ struct run {
         for (const auto& d : groups_def[gi]) {
           auto& p = own_params.emplace_back(d.size, P(0.0f));
           auto& g = own_grads.emplace_back(d.size, G(0.0f));
-          group.add(p, g, d.name);
+          group.add(p, g, d.name, d.shape);
           params.emplace_back(p);
           grads.emplace_back(g);
         }
@@ -193,13 +196,14 @@ void check_file_layout(const fs::path& path, const run<Opt>& r) {
   std::vector<std::pair<std::uint64_t, std::uint64_t>> extents;
   std::size_t expected_tensors = 0;
   auto check_tensor = [&](const std::string& key, const std::string& dtype, std::size_t n,
-                          const std::vector<unsigned char>& expected_bytes) {
+                          const std::vector<unsigned char>& expected_bytes, const std::vector<std::int64_t>& shape = {}) {
     CAPTURE(key);
     ++expected_tensors;
     REQUIRE(h.contains(key));
     const auto& e = h[key];
     CHECK(e.at("dtype") == dtype);
-    CHECK(e.at("shape") == nlohmann::json::array({n}));
+    // The registered shape for a parameter and each of its state tensors; [n] without one.
+    CHECK(e.at("shape") == (shape.empty() ? nlohmann::json::array({n}) : nlohmann::json(shape)));
     const auto begin = e.at("data_offsets")[0].get<std::uint64_t>();
     const auto end = e.at("data_offsets")[1].get<std::uint64_t>();
     REQUIRE(end - begin == n * dtype_size(dtype));
@@ -212,11 +216,11 @@ void check_file_layout(const fs::path& path, const run<Opt>& r) {
     for (const auto& d : group) {
       const std::string name = d.name;
       check_tensor("param/" + name, param_dtype, d.size,
-                   bytes_of(std::span<const typename Opt::param_type>(r.params[t])));
-      if (has_master) check_tensor("master/" + name, "F32", d.size, bytes_of(r.opt.master(t)));
+                   bytes_of(std::span<const typename Opt::param_type>(r.params[t])), d.shape);
+      if (has_master) check_tensor("master/" + name, "F32", d.size, bytes_of(r.opt.master(t)), d.shape);
       else CHECK_FALSE(h.contains("master/" + name));
-      check_tensor("exp_avg/" + name, "F32", d.size, bytes_of(r.opt.moment(0, t)));
-      check_tensor("exp_avg_sq/" + name, "F32", d.size, bytes_of(r.opt.moment(1, t)));
+      check_tensor("exp_avg/" + name, "F32", d.size, bytes_of(r.opt.moment(0, t)), d.shape);
+      check_tensor("exp_avg_sq/" + name, "F32", d.size, bytes_of(r.opt.moment(1, t)), d.shape);
       ++t;
     }
   if constexpr (std::is_same_v<typename Opt::rule, mpopt::lamb>)
@@ -303,6 +307,23 @@ void check_exact_resume(layout lay) {
   CHECK(statuses.back().skipped_steps == 3);
   CHECK(statuses.back().step == steps_before_save + steps_after_save - 3);
   CHECK(statuses[7].consecutive_skips == 2);
+}
+
+// Rewrites the JSON header of state file `p` with edit() applied: tensor shapes, say. The data
+// section and so the checksum (over the "mpopt" string and the data) stay valid.
+void edit_header(const fs::path& p, const std::function<void(nlohmann::json&)>& edit) {
+  const auto file = slurp(p);
+  std::size_t data_start = 0;
+  read_header(file, data_start);
+  auto h = nlohmann::json::parse(file.begin() + 8, file.begin() + std::ptrdiff_t(data_start));
+  edit(h);
+  std::string text = h.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  std::vector<unsigned char> out(8);
+  for (std::size_t i = 0, n = text.size(); i < 8; ++i, n >>= 8) out[i] = static_cast<unsigned char>(n & 0xff);
+  out.insert(out.end(), text.begin(), text.end());
+  out.insert(out.end(), file.begin() + std::ptrdiff_t(data_start), file.end());
+  std::ofstream(p, std::ios::binary | std::ios::trunc).write(reinterpret_cast<const char*>(out.data()), std::streamsize(out.size()));
 }
 
 template <class P, class S, class R>
@@ -443,6 +464,104 @@ TEST_CASE("the state file's metadata holds the optimizer description as a JSON s
   const auto desc = nlohmann::json::parse(meta.at("mpopt").get<std::string>());
   CHECK(desc.is_object());
   CHECK(desc.dump().find("encoder.weight") != std::string::npos);
+}
+
+TEST_CASE("add() and add_flat_group() take a shape whose product is the element count; another is refused, naming the tensor") {
+  using opt_t = mpopt::optimizer<mpopt::bf16, mpopt::no_scaling, mpopt::replicated, mpopt::adam, test_backend>;
+  opt_t opt;
+  std::vector<mpopt::bfloat16> w(12), wg(12), b(6), bg(6), c(5), cg(5);
+  auto& group = opt.add_group({.lr = 1e-2});
+  CHECK_THROWS_WITH_AS(group.add(w, wg, "w", {5, 2}), doctest::Contains("tensor 'w': shape [5, 2] holds 10 elements, the tensor has 12"),
+                       mpopt::error);
+  CHECK_THROWS_WITH_AS(group.add(w, wg, "w", {-3, -4}), doctest::Contains("tensor 'w': shape [-3, -4] has a negative dimension"),
+                       mpopt::error);
+  CHECK_THROWS_WITH_AS(group.add(w, wg, "w", {0, 12}), doctest::Contains("tensor 'w': shape [0, 12] holds 0 elements"), mpopt::error);
+  CHECK(group.size() == 0);  // nothing registered: the same memory and name can still be added
+  group.add(w, wg, "w", {3, 4});
+  group.add(b, bg, "b", std::vector<std::size_t>{2, 1, 3});  // any range of integers
+  group.add(c, cg, "c");
+  CHECK(group.shape(0) == mpopt::tensor_shape{3, 4});
+  CHECK(group.shape(1) == mpopt::tensor_shape{2, 1, 3});
+  CHECK(group.shape(2).empty());
+
+  CHECK_THROWS_WITH_AS(opt.add_flat_group({}, {{"f", 6, {2, 2}}}), doctest::Contains("tensor 'f': shape [2, 2] holds 4 elements, the tensor has 6"),
+                       mpopt::error);
+  CHECK(opt.group_count() == 1);  // no group was added
+  auto& flat = opt.add_flat_group({}, {{"f", 6, {2, 3}}, {"g", 4}});
+  CHECK(flat.shape(0) == mpopt::tensor_shape{2, 3});
+  CHECK(flat.shape(1).empty());
+}
+
+TEST_CASE("load() takes [n] (a file saved without shapes) and any shape of n elements where no 2-d or higher shape was registered") {
+  using opt_t = mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, mpopt::adam, test_backend>;
+  temp_dir dir;
+  const auto path = dir / "shaped.safetensors";
+  run<opt_t> saver(layout::unfused, 0.0f);
+  for (int i = 0; i < 3; ++i) saver.step();
+  saver.opt.save(path);
+  const auto at_save = saver.snap();
+
+  // Every tensor [n], as files were before shapes: loads into the shaped registration, and the
+  // next save writes the registered shapes again.
+  const auto flat = dir / "flat.safetensors";
+  fs::copy_file(path, flat);
+  edit_header(flat, [](nlohmann::json& h) {
+    for (auto& [key, t] : h.items())
+      if (key != "__metadata__") {
+        std::int64_t n = 1;
+        for (const auto& d : t["shape"]) n *= d.get<std::int64_t>();
+        t["shape"] = {n};
+      }
+  });
+  std::size_t data_start = 0;
+  REQUIRE(read_header(slurp(flat), data_start).at("param/encoder.weight").at("shape") == nlohmann::json::array({45}));
+  run<opt_t> from_flat(layout::flat, 1.0f);
+  from_flat.opt.load(flat);
+  CHECK(from_flat.snap() == at_save);
+  const auto again = dir / "again.safetensors";
+  from_flat.opt.save(again);
+  CHECK(slurp(again) == slurp(path));
+
+  // head.weight was registered without a shape, encoder.bias as [7]: any shape of their element
+  // count loads (a file from another tool may say [19, 1] or [1, 7]).
+  const auto other = dir / "other.safetensors";
+  fs::copy_file(path, other);
+  edit_header(other, [](nlohmann::json& h) {
+    h["param/head.weight"]["shape"] = {19, 1};
+    h["exp_avg/head.weight"]["shape"] = {1, 1, 19};
+    h["master/encoder.bias"]["shape"] = {1, 7};
+  });
+  run<opt_t> from_other(layout::unfused, 1.0f);
+  from_other.opt.load(other);
+  CHECK(from_other.snap() == at_save);
+}
+
+TEST_CASE("load() refuses a shape other than the registered 2-d one, naming the tensor, and changes nothing") {
+  using opt_t = mpopt::optimizer<mpopt::bf16, mpopt::no_scaling, mpopt::replicated, mpopt::lamb, test_backend>;
+  temp_dir dir;
+  const auto path = dir / "shaped.safetensors";
+  run<opt_t> saver(layout::flat, 0.0f);
+  for (int i = 0; i < 3; ++i) saver.step();
+  saver.opt.save(path);
+
+  run<opt_t> target(layout::unfused, 1.0f);
+  target.step();
+  const auto before = target.snap();
+  auto refused = [&](const char* key, std::vector<std::int64_t> shape, const char* message) {
+    CAPTURE(key);
+    const auto bad = dir / "bad.safetensors";
+    fs::copy_file(path, bad, fs::copy_options::overwrite_existing);
+    edit_header(bad, [&](nlohmann::json& h) { h[key]["shape"] = shape; });
+    CHECK_THROWS_WITH_AS(target.opt.load(bad), doctest::Contains(message), mpopt::error);
+    CHECK(target.snap() == before);
+  };
+  refused("exp_avg_sq/encoder.weight", {5, 9},
+          "tensor 'exp_avg_sq/encoder.weight' has dtype F32 and shape [5, 9], expected F32 and [9, 5] (or [45])");
+  refused("param/encoder.weight", {3, 3, 5}, "tensor 'param/encoder.weight' has dtype BF16 and shape [3, 3, 5]");
+  // Values kept per tensor (LAMB's coefficients) are [tensors], nothing else.
+  refused("lamb_coeffs", {1, 3}, "tensor 'lamb_coeffs' has dtype F64 and shape [1, 3], expected F64 and [3]");
+  // A shape whose byte count does not match its data_offsets is the container's error.
+  refused("param/head.weight", {20}, "does not match data_offsets");
 }
 
 }  // TEST_SUITE

@@ -131,11 +131,14 @@ class agreement {
       add(std::string(Communicator::name) + ".deterministic", o.comm_.inner().options().deterministic);
     for (const auto& g : o.groups_) {
       add_each(g->label_ + ".", UpdateRule::to_json(g->options_));
-      // The tensors as a short summary whose hash covers every name and size, in order.
+      // The tensors as a short summary whose hash covers every name, size and shape, in order
+      // (rank 0's shapes are what save() writes).
       std::string names;
       std::size_t elements = 0;
       for (const auto& e : g->entries_) {
-        names += e.name + ":" + std::to_string(e.size) + ";";
+        names += e.name + ":" + std::to_string(e.size);
+        for (const std::int64_t d : e.shape.dims()) names += "," + std::to_string(d);
+        names += ";";
         elements += e.size;
       }
       checksum64 sum(names.size());

@@ -27,6 +27,7 @@
 #include "json_fields.hpp"
 #include "same_settings.hpp"
 #include "state_file.hpp"
+#include "tensor_registry.hpp"
 
 namespace mpopt {
 
@@ -61,7 +62,7 @@ class checkpointing {
       std::vector<state_stream::tensor> header;
       for_each_saved_tensor(o, [&](std::string key, const saved_range& r, const auto* data) {
         using T = std::remove_cv_t<std::remove_pointer_t<decltype(data)>>;
-        header.push_back({std::move(key), std::string(state_dtype<T>::value), {std::int64_t(r.elements)}});
+        header.push_back({std::move(key), std::string(state_dtype<T>::value), r.file_shape()});
       });
       o.driver_.for_each_extra(o.comm_.size(), [&](std::string key, std::size_t elements) {
         header.push_back({std::move(key), "F32", {std::int64_t(elements)}});
@@ -211,11 +212,11 @@ class checkpointing {
     }
     for_each_saved_tensor(o, [&](const std::string& key, const saved_range& sr, auto* dst) {
       using T = std::remove_pointer_t<decltype(dst)>;
-      const std::size_t n = sr.elements;
       if (!r.contains(key)) fail(where, "tensor '", key, "' is missing");
-      if (r.dtype(key) != state_dtype<T>::value || r.shape(key) != std::vector<std::int64_t>{std::int64_t(n)})
-        fail(where, "tensor '", key, "' has dtype ", r.dtype(key), " and ", r.shape(key).size(),
-             "-d shape, expected ", state_dtype<T>::value, " [", n, "]");
+      const std::vector<std::int64_t>& shape = r.shape(key);
+      if (r.dtype(key) != state_dtype<T>::value || !sr.fits(shape))
+        fail(where, "tensor '", key, "' has dtype ", r.dtype(key), " and shape ", state_shape_string(shape),
+             ", expected ", state_dtype<T>::value, " and ", sr.expected_shape());
     });
     return h;
   }
@@ -289,6 +290,32 @@ class checkpointing {
     std::size_t tensor, elements, first, count;
     bool sharded = false;    ///< a shard's part: the other parts are on other ranks
     bool on_device = false;  ///< in the backend's device memory (tensors and state; not per-tensor scalars)
+    /// A parameter's tensor (param, master, rule state): its registered shape, null when none was
+    /// given. Null for anything else (per-tensor values), which the file holds as [elements].
+    const tensor_shape* shape = nullptr;
+
+    /// The shape save() writes: the registered one, else [elements].
+    std::vector<std::int64_t> file_shape() const {
+      if (shape && !shape->empty()) return {shape->dims().begin(), shape->dims().end()};
+      return {std::int64_t(elements)};
+    }
+    /// Whether load() takes a file's shape for this tensor. A parameter's tensor may have any shape
+    /// of `elements` elements, with two exceptions: where both the file and the registration have
+    /// a shape of other than one dimension, they must be the same; [elements] (what a file saved
+    /// without shapes holds) always fits. Anything else: exactly [elements].
+    bool fits(const std::vector<std::int64_t>& s) const {
+      const std::vector<std::int64_t> flat{std::int64_t(elements)};
+      if (s == flat) return true;
+      if (!shape) return false;
+      std::uint64_t n = 0;
+      if (!state_tensor_bytes(s, 1, n) || n != elements) return false;
+      return shape->dims().size() <= 1 || std::ranges::equal(s, shape->dims());
+    }
+    std::string expected_shape() const {
+      if (!shape) return state_shape_string(file_shape());
+      if (shape->dims().size() <= 1) return "a shape of " + std::to_string(elements) + " elements";
+      return state_shape_string(file_shape()) + " (or [" + std::to_string(elements) + "])";
+    }
   };
 
   /// Calls f(key, range, pointer) for every tensor a state file holds, in file order: parameters
@@ -301,9 +328,10 @@ class checkpointing {
     for (const auto& g : self.groups_)
       for (const auto& e : g->entries_) {
         constexpr bool device = Backend::space == memory_space::device;
-        const saved_range whole{t, e.size, 0, e.size, false, device};
+        const saved_range whole{t, e.size, 0, e.size, false, device, &e.shape};
         const auto o = self.finalized_ ? self.layout_->owned(t) : flat_layout::owned_range{};
-        const saved_range held = self.finalized_ ? saved_range{t, e.size, o.first, o.count, self.layout_->sharded(), device} : whole;
+        const saved_range held =
+            self.finalized_ ? saved_range{t, e.size, o.first, o.count, self.layout_->sharded(), device, &e.shape} : whole;
         auto state = [&](auto& buffer) { return self.finalized_ ? buffer.data() + o.state : nullptr; };
         f("param/" + e.name, whole, e.param);
         if constexpr (Precision::has_master) f("master/" + e.name, held, state(self.master_));

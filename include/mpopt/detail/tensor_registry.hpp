@@ -4,13 +4,16 @@
 #pragma once
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <memory>
+#include <ranges>
 #include <span>
 #include <string>
 #include <string_view>
@@ -24,10 +27,48 @@
 
 namespace mpopt {
 
-/// A tensor the optimizer allocates in a flat group: its name and element count.
+/// A tensor's dimensions, as the model sees them ([out, in] for a linear layer's weight). The
+/// optimizer works on the flat elements; the shape is only stored in checkpoints, so that other
+/// tools (PyTorch, tools/mpopt_checkpoint.py) get [64, 32] rather than [2048]. Empty: none given,
+/// and the file says [n].
+class tensor_shape {
+  // Integers that can count elements: not bool, not characters (a string is no shape).
+  template <class V>
+  static constexpr bool dimension_type = std::integral<V> && !std::same_as<V, bool> && !std::same_as<V, char> &&
+                                         !std::same_as<V, signed char> && !std::same_as<V, unsigned char> &&
+                                         !std::same_as<V, wchar_t> && !std::same_as<V, char8_t> &&
+                                         !std::same_as<V, char16_t> && !std::same_as<V, char32_t>;
+
+ public:
+  tensor_shape() = default;
+  tensor_shape(std::initializer_list<std::int64_t> dims) : dims_(dims) {}
+  /// Any range of integers: a std::vector<std::int64_t>, a std::array<std::size_t, 2>, ...
+  template <std::ranges::input_range R>
+    requires dimension_type<std::ranges::range_value_t<R>>
+  tensor_shape(const R& dims) {
+    using V = std::ranges::range_value_t<R>;
+    for (const V d : dims) {
+      if constexpr (std::is_unsigned_v<V> && sizeof(V) >= sizeof(std::int64_t))
+        if (d > V(std::numeric_limits<std::int64_t>::max()))
+          detail::fail("tensor shape: dimension ", d, " is beyond a 64-bit signed integer");
+      dims_.push_back(static_cast<std::int64_t>(d));
+    }
+  }
+
+  std::span<const std::int64_t> dims() const { return dims_; }
+  bool empty() const { return dims_.empty(); }
+  friend bool operator==(const tensor_shape&, const tensor_shape&) = default;
+
+ private:
+  std::vector<std::int64_t> dims_;
+};
+
+/// A tensor the optimizer allocates in a flat group: its name, element count and, optionally, its
+/// shape (whose product must be `size`).
 struct tensor_spec {
   std::string name;
   std::size_t size;
+  tensor_shape shape = {};
 };
 
 namespace detail {
@@ -65,9 +106,10 @@ class tensor_registry {
    public:
     /// Registers a user-owned parameter and its gradient. Both must stay alive and in place. Their
     /// elements are the precision's param_type and grad_type, or types with their bits
-    /// (numeric_traits: Eigen::half for mpopt::half, say), read and written as those.
+    /// (numeric_traits: Eigen::half for mpopt::half, say), read and written as those. `shape`, if
+    /// given, is what checkpoints store for it (its product must be the element count).
     template <tensor P, tensor G>
-    void add(P&& param, G&& grad, std::string name = {}) {
+    void add(P&& param, G&& grad, std::string name = {}, tensor_shape shape = {}) {
       using pe = tensor_element_t<P>;
       using ge = tensor_element_t<G>;
       constexpr bool known = has_numeric_traits<pe> && has_numeric_traits<ge>;
@@ -81,13 +123,15 @@ class tensor_registry {
                     "or a type with its bits (mpopt::numeric_traits<element>::storage)");
       // Only the messages above, not the errors a wrong type would cause below.
       if constexpr (known && stores_or_unknown<pe, param_type>::value && stores_or_unknown<ge, grad_type>::value)
-        add_views(storage_view(param), storage_view(grad), std::move(name));
+        add_views(storage_view(param), storage_view(grad), std::move(name), std::move(shape));
     }
 
     std::size_t size() const { return entries_.size(); }
     std::span<param_type> param(std::size_t i) { return {at(i).param, at(i).size}; }
     std::span<grad_type> grad(std::size_t i) { return {at(i).grad, at(i).size}; }
     const std::string& name(std::size_t i) const { return at(i).name; }
+    /// The shape tensor i was registered with; empty if none was given.
+    const tensor_shape& shape(std::size_t i) const { return at(i).shape; }
 
     const group_options& options() const { return options_; }
     void set_options(const group_options& o) {
@@ -118,15 +162,17 @@ class tensor_registry {
       param_type* param;
       grad_type* grad;
       std::size_t size;
+      tensor_shape shape;  ///< as registered; empty: none given
     };
 
-    void add_views(view<param_type> p, view<grad_type> g, std::string name) {
+    void add_views(view<param_type> p, view<grad_type> g, std::string name, tensor_shape shape) {
       if (flat_) fail(label_, " is a flat group: its tensors are fixed by add_flat_group");
       if (name.empty()) name = label_ + "." + std::to_string(entries_.size());
       owner_->check_new_tensor(name, p.size, g.size, p.space, g.space);
       if (p.data == nullptr || g.data == nullptr) fail("tensor '", name, "' has a null data pointer");
+      check_shape(name, shape, p.size);
       owner_->check_unclaimed(name, p.data, g.data, p.size);
-      entries_.push_back({std::move(name), p.data, g.data, p.size});
+      entries_.push_back({std::move(name), p.data, g.data, p.size, std::move(shape)});
       owner_->claim(index_, entries_.size() - 1);
     }
 
@@ -163,6 +209,7 @@ class tensor_registry {
     for (const auto& t : tensors) {
       names.push_back(t.name.empty() ? label + "." + std::to_string(names.size()) : t.name);
       check_new_tensor(names.back(), t.size, t.size, Backend::space, Backend::space);
+      check_shape(names.back(), t.shape, t.size);
       if (std::find(names.begin(), names.end() - 1, names.back()) != names.end() - 1)
         fail("tensor name '", names.back(), "' is used twice");
       offsets.push_back(total);
@@ -177,7 +224,8 @@ class tensor_registry {
     g.flat_param_ = std::move(params);
     g.flat_grad_ = std::move(grads);
     for (std::size_t i = 0; i < tensors.size(); ++i) {
-      g.entries_.push_back({std::move(names[i]), g.flat_param_.data() + offsets[i], g.flat_grad_.data() + offsets[i], tensors[i].size});
+      g.entries_.push_back({std::move(names[i]), g.flat_param_.data() + offsets[i], g.flat_grad_.data() + offsets[i],
+                            tensors[i].size, tensors[i].shape});
       claim(g.index_, i);
     }
     return g;
@@ -221,6 +269,27 @@ class tensor_registry {
     for (const auto& g : groups_)
       for (const auto& e : g->entries_)
         if (e.name == name) fail("tensor name '", name, "' is used twice");
+  }
+
+  /// Refuses a shape with a negative dimension or whose product is not the element count.
+  static void check_shape(const std::string& name, const tensor_shape& shape, std::size_t size) {
+    if (shape.empty()) return;
+    std::uint64_t product = 1;
+    bool overflow = false;
+    for (const std::int64_t d : shape.dims()) {
+      if (d < 0) fail("tensor '", name, "': shape ", shape_text(shape), " has a negative dimension");
+      const auto ud = static_cast<std::uint64_t>(d);
+      if (ud != 0 && product > std::numeric_limits<std::uint64_t>::max() / ud) overflow = true;
+      product *= ud;
+    }
+    if (overflow || product != size)
+      fail("tensor '", name, "': shape ", shape_text(shape), " holds ", overflow ? "more than 2^64" : std::to_string(product),
+           " elements, the tensor has ", size);
+  }
+  static std::string shape_text(const tensor_shape& shape) {
+    std::string s = "[";
+    for (const std::int64_t d : shape.dims()) s += (s.size() > 1 ? ", " : "") + std::to_string(d);
+    return s + "]";
   }
 
   /// Refuses tensor `name` if its parameter and gradient overlap each other or any tensor registered
