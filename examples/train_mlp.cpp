@@ -4,6 +4,8 @@
 //   build/examples/train_mlp --precision bf16 --rule lamb --layout unfused
 //   build/examples/train_mlp --precision bf16 --rounding stochastic   # stochastic rounding of the master
 //   build/examples/train_mlp --steps 12 --print-every 1              # watch the loss scale come down
+//   build/examples/train_mlp --steps 200 --save mlp.safetensors        # a checkpoint (with [out, in] shapes)
+//   build/examples/train_mlp --load mlp.safetensors --steps 100       # resume it
 //   mpirun -np 4 build/examples/train_mlp --rule onebit_lamb --csv loss.csv  # compressed momentum
 //   build/examples/train_mlp --help
 //
@@ -398,6 +400,8 @@ struct config {
   bool bias_correction = true;    // lamb
   std::string schedule = "constant";  // constant | linear (decay to 0 over the steps)
   std::string csv;                // write "step,loss" here (the batch loss averaged over ranks)
+  std::string load;               // resume from this checkpoint before the first step
+  std::string save;               // write a checkpoint here after the last step
 };
 
 constexpr std::string_view usage = R"(usage: train_mlp [options]
@@ -425,7 +429,13 @@ run in fp32 without loss scaling for comparison.
                                 linearly to 0 (group.set_lr before each step)
   --layout fused|unfused        optimizer-owned flat buffers (add_flat_group, default) or the
                                 model's own vectors (add_group + add)
-  --steps N                     optimizer steps (default 600)
+  --steps N                     optimizer steps (default 600; 0 with --save writes the
+                                optimizer's state before any step: a template for
+                                tools/mpopt_checkpoint.py import)
+  --load FILE                   resume from a checkpoint saved by --save with the same options
+                                (or made by tools/mpopt_checkpoint.py import) before the first step
+  --save FILE                   save a checkpoint after the last step (weights with their shapes,
+                                [out, in] and [out], fp32 masters, moments, scaler, counters)
   --batch B                     samples per micro-batch (default 64)
   --accumulate K                micro-batches per optimizer step (default 1)
   --lr X                        learning rate (default 3e-3 for adam, 1e-2 for lamb and onebit_lamb)
@@ -495,7 +505,9 @@ bool parse_args(int argc, char** argv, config& c) {
     }
     else if (flag == "--layout") check_choice(flag, c.layout = value, {"fused", "unfused"});
     else if (flag == "--loss-scale") c.loss_scale = parse_number<double>(flag, value, 1);
-    else if (flag == "--steps") c.steps = parse_number<int>(flag, value, 1);
+    else if (flag == "--steps") c.steps = parse_number<int>(flag, value, 0);
+    else if (flag == "--load") c.load = value;
+    else if (flag == "--save") c.save = value;
     else if (flag == "--batch") c.batch = parse_number<int>(flag, value, 1);
     else if (flag == "--accumulate") c.accumulate = parse_number<int>(flag, value, 1);
     else if (flag == "--lr") c.lr = parse_number<double>(flag, value, 0);
@@ -549,8 +561,9 @@ void attach_fused(Opt& opt, Model& model, const typename Opt::group_options& wei
                   const typename Opt::group_options& biases_options) {
   std::vector<mpopt::tensor_spec> weight_specs, bias_specs;
   for (const auto& l : model.layers) {
-    weight_specs.push_back({l.name + ".weight", std::size_t(l.in) * l.out});
-    bias_specs.push_back({l.name + ".bias", std::size_t(l.out)});
+    // With their shapes, as PyTorch's nn.Linear has them: checkpoints store them.
+    weight_specs.push_back({l.name + ".weight", std::size_t(l.in) * l.out, {l.out, l.in}});
+    bias_specs.push_back({l.name + ".bias", std::size_t(l.out), {l.out}});
   }
   auto& weights = opt.add_flat_group(weights_options, weight_specs);
   auto& biases = opt.add_flat_group(biases_options, bias_specs);
@@ -586,8 +599,8 @@ void attach_unfused(Opt& opt, Model& model, const typename Opt::group_options& w
   for (auto& l : model.layers) {
     auto& w = make(std::size_t(l.in) * l.out);
     auto& b = make(std::size_t(l.out));
-    weights.add(w.param, w.grad, l.name + ".weight");
-    biases.add(b.param, b.grad, l.name + ".bias");
+    weights.add(w.param, w.grad, l.name + ".weight", {l.out, l.in});
+    biases.add(b.param, b.grad, l.name + ".bias", {l.out});
     l.weight = w.param;
     l.weight_grad = w.grad;
     l.bias = b.param;
@@ -652,6 +665,12 @@ run_result train(const config& c, const task& data, bool verbose) {
   if (c.layout == "fused") attach_fused(opt, model, weights_options, biases_options);
   else attach_unfused(opt, model, weights_options, biases_options, storage);
   model.initialize(c.seed);
+  if (!c.load.empty()) {  // parameters, fp32 masters, moments, scaler, counters: all from the file
+    opt.load(c.load);
+    if (verbose && world_rank() == 0)
+      std::printf("loaded %s: %llu steps applied, loss scale %g\n", c.load.c_str(),
+                  static_cast<unsigned long long>(opt.group(0).step()), opt.loss_scale());
+  }
 
   run_result r;
   r.initial_loss = model.evaluate(data.train).loss;
@@ -724,6 +743,11 @@ run_result train(const config& c, const task& data, bool verbose) {
   }
   if (csv) std::fclose(csv);
   r.seconds = std::chrono::duration<double>(clock::now() - start).count();
+  if (!c.save.empty()) {
+    opt.finalize();  // with --steps 0: the state before any step
+    opt.save(c.save);
+    if (verbose && rank == 0) std::printf("saved %s\n", c.save.c_str());
+  }
   r.skipped = status.skipped_steps;
   r.final_loss = model.evaluate(data.train).loss;
   r.test_accuracy = model.evaluate(data.test).accuracy;
@@ -774,6 +798,8 @@ int run(const config& c, const task& data) {
     config fc = c;
     fc.precision = "fp32";
     fc.scaler = "none";
+    fc.load.clear();  // the checkpoints are the mixed-precision run's
+    fc.save.clear();
     const run_result fp32 = train<reference>(fc, data, false);
     if (printer) print_comparison(c, r, fp32);
   }
@@ -788,7 +814,7 @@ int run(const config& c, const task& data) {
     }
   }
 
-  if (!(r.final_loss < r.initial_loss)) {  // also catches a NaN loss
+  if (c.steps > 0 && !(r.final_loss < r.initial_loss)) {  // also catches a NaN loss
     std::fprintf(stderr, "train_mlp: training did not reduce the loss (%.4f -> %.4f)\n", r.initial_loss, r.final_loss);
     return 1;
   }
