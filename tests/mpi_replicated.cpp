@@ -554,6 +554,7 @@ TEST_SUITE("mpi") {
       mpopt::dynamic_scale_options scaler = {};
       double lr = 1e-3;
       std::size_t size = 8, groups = 2;
+      std::vector<std::int64_t> shape = {};  // group 0's tensor's
     };
     // What finalize() throws on this rank ("" if nothing); every rank calls it.
     auto finalize = []<class Opt>(const setup& s, Opt*) -> std::string {
@@ -562,7 +563,7 @@ TEST_SUITE("mpi") {
       for (std::size_t g = 0; g < s.groups; ++g) {
         auto& p = memory.emplace_back(g == 0 ? s.size : 3);
         auto& gr = memory.emplace_back(p.size());
-        opt.add_group({.lr = s.lr}).add(p, gr, "t" + std::to_string(g));
+        opt.add_group({.lr = s.lr}).add(p, gr, "t" + std::to_string(g), g == 0 ? mpopt::tensor_shape(s.shape) : mpopt::tensor_shape{});
       }
       try {
         opt.finalize();
@@ -593,6 +594,10 @@ TEST_SUITE("mpi") {
     expect(finalize(setup{.opt = {.rounding_seed = odd ? 7u : 0u}}, adam), {"rounding_seed (", "rank 1: 7"});
     expect(finalize(setup{.size = odd ? 9u : 8u}, adam), {"group 0 tensors (", "rank 1: 1 tensors, 9 elements"});
     expect(finalize(setup{.groups = odd ? 3u : 2u}, adam), {"number of groups (", "rank 1: 3"});
+    // The same tensors in another shape: rank 0's would be saved, so they must agree too.
+    const std::vector<std::int64_t> rows{2, 4}, cols{4, 2};
+    CHECK(finalize(setup{.shape = rows}, adam).empty());
+    expect(finalize(setup{.shape = odd ? cols : rows}, adam), {"group 0 tensors (", "rank 1: 1 tensors, 8 elements, hash"});
     // Several at once: each is named.
     expect(finalize(setup{.opt = {.clip_grad = odd ? 0.5 : 1.0}, .lr = odd ? 2e-3 : 1e-3}, adam), {"clip_grad (", "group 0.lr ("});
     // Another update rule on one rank: the policies differ.

@@ -137,7 +137,10 @@ class agreement {
       std::size_t elements = 0;
       for (const auto& e : g->entries_) {
         names += e.name + ":" + std::to_string(e.size);
-        for (const std::int64_t d : e.shape.dims()) names += "," + std::to_string(d);
+        for (const std::int64_t d : e.shape.dims()) {
+          names += ',';  // not "," + to_string(d): g++ 12 warns -Wrestrict on that (a false positive)
+          names += std::to_string(d);
+        }
         names += ";";
         elements += e.size;
       }
