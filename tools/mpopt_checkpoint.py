@@ -1,0 +1,766 @@
+#!/usr/bin/env python3
+"""mpopt_checkpoint: mpopt optimizer checkpoints to and from PyTorch state_dicts.
+
+  mpopt_checkpoint.py info CHECKPOINT
+  mpopt_checkpoint.py export CHECKPOINT OUT.safetensors|OUT.pt [--weights master|param] [--float32]
+  mpopt_checkpoint.py import SOURCE --like TEMPLATE -o OUT.safetensors [--strip-prefix P] [--ignore-extra]
+
+export writes the weights of an mpopt checkpoint (opt.save()) as a PyTorch state_dict, tensor name
+-> tensor with the shape given to add(): the fp32 master weights (--weights master, the default),
+or the parameters in their own dtype (--weights param: F16, BF16 or F32; --float32 widens 16-bit
+ones exactly, for readers without bfloat16 such as numpy and safetensors.numpy). OUT.safetensors
+needs no PyTorch; OUT.pt (or .bin, .pth) is written with torch.save.
+
+import writes an mpopt checkpoint that opt.load() accepts, with the weights of SOURCE and fresh
+optimizer state. SOURCE is a state_dict of parameters: a .safetensors file, a torch.save file
+(.pt, .bin, .pth: needs PyTorch), a sharded one's *.index.json, or the directory DeepSpeed's
+zero_to_fp32 writes (model.safetensors or pytorch_model.bin, sharded or not). TEMPLATE is a
+checkpoint the target optimizer saved before its first step (opt.finalize(); opt.save(path)): it
+gives the policies, groups, options and tensor names, which the C++ side checks on load(). The
+masters get SOURCE's values in fp32, the parameters those values rounded to nearest even into
+their dtype (as the optimizer rounds its masters); everything else is the template's.
+
+The container (include/mpopt/detail/state_file.hpp) is read and written here with the standard
+library; numpy converts between dtypes (needed by import and --float32) and speeds up the checksum.
+Errors are printed as "mpopt_checkpoint: error: ..." with exit status 1, and no output is left.
+"""
+
+import argparse
+import json
+import os
+import signal
+import struct
+import sys
+
+if os.environ.get("MPOPT_CHECKPOINT_NO_NUMPY"):  # the pure-Python paths, as without numpy (tests)
+    np = None
+else:
+    try:
+        import numpy as np
+    except ImportError:
+        np = None
+
+FORMAT = "mpopt-state"
+FORMAT_VERSION = "1"
+MAX_HEADER = 100_000_000
+
+# Bytes per element of every safetensors dtype; numpy's type for those this tool converts (BF16's
+# bits as uint16: numpy has no bfloat16).
+DTYPE_SIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+              "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+NUMPY_TYPE = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "I64": "<i8", "I32": "<i4", "U8": "u1"}
+FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
+
+
+class CheckpointError(Exception):
+    """A problem with the input: reported as one line, exit status 1."""
+
+
+def fail(message):
+    raise CheckpointError(message)
+
+
+def need_numpy(what):
+    if np is None:
+        fail(what + " needs numpy (pip install numpy, or apt-get install python3-numpy)")
+
+
+def import_torch(what):
+    try:
+        import torch
+    except ImportError:
+        fail(what + " needs PyTorch (pip install torch, or apt-get install python3-torch); "
+             "without it, use .safetensors files")
+    return torch
+
+
+def product(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def shape_text(shape):
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+# --------------------------------------------------------------------------------------------
+# The checksum: MurmurHash64A, seed 0, fed incrementally (state_file.hpp's checksum64).
+
+_M = 0xC6A4A7935BD1E995
+_R = 47
+_MASK = (1 << 64) - 1
+
+
+class Murmur64A:
+    def __init__(self, total_length):
+        self.h = (total_length * _M) & _MASK
+        self.pending = b""
+
+    def update(self, data):
+        data = memoryview(data).cast("B")
+        if self.pending:
+            take = 8 - len(self.pending)
+            self.pending += bytes(data[:take])
+            data = data[take:]
+            if len(self.pending) < 8:
+                return
+            self._words(self.pending)
+            self.pending = b""
+        whole = len(data) // 8 * 8
+        if whole:
+            self._words(data[:whole])
+        self.pending = bytes(data[whole:])
+
+    def _words(self, buf):
+        h = self.h
+        if np is not None:  # the per-word mix vectorized; the fold into h is sequential
+            k = np.frombuffer(buf, dtype="<u8").astype(np.uint64)
+            k *= np.uint64(_M)
+            k ^= k >> np.uint64(_R)
+            k *= np.uint64(_M)
+            for x in k.tolist():
+                h = ((h ^ x) * _M) & _MASK
+        else:
+            for (x,) in struct.iter_unpack("<Q", buf):
+                x = (x * _M) & _MASK
+                x ^= x >> _R
+                x = (x * _M) & _MASK
+                h = ((h ^ x) * _M) & _MASK
+        self.h = h
+
+    def finish(self):
+        h = self.h
+        if self.pending:
+            h ^= int.from_bytes(self.pending, "little")
+            h = (h * _M) & _MASK
+        h ^= h >> _R
+        h = (h * _M) & _MASK
+        h ^= h >> _R
+        return h
+
+
+# --------------------------------------------------------------------------------------------
+# Reading a safetensors file (any, mpopt's or PyTorch's), tensor by tensor.
+
+class SafetensorsFile:
+    def __init__(self, path):
+        self.path = path
+        try:
+            size = os.path.getsize(path)
+            with open(path, "rb") as f:
+                prefix = f.read(8)
+                if size < 8:
+                    self._fail("truncated: %d bytes, less than the 8-byte header length" % size)
+                n = int.from_bytes(prefix, "little")
+                if n > MAX_HEADER:
+                    self._fail("header length %d exceeds 100 MB: not a safetensors file" % n)
+                if n > size - 8:
+                    self._fail("truncated: header length %d but only %d bytes follow" % (n, size - 8))
+                text = f.read(n)
+        except OSError as e:
+            fail("%s: cannot read: %s" % (path, e.strerror or e))
+        try:
+            header = json.loads(text.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as e:
+            self._fail("header is not valid JSON: %s" % e)
+        if not isinstance(header, dict):
+            self._fail("header is not a JSON object: not a safetensors file")
+        self.data_start = 8 + n
+        self.data_size = size - 8 - n
+        meta = header.pop("__metadata__", {})
+        if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+            self._fail("__metadata__ must map strings to strings")
+        self.metadata = meta
+        entries = []
+        for name, e in header.items():
+            entries.append(self._entry(name, e))
+        entries.sort(key=lambda e: (e[3], e[4]))  # by offset: file order
+        cursor = 0
+        for name, _, _, begin, end in entries:
+            if begin != cursor:
+                self._fail("tensor '%s' %s" % (name, "overlaps the previous tensor" if begin < cursor else
+                                                "leaves a hole in the data section before it"))
+            cursor = end
+        if cursor != self.data_size:
+            self._fail("%d bytes of the data section belong to no tensor (or the file is truncated)"
+                       % (self.data_size - cursor))
+        self.entries = {e[0]: e for e in entries}
+        self.names = [e[0] for e in entries]
+
+    def _fail(self, message):
+        fail("%s: %s" % (self.path, message))
+
+    def _entry(self, name, e):
+        where = "tensor '%s': " % name
+        if not isinstance(e, dict) or not {"dtype", "shape", "data_offsets"} <= e.keys():
+            self._fail(where + "needs dtype, shape and data_offsets")
+        dtype, shape, offsets = e["dtype"], e["shape"], e["data_offsets"]
+        if dtype not in DTYPE_SIZE:
+            self._fail(where + "unknown dtype %r" % (dtype,))
+
+        def natural(v):
+            return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+        if not isinstance(shape, list) or not all(natural(d) for d in shape):
+            self._fail(where + "shape %r must hold non-negative integers" % (shape,))
+        if not isinstance(offsets, list) or len(offsets) != 2 or not all(natural(v) for v in offsets):
+            self._fail(where + "data_offsets %r must be two non-negative integers" % (offsets,))
+        begin, end = offsets
+        if begin > end:
+            self._fail(where + "data_offsets %r end before they begin" % (offsets,))
+        if end > self.data_size:
+            self._fail("truncated or corrupt: " + where + "data_offsets %r run past the end of the data section "
+                       "(%d bytes)" % (offsets, self.data_size))
+        if product(shape) * DTYPE_SIZE[dtype] != end - begin:
+            self._fail(where + "shape %s of %s does not match data_offsets %r" % (shape_text(shape), dtype, offsets))
+        return (name, dtype, list(shape), begin, end)
+
+    def dtype(self, name):
+        return self.entries[name][1]
+
+    def shape(self, name):
+        return self.entries[name][2]
+
+    def raw(self, name):
+        """The tensor's bytes, as stored (little-endian)."""
+        _, _, _, begin, end = self.entries[name]
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.data_start + begin)
+                data = f.read(end - begin)
+        except OSError as e:
+            fail("%s: cannot read: %s" % (self.path, e.strerror or e))
+        if len(data) != end - begin:
+            self._fail("read failed: the file shrank")
+        return data
+
+    def blocks(self, size=1 << 24):
+        """The data section, in pieces."""
+        with open(self.path, "rb") as f:
+            f.seek(self.data_start)
+            left = self.data_size
+            while left:
+                piece = f.read(min(size, left))
+                if not piece:
+                    self._fail("read failed: the file shrank")
+                left -= len(piece)
+                yield piece
+
+    def float32(self, name):
+        """The tensor as float32 numbers (a flat array); 16-bit floats widen exactly."""
+        dtype = self.dtype(name)
+        if dtype not in FLOAT_DTYPES:
+            self._fail("tensor '%s' has dtype %s: a parameter must be floating point" % (name, dtype))
+        return to_float32(dtype, self.raw(name))
+
+
+class MpoptCheckpoint(SafetensorsFile):
+    """A file opt.save() wrote: the container checked, the checksum verified, the metadata parsed."""
+
+    def __init__(self, path, verify=True):
+        super().__init__(path)
+        md = self.metadata
+        if md.get("format") != FORMAT:
+            self._fail("not an mpopt checkpoint (its __metadata__.format is %r, not %r)" % (md.get("format"), FORMAT))
+        if md.get("format_version") != FORMAT_VERSION:
+            self._fail("unsupported format_version %r (this tool reads %r)"
+                       % (md.get("format_version"), FORMAT_VERSION))
+        for key in ("mpopt", "checksum"):
+            if key not in md:
+                self._fail("missing __metadata__.%s" % key)
+        self.mpopt_text = md["mpopt"]
+        if verify:
+            try:
+                text = self.mpopt_text.encode("utf-8")
+            except UnicodeEncodeError:
+                self._fail("__metadata__.mpopt is not valid UTF-8")
+            h = Murmur64A(len(text) + self.data_size)
+            h.update(text)
+            for piece in self.blocks():
+                h.update(piece)
+            actual = "%016x" % h.finish()
+            if actual != md["checksum"]:
+                self._fail("checksum mismatch: header says %s, contents hash to %s (the file is corrupt)"
+                           % (md["checksum"], actual))
+        try:
+            self.config = json.loads(self.mpopt_text)
+            groups = self.config["groups"]
+            self.tensors = []  # (name, elements), registration order
+            for g in groups:
+                for t in g["tensors"]:
+                    name, size = t["name"], t["size"]
+                    if not isinstance(name, str) or not isinstance(size, int) or isinstance(size, bool):
+                        raise TypeError("tensor name or size")
+                    self.tensors.append((name, size))
+        except (ValueError, KeyError, TypeError) as e:
+            self._fail("malformed optimizer metadata (__metadata__.mpopt): %s" % e)
+        for name, size in self.tensors:
+            key = "param/" + name
+            if key not in self.entries:
+                self._fail("tensor '%s' is missing" % key)
+            if product(self.shape(key)) != size:
+                self._fail("tensor '%s' has shape %s, the metadata says %d elements"
+                           % (key, shape_text(self.shape(key)), size))
+
+    def weight_key(self, name, weights):
+        """The file's tensor with parameter `name`'s weights: its master, or the parameter itself."""
+        if weights == "master" and "master/" + name in self.entries:
+            return "master/" + name
+        return "param/" + name  # fp32 precision has no masters: its parameters are the fp32 weights
+
+
+# --------------------------------------------------------------------------------------------
+# Conversions, bit for bit as include/mpopt/detail/float_bits.hpp does them (NaNs included).
+
+def to_float32(dtype, data):
+    """Little-endian bytes of `dtype` -> a flat float32 array; exact except from F64 (nearest even)."""
+    need_numpy("converting %s to float32" % dtype)
+    a = np.frombuffer(data, dtype=NUMPY_TYPE[dtype])
+    if dtype == "F32":
+        return a.astype(np.float32)
+    if dtype == "F64":
+        return a.astype(np.float32)  # the hardware conversion: nearest even, NaN quieted with its upper payload
+    if dtype == "BF16":
+        return (a.astype(np.uint32) << np.uint32(16)).view(np.float32)
+    # F16: numpy widens exactly; a NaN gets the quiet bit set, as the hardware (and mpopt) does.
+    h = a.view(np.uint16).astype(np.uint32)
+    out = a.astype(np.float32)
+    nan = ((h & 0x7C00) == 0x7C00) & ((h & 0x03FF) != 0)
+    if nan.any():
+        bits = out.view(np.uint32)
+        bits[nan] = ((h[nan] & 0x8000) << 16) | 0x7FC00000 | ((h[nan] & 0x03FF) << 13)
+    return out
+
+
+def float32_to(dtype, values):
+    """A float32 array -> little-endian bytes of `dtype` (F32, F16 or BF16), rounded to nearest even."""
+    values = np.ascontiguousarray(values, dtype=np.float32)
+    if dtype == "F32":
+        return values.astype("<f4").tobytes()
+    u = values.view(np.uint32).astype(np.int64)
+    if dtype == "BF16":
+        nan = (u & 0x7FFFFFFF) > 0x7F800000
+        out = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+        out = np.where(nan, (u >> 16) | 0x0040, out)
+        return out.astype("<u2").tobytes()
+    if dtype == "F16":
+        sign = (u >> 16) & 0x8000
+        a = u & 0x7FFFFFFF
+        out = np.zeros_like(a)
+        normal = (a >= 0x38800000) & (a < 0x477FF000)
+        r = a - 0x38000000
+        r = r + 0x0FFF + ((r >> 13) & 1)
+        out = np.where(normal, r >> 13, out)
+        sub = (a > 0x33000000) & (a < 0x38800000)  # binary16 subnormals: |x| / 2^-24 to an integer
+        exp = np.where(sub, a >> 23, 112)
+        sig = (a & 0x007FFFFF) | 0x00800000
+        shift = 126 - exp
+        q = sig >> shift
+        rem = sig & ((np.int64(1) << shift) - 1)
+        halfway = np.int64(1) << (shift - 1)
+        q = q + ((rem > halfway) | ((rem == halfway) & ((q & 1) == 1)))
+        out = np.where(sub, q, out)
+        out = np.where(a >= 0x477FF000, 0x7C00, out)  # |x| >= 65520 overflows to inf
+        out = np.where(a > 0x7F800000, 0x7E00 | ((a >> 13) & 0x03FF), out)
+        return (out | sign).astype("<u2").tobytes()
+    fail("cannot write parameters of dtype %s" % dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# Writing a safetensors file: to OUT.tmp, renamed into place when complete (as save() does).
+
+def write_safetensors(path, tensors, metadata):
+    """tensors: (name, dtype, shape, produce) in file order; produce() returns the bytes. With
+    metadata["mpopt"], the checksum of mpopt's container is computed and filled in."""
+    mpopt = "mpopt" in metadata
+    meta = dict(metadata)
+    if mpopt:
+        meta["checksum"] = "0" * 16
+    header = {"__metadata__": meta}
+    offset = 0
+    for name, dtype, shape, _ in tensors:
+        if name in header:
+            fail("duplicate tensor name '%s'" % name)
+        end = offset + product(shape) * DTYPE_SIZE[dtype]
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, end]}
+        offset = end
+    try:
+        text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        mpopt_bytes = meta["mpopt"].encode("utf-8") if mpopt else b""
+    except UnicodeEncodeError as e:
+        fail("%s: a tensor name or the metadata is not valid Unicode: %s" % (path, e))
+    text += b" " * ((8 - len(text) % 8) % 8)  # the data section starts 8-byte aligned
+    h = None
+    if mpopt:
+        # The field itself: __metadata__ comes first, and inside the "mpopt" string quotes are escaped.
+        checksum_at = 8 + text.find(b'"checksum":"' + b"0" * 16 + b'"') + len(b'"checksum":"')
+        h = Murmur64A(len(mpopt_bytes) + offset)
+        h.update(mpopt_bytes)
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(len(text).to_bytes(8, "little"))
+            f.write(text)
+            for name, dtype, shape, produce in tensors:
+                data = produce()
+                expected = product(shape) * DTYPE_SIZE[dtype]
+                if len(data) != expected:
+                    fail("internal: tensor '%s' has %d bytes, its shape %s needs %d"
+                         % (name, len(data), shape_text(shape), expected))
+                if h:
+                    h.update(data)
+                f.write(data)
+            if h:
+                f.seek(checksum_at)
+                f.write(b"%016x" % h.finish())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        remove_quietly(tmp)
+        fail("%s: cannot write: %s" % (e.filename or tmp, e.strerror or e))
+    except BaseException:
+        remove_quietly(tmp)
+        raise
+
+
+def remove_quietly(path):
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+
+
+# --------------------------------------------------------------------------------------------
+# State dicts to import: safetensors, torch.save files, sharded ones, zero_to_fp32's directory.
+
+class SafetensorsSource:
+    """Tensors from one or several .safetensors files (the shards of an index)."""
+
+    def __init__(self, files):
+        self.where = {}  # name -> its file
+        for path in files:
+            f = SafetensorsFile(path)
+            if f.metadata.get("format") == FORMAT:
+                fail("%s is an mpopt checkpoint: export it to a state_dict first (mpopt_checkpoint.py export)" % path)
+            for name in f.names:
+                if name in self.where:
+                    fail("tensor '%s' is in both %s and %s" % (name, self.where[name].path, path))
+                self.where[name] = f
+        self.names = list(self.where)
+
+    def describe(self, name):
+        f = self.where[name]
+        return f.dtype(name), f.shape(name)
+
+    def float32(self, name):
+        return self.where[name].float32(name)
+
+
+TORCH_DTYPES = {}  # torch dtype -> safetensors name, filled when torch is imported
+
+
+class TorchSource:
+    """Tensors from torch.save files (pytorch_model.bin, model.pt, or the shards of an index)."""
+
+    def __init__(self, files, trust_pickle):
+        torch = import_torch("reading " + files[0])
+        TORCH_DTYPES.update({torch.float64: "F64", torch.float32: "F32", torch.float16: "F16",
+                             torch.bfloat16: "BF16"})
+        self.tensors = {}
+        self.torch = torch
+        for path in files:
+            obj = self._load(path, trust_pickle)
+            for name, t in self._state_dict(path, obj).items():
+                if name in self.tensors:
+                    fail("tensor '%s' is in two of the files (%s)" % (name, path))
+                self.tensors[name] = t
+        self.names = list(self.tensors)
+
+    def _load(self, path, trust_pickle):
+        torch = self.torch
+        try:
+            if trust_pickle:
+                return torch.load(path, map_location="cpu")
+            try:
+                return torch.load(path, map_location="cpu", weights_only=True)
+            except TypeError:  # a torch before 1.13 has no weights_only
+                return torch.load(path, map_location="cpu")
+        except OSError as e:
+            fail("%s: cannot read: %s" % (path, e.strerror or e))
+        except Exception as e:  # pickle's and torch's own errors
+            hint = "" if trust_pickle else (" (it may hold more than tensors: --trust-pickle loads any pickle, "
+                                            "for files you trust)")
+            fail("%s: torch.load failed: %s%s" % (path, str(e).splitlines()[0] if str(e) else type(e).__name__, hint))
+
+    def _state_dict(self, path, obj):
+        torch = self.torch
+
+        def tensors_only(d):
+            return isinstance(d, dict) and d and all(isinstance(v, torch.Tensor) for v in d.values())
+        if tensors_only(obj):
+            return obj
+        if isinstance(obj, dict):
+            for key in ("state_dict", "module", "model"):  # the usual wrappers (DeepSpeed: "module")
+                if tensors_only(obj.get(key)):
+                    print("mpopt_checkpoint: %s: using the state_dict under '%s'" % (path, key), file=sys.stderr)
+                    return obj[key]
+        fail("%s: not a state_dict (a dict of tensor name -> tensor), nor one under 'state_dict', 'module' or 'model'"
+             % path)
+
+    def describe(self, name):
+        t = self.tensors[name]
+        return TORCH_DTYPES.get(t.dtype, str(t.dtype)), list(t.shape)
+
+    def float32(self, name):
+        t = self.tensors[name].detach().to("cpu").contiguous()
+        dtype = TORCH_DTYPES.get(t.dtype)
+        if dtype is None:
+            fail("tensor '%s' has dtype %s: a parameter must be floating point" % (name, t.dtype))
+        if dtype in ("F16", "BF16"):  # exact; numpy has no bfloat16
+            return t.float().numpy().reshape(-1)
+        return to_float32(dtype, t.numpy().tobytes())
+
+
+TORCH_SUFFIXES = (".pt", ".pth", ".bin")
+
+
+def open_source(path, trust_pickle):
+    """A state_dict to import, from a file, an index of shards or a directory."""
+    if os.path.isdir(path):
+        for name in ("model.safetensors.index.json", "model.safetensors", "pytorch_model.bin.index.json",
+                     "pytorch_model.bin"):
+            if os.path.exists(os.path.join(path, name)):
+                return open_source(os.path.join(path, name), trust_pickle)
+        fail("%s: no model.safetensors, pytorch_model.bin or their .index.json (zero_to_fp32's output) in this "
+             "directory" % path)
+    if not os.path.exists(path):
+        fail("%s: no such file" % path)
+    if path.endswith(".index.json"):
+        try:
+            with open(path, encoding="utf-8") as f:
+                weight_map = json.load(f)["weight_map"]
+            files = []
+            for shard in weight_map.values():
+                if shard not in files:
+                    files.append(shard)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            fail("%s: not an index of shards with a weight_map: %s" % (path, e))
+        files = [os.path.join(os.path.dirname(path), f) for f in files]
+        if not files:
+            fail("%s: the weight_map lists no files" % path)
+        if all(f.endswith(".safetensors") for f in files):
+            return SafetensorsSource(files)
+        return TorchSource(files, trust_pickle)
+    if path.endswith(".safetensors"):
+        return SafetensorsSource([path])
+    if path.endswith(TORCH_SUFFIXES):
+        return TorchSource([path], trust_pickle)
+    fail("%s: unknown kind of file (expected .safetensors, %s, *.index.json or a directory)"
+         % (path, ", ".join(TORCH_SUFFIXES)))
+
+
+# --------------------------------------------------------------------------------------------
+# The commands.
+
+def listing(names, most=8):
+    names = list(names)
+    shown = ", ".join(names[:most])
+    return shown + (" and %d more" % (len(names) - most) if len(names) > most else "")
+
+
+def cmd_info(args):
+    c = MpoptCheckpoint(args.checkpoint)
+    cfg = c.config
+    print("%s: mpopt checkpoint, checksum ok" % args.checkpoint)
+    print("  %s, %s, %s, %s" % tuple(cfg.get(k, "?") for k in ("precision", "loss_scaler", "partition", "rule")))
+    print("  %s applied steps, %s skipped; scaler %s" % (cfg.get("applied_steps"), cfg.get("skipped_steps"),
+                                                         json.dumps(cfg.get("scaler"))))
+    registered = set(name for name, _ in c.tensors)
+    kinds = {}  # parameter name -> the kinds of its tensors in the file (param, master, exp_avg, ...)
+    for k in c.names:
+        kind, _, name = k.partition("/")
+        if name in registered:
+            kinds.setdefault(name, []).append(kind)
+    for g, group in enumerate(cfg["groups"]):
+        print("  group %d: step %s, %s" % (g, group.get("step"), json.dumps(group.get("options"), sort_keys=True)))
+        for t in group["tensors"]:
+            param = "param/" + t["name"]
+            print("    %-32s %-6s %-14s %s" % (t["name"], c.dtype(param), shape_text(c.shape(param)),
+                                              " ".join(kinds.get(t["name"], []))))
+    others = [k for k in c.names if k.partition("/")[2] not in registered]
+    if others:
+        print("  also: " + ", ".join("%s %s %s" % (k, c.dtype(k), shape_text(c.shape(k))) for k in others))
+    return 0
+
+
+def cmd_export(args):
+    out = args.output
+    torch_out = out.endswith(TORCH_SUFFIXES)
+    if not torch_out and not out.endswith(".safetensors"):
+        fail("%s: the output must end in .safetensors or %s" % (out, ", ".join(TORCH_SUFFIXES)))
+    c = MpoptCheckpoint(args.checkpoint, verify=not args.no_verify)
+    if torch_out:
+        torch = import_torch("writing " + out)
+        need_numpy("writing " + out)
+    tensors = []
+    for name, _ in c.tensors:
+        key = c.weight_key(name, args.weights)
+        dtype, shape = c.dtype(key), c.shape(key)
+        if args.float32 and dtype != "F32":
+            need_numpy("--float32")
+            tensors.append((name, "F32", shape, lambda key=key, dtype=dtype: to_float32(dtype, c.raw(key)).tobytes()))
+        else:
+            tensors.append((name, dtype, shape, lambda key=key: c.raw(key)))
+    if torch_out:
+        state = {}
+        for name, dtype, shape, produce in tensors:
+            data = bytearray(produce())
+            if dtype == "BF16":
+                t = torch.frombuffer(data, dtype=torch.int16).view(torch.bfloat16)
+            else:
+                t = torch.from_numpy(np.frombuffer(data, dtype=NUMPY_TYPE[dtype]).copy())
+            state[name] = t.reshape(shape).clone()
+        tmp = out + ".tmp"
+        try:
+            torch.save(state, tmp)
+            os.replace(tmp, out)
+        except OSError as e:
+            remove_quietly(tmp)
+            fail("%s: cannot write: %s" % (out, e.strerror or e))
+    else:
+        write_safetensors(out, tensors, {"format": "pt"})  # "pt": what PyTorch-side readers expect
+    what = "fp32 masters" if args.weights == "master" else "parameters" + (" as float32" if args.float32 else "")
+    print("mpopt_checkpoint: wrote %d tensors (%s) to %s" % (len(tensors), what, out), file=sys.stderr)
+    return 0
+
+
+def output_shape(name, template_shape, source_shape):
+    """The shape import writes: the template's where it has one of other than one dimension (the
+    registered shape load() checks), else the source's; they must agree where both have one."""
+    if product(source_shape) != product(template_shape):
+        fail("tensor '%s': the source's shape %s holds %d elements, the template's %s %d"
+             % (name, shape_text(source_shape), product(source_shape), shape_text(template_shape),
+                product(template_shape)))
+    if len(template_shape) != 1 and len(source_shape) != 1 and list(template_shape) != list(source_shape):
+        fail("tensor '%s': the source's shape is %s, the template's %s"
+             % (name, shape_text(source_shape), shape_text(template_shape)))
+    return list(template_shape) if len(template_shape) != 1 else list(source_shape)
+
+
+def cmd_import(args):
+    need_numpy("import")
+    t = MpoptCheckpoint(args.like)
+    cfg = t.config
+    steps = [cfg.get("applied_steps"), cfg.get("skipped_steps")] + [g.get("step") for g in cfg["groups"]]
+    if any(s != 0 for s in steps):
+        fail("%s: saved after %s applied and %s skipped steps: a template must be saved before the first step "
+             "(opt.finalize(); opt.save(path)), so that its optimizer state is fresh"
+             % (args.like, cfg.get("applied_steps"), cfg.get("skipped_steps")))
+    source = open_source(args.source, args.trust_pickle)
+    by_name = {}
+    for n in source.names:
+        mine = n[len(args.strip_prefix):] if args.strip_prefix and n.startswith(args.strip_prefix) else n
+        if mine in by_name:
+            fail("%s: tensors '%s' and '%s' both become '%s'" % (args.source, by_name[mine], n, mine))
+        by_name[mine] = n
+    wanted = [name for name, _ in t.tensors]
+    missing = [n for n in wanted if n not in by_name]
+    if missing:
+        fail("%s lacks %d of the template's %d tensors: %s (it has: %s)%s" % (
+            args.source, len(missing), len(wanted), listing(missing), listing(by_name),
+            "" if args.strip_prefix else "; --strip-prefix removes a prefix such as 'module.'"))
+    wanted_set = set(wanted)
+    extra = [n for n in by_name if n not in wanted_set]
+    if extra and not args.ignore_extra:
+        fail("%s has %d tensors the template does not: %s (--ignore-extra leaves them out)" % (
+            args.source, len(extra), listing(extra)))
+
+    shapes = {}
+    for name in wanted:
+        dtype, shape = source.describe(by_name[name])
+        if dtype not in FLOAT_DTYPES:
+            fail("tensor '%s' has dtype %s in %s: a parameter must be floating point"
+                 % (by_name[name], dtype, args.source))
+        shapes[name] = output_shape(name, t.shape("param/" + name), shape)
+
+    cache = {}  # the source's values for a parameter, between its param/ and master/ tensors
+
+    def values(name):
+        if name not in cache:
+            cache.clear()
+            cache[name] = source.float32(by_name[name])
+        return cache[name]
+
+    sizes = dict(t.tensors)
+    tensors = []
+    for key in t.names:
+        kind, _, name = key.partition("/")
+        if name in sizes and product(t.shape(key)) == sizes[name]:  # one of the parameter's tensors
+            if kind == "param":
+                dtype = t.dtype(key)
+                tensors.append((key, dtype, shapes[name], lambda n=name, d=dtype: float32_to(d, values(n))))
+                continue
+            if kind == "master":
+                tensors.append((key, "F32", shapes[name], lambda n=name: float32_to("F32", values(n))))
+                continue
+            tensors.append((key, t.dtype(key), shapes[name], lambda k=key: t.raw(k)))  # fresh state
+        else:
+            tensors.append((key, t.dtype(key), t.shape(key), lambda k=key: t.raw(k)))
+    meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "mpopt": t.mpopt_text}
+    write_safetensors(args.output, tensors, meta)
+    left_out = " (%d left out)" % len(extra) if extra else ""
+    print("mpopt_checkpoint: wrote %s: %d tensors from %s%s, fresh optimizer state from %s"
+          % (args.output, len(wanted), args.source, left_out, args.like), file=sys.stderr)
+    return 0
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n\n".join(__doc__.split("\n\n")[2:]))
+    sub = p.add_subparsers(dest="command", metavar="{info,export,import}")
+    sub.required = True
+
+    s = sub.add_parser("info", help="policies, steps, groups, tensors and shapes of a checkpoint; checks its checksum")
+    s.add_argument("checkpoint")
+    s.set_defaults(run=cmd_info)
+
+    s = sub.add_parser("export", help="an mpopt checkpoint's weights -> a PyTorch state_dict (.safetensors or .pt)")
+    s.add_argument("checkpoint")
+    s.add_argument("output", help="OUT.safetensors (no PyTorch needed) or OUT.pt / .bin / .pth (torch.save)")
+    s.add_argument("--weights", choices=("master", "param"), default="master",
+                   help="the fp32 masters (default; the parameters where the precision is fp32) or the parameters "
+                        "in their own dtype")
+    s.add_argument("--float32", action="store_true",
+                   help="widen 16-bit parameters to float32 (exact): for readers without bfloat16")
+    s.add_argument("--no-verify", action="store_true", help="skip the checksum (faster on large files)")
+    s.set_defaults(run=cmd_export)
+
+    s = sub.add_parser("import",
+                       help="a PyTorch or DeepSpeed state_dict -> an mpopt checkpoint with fresh optimizer state")
+    s.add_argument("source", help=".safetensors, .pt/.bin/.pth, *.index.json, or zero_to_fp32's output directory")
+    s.add_argument("--like", required=True, metavar="TEMPLATE",
+                   help="a checkpoint of the target optimizer saved before its first step "
+                        "(opt.finalize(); opt.save(path))")
+    s.add_argument("-o", "--output", required=True, help="the mpopt checkpoint to write (.safetensors)")
+    s.add_argument("--strip-prefix", default="", metavar="P", help="remove P from the source's names (e.g. 'module.')")
+    s.add_argument("--ignore-extra", action="store_true",
+                   help="leave out the source's tensors the template does not have")
+    s.add_argument("--trust-pickle", action="store_true",
+                   help="torch.load without weights_only: for .pt files holding more than tensors, that you trust")
+    s.set_defaults(run=cmd_import)
+
+    args = p.parse_args(argv)
+    try:
+        return args.run(args)
+    except CheckpointError as e:
+        print("mpopt_checkpoint: error: %s" % e, file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    if hasattr(signal, "SIGPIPE"):  # `... | head` ends quietly
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    sys.exit(main())
