@@ -1,0 +1,204 @@
+// mpopt — make_optimizer: the optimizer a DeepSpeed configuration describes (deepspeed_config.hpp),
+// as an mpopt::any_optimizer (any_optimizer.hpp). This header instantiates every combination a
+// configuration can name, on the host backend and the communicator given:
+//   precision fp32 | fp16 with a static scale | fp16 with a dynamic scale | bf16
+//   x ZeRO stage 0 | 1 | 2  x  Adam/AdamW | Lamb,   plus OneBitLamb (stage 0) in each precision.
+// That is most of an optimizer's compile time, 28 times over: include it in one translation unit
+// and the rest of the program includes any_optimizer.hpp only.
+#pragma once
+
+#include "version.hpp"  // first: C++20, or a clear error
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <typeinfo>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "adam.hpp"
+#include "any_optimizer.hpp"
+#include "communicator.hpp"
+#include "deepspeed_config.hpp"
+#include "host.hpp"
+#include "lamb.hpp"
+#include "loss_scale.hpp"
+#include "onebit_lamb.hpp"
+#include "optimizer.hpp"
+#include "partition.hpp"
+#include "precision.hpp"
+
+namespace mpopt {
+
+namespace detail {
+
+/// any_optimizer's interface over one mpopt::optimizer. New groups take `defaults` (the
+/// configuration's rule options) with the group_settings applied.
+template <class Precision, class Scaler, class Partition, class Rule, class Backend, class Communicator>
+class erased_optimizer final : public optimizer_interface {
+  using opt_type = optimizer<Precision, Scaler, Partition, Rule, Backend, Communicator>;
+  using param_t = typename opt_type::param_type;
+  using grad_t = typename opt_type::grad_type;
+  using group_options = typename opt_type::group_options;
+
+ public:
+  erased_optimizer(Communicator&& comm, const optimizer_options& o, const typename Scaler::options& s,
+                   const group_options& defaults)
+      : opt_(std::move(comm), o, s), defaults_(defaults) {}
+
+  std::size_t add_group(const group_settings& s) override {
+    opt_.add_group(options_for(s));
+    return opt_.group_count() - 1;
+  }
+  std::size_t add_flat_group(const group_settings& s, std::span<const tensor_spec> tensors) override {
+    opt_.add_flat_group(options_for(s), tensors);
+    return opt_.group_count() - 1;
+  }
+  void add(std::size_t g, erased_tensor param, erased_tensor grad, std::string name, tensor_shape shape) override {
+    auto& group = opt_.group(g);
+    if (name.empty()) name = "group " + std::to_string(g) + "." + std::to_string(group.size());  // the registry's
+    check_type(name, "parameter", param.type, element_type_of<param_t>);
+    check_type(name, "gradient", grad.type, element_type_of<grad_t>);
+    group.add(view<param_t>{static_cast<param_t*>(param.data), param.size, param.space},
+              view<grad_t>{static_cast<grad_t*>(grad.data), grad.size, grad.space}, std::move(name), std::move(shape));
+  }
+  std::size_t group_count() const override { return opt_.group_count(); }
+  std::size_t group_size(std::size_t g) const override { return group(g).size(); }
+  const std::string& tensor_name(std::size_t g, std::size_t i) const override { return group(g).name(i); }
+  erased_tensor param(std::size_t g, std::size_t i) override {
+    const auto s = opt_.group(g).param(i);
+    return erase(view<param_t>{s.data(), s.size(), Backend::space});
+  }
+  erased_tensor grad(std::size_t g, std::size_t i) override {
+    const auto s = opt_.group(g).grad(i);
+    return erase(view<grad_t>{s.data(), s.size(), Backend::space});
+  }
+  double lr(std::size_t g) const override { return group(g).lr(); }
+  void set_lr(std::size_t g, double lr) override { opt_.group(g).set_lr(lr); }
+  std::uint64_t group_step(std::size_t g) const override { return group(g).step(); }
+
+  void finalize() override { opt_.finalize(); }
+  void grad_ready(std::size_t i) override { opt_.grad_ready(i); }
+  bool grad_consumed(std::size_t i) const override { return opt_.grad_consumed(i); }
+  step_status step() override { return opt_.step(); }
+  void finish_step() override { opt_.finish_step(); }
+  void zero_grad() override { opt_.zero_grad(); }
+
+  double loss_scale() const override { return opt_.loss_scale(); }
+  const optimizer_options& config() const override { return opt_.config(); }
+  std::string policies() const override {
+    std::string s;
+    for (std::string_view n : {Precision::name, Scaler::name, Partition::name, Rule::name, Backend::name, Communicator::name})
+      s += (s.empty() ? "" : ", ") + std::string(n);
+    return s;
+  }
+  element_type param_type() const override { return element_type_of<param_t>; }
+  element_type grad_type() const override { return element_type_of<grad_t>; }
+  std::size_t tensor_count() const override {
+    std::size_t n = 0;
+    for (std::size_t g = 0; g < opt_.group_count(); ++g) n += group(g).size();
+    return n;
+  }
+  std::span<const float> master(std::size_t i) const override { return opt_.master(i); }
+  mpopt::memory_report memory_report() const override { return opt_.memory_report(); }
+  void save(const std::filesystem::path& path) override { opt_.save(path); }
+  void load(const std::filesystem::path& path, load_options o) override { opt_.load(path, o); }
+  void* target(const std::type_info& t) override { return t == typeid(opt_type) ? &opt_ : nullptr; }
+
+ private:
+  /// The optimizer's group() is not const; its groups are.
+  const typename opt_type::param_group& group(std::size_t g) const { return const_cast<opt_type&>(opt_).group(g); }
+
+  group_options options_for(const group_settings& s) const {
+    group_options o = defaults_;
+    if (s.lr) o.lr = *s.lr;
+    if (s.weight_decay) o.weight_decay = *s.weight_decay;
+    if (s.beta1) o.beta1 = *s.beta1;
+    if (s.beta2) o.beta2 = *s.beta2;
+    if (s.eps) o.eps = *s.eps;
+    return o;
+  }
+
+  static void check_type(const std::string& name, std::string_view what, element_type got, element_type want) {
+    if (got != want)
+      fail("tensor '", name, "': its ", what, " holds ", to_string(got), " elements, but the optimizer trains in ",
+           Precision::name, ", whose ", what, "s are ", to_string(want));
+  }
+
+  opt_type opt_;
+  group_options defaults_;
+};
+
+template <class Precision, class Scaler, class Partition, class Rule, class C>
+any_optimizer make_erased(C&& comm, const deepspeed_config& c, const typename Scaler::options& s,
+                          const typename Rule::options& r) {
+  using impl = erased_optimizer<Precision, Scaler, Partition, Rule, host, C>;
+  return any_optimizer(std::make_unique<impl>(std::move(comm), c.options, s, r));
+}
+
+template <class Precision, class Scaler, class Partition, class C>
+any_optimizer make_with_rule(C&& comm, const deepspeed_config& c, const typename Scaler::options& s) {
+  switch (c.rule) {
+    case config_rule::adam: return make_erased<Precision, Scaler, Partition, adam>(std::move(comm), c, s, c.adam_options);
+    case config_rule::lamb: return make_erased<Precision, Scaler, Partition, lamb>(std::move(comm), c, s, c.lamb_options);
+    case config_rule::onebit_lamb:
+      if constexpr (std::is_same_v<Partition, replicated>)
+        return make_erased<Precision, Scaler, Partition, onebit_lamb>(std::move(comm), c, s, c.onebit_lamb_options);
+      else
+        fail("zero_optimization.stage: ", c.zero_stage, " does not go with OneBitLamb (its compression stage needs "
+             "the whole momentum on every rank)");
+  }
+  fail("deepspeed_config.rule: not one of adam, lamb, onebit_lamb");
+}
+
+template <class Precision, class Scaler, class C>
+any_optimizer make_with_partition(C&& comm, const deepspeed_config& c, const typename Scaler::options& s) {
+  switch (c.zero_stage) {
+    case 0: return make_with_rule<Precision, Scaler, replicated>(std::move(comm), c, s);
+    case 1: return make_with_rule<Precision, Scaler, zero1>(std::move(comm), c, s);
+    case 2: return make_with_rule<Precision, Scaler, zero2>(std::move(comm), c, s);
+  }
+  fail("zero_optimization.stage: ", c.zero_stage, " is not supported (mpopt has stages 0, 1 and 2)");
+}
+
+}  // namespace detail
+
+/// The optimizer `c` describes, over `comm` (single_process, mpi, or any host communicator), on the
+/// host backend. Under MPI every rank calls it with the same configuration.
+template <communicator C = single_process>
+any_optimizer make_optimizer(const deepspeed_config& c, C comm = {}) {
+  using detail::fail;
+  if (c.accumulation_from_batch_sizes && c.world_size != comm.size())
+    fail("the configuration was read for ", c.world_size, " ranks, which its train_batch_size divides into ",
+         c.options.accumulation_steps, " accumulation steps; the communicator has ", comm.size(),
+         ": read it with deepspeed_config::parse(json, ", comm.size(), ")");
+  switch (c.precision) {
+    case config_precision::fp32:
+      if (c.scaler != config_scaler::none) fail("fp32 trains without a loss scale (deepspeed_config.scaler is not none)");
+      return detail::make_with_partition<fp32, no_scaling>(std::move(comm), c, {});
+    case config_precision::bf16:
+      if (c.scaler != config_scaler::none) fail("bf16 trains without a loss scale (deepspeed_config.scaler is not none)");
+      return detail::make_with_partition<bf16, no_scaling>(std::move(comm), c, {});
+    case config_precision::fp16:
+      if (c.scaler == config_scaler::static_scale)
+        return detail::make_with_partition<fp16, static_scale>(std::move(comm), c, c.static_options);
+      if (c.scaler == config_scaler::dynamic_scale)
+        return detail::make_with_partition<fp16, dynamic_scale>(std::move(comm), c, c.dynamic_options);
+      fail("fp16 from a DeepSpeed configuration has a loss scale, static or dynamic (deepspeed_config.scaler is none)");
+  }
+  fail("deepspeed_config.precision: not one of fp32, fp16, bf16");
+}
+
+/// The same from a parsed DeepSpeed JSON (deepspeed_config::parse with comm.size() ranks).
+template <communicator C = single_process>
+any_optimizer make_optimizer(const nlohmann::json& j, C comm = {}) {
+  const int ranks = comm.size();
+  return make_optimizer(deepspeed_config::parse(j, ranks), std::move(comm));
+}
+
+}  // namespace mpopt

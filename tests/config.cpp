@@ -1,0 +1,572 @@
+// Reading the optimizer part of a DeepSpeed configuration (include/mpopt/deepspeed_config.hpp):
+// what each key becomes, DeepSpeed's defaults for absent keys, and an mpopt::error naming the key's
+// path for every key or value mpopt does not take. The configurations are DeepSpeed's own, copied
+// from its documentation pages (deepspeed.ai, the docs/ folder of deepspeedai/DeepSpeed) and unit
+// tests, each cited where it is used. The optimizers these make are tested in config_factory.cpp.
+#include <doctest/doctest.h>
+
+#include <mpopt/deepspeed_config.hpp>
+
+#include "temp_dir.hpp"
+
+#include <algorithm>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+using mpopt::config_precision;
+using mpopt::config_rule;
+using mpopt::config_scaler;
+using mpopt::deepspeed_config;
+
+deepspeed_config parse(const std::string& json, int world_size = 1) { return deepspeed_config::parse_text(json, world_size); }
+
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const mpopt::error& e) {
+    return e.what();
+  } catch (...) {
+    return "<an exception other than mpopt::error>";
+  }
+  return "<no exception>";
+}
+
+/// The configuration is refused with a message that starts with the key path and says `rest`.
+#define CHECK_REFUSED(json, path, rest)                                                   \
+  do {                                                                                    \
+    const std::string msg_ = error_of([&] { (void)parse(json); });                        \
+    INFO("configuration: ", json);                                                        \
+    INFO("message: ", msg_);                                                              \
+    CHECK(msg_.rfind(std::string("mpopt: ") + (path), 0) == 0);                           \
+    CHECK(msg_.find(rest) != std::string::npos);                                          \
+  } while (0)
+
+bool ignored(const deepspeed_config& c, const std::string& path) {
+  return std::find(c.ignored_keys.begin(), c.ignored_keys.end(), path) != c.ignored_keys.end();
+}
+
+/// A complete, valid configuration with one member replaced or added: `section` is a key of the
+/// top level, `body` its JSON value.
+std::string with(const std::string& section, const std::string& body, const std::string& type = "Adam") {
+  std::string s = R"({"optimizer": {"type": ")" + type + R"("})";
+  return s + ", \"" + section + "\": " + body + "}";
+}
+std::string params(const std::string& type, const std::string& body) {
+  return R"({"optimizer": {"type": ")" + type + R"(", "params": )" + body + "}}";
+}
+
+}  // namespace
+
+TEST_SUITE("config") {
+  TEST_CASE("absent keys take DeepSpeed's defaults: fp32, no ZeRO, AdamW as FusedAdam builds it, clipping 1, "
+            "buckets of 5e8, one micro-step") {
+    const deepspeed_config c = parse(R"({"optimizer": {"type": "Adam"}})");
+    CHECK(c.precision == config_precision::fp32);
+    CHECK(c.scaler == config_scaler::none);
+    CHECK(c.zero_stage == 0);
+    CHECK(c.rule == config_rule::adam);
+    CHECK(c.adam_options.lr == 1e-3);
+    CHECK(c.adam_options.beta1 == 0.9);
+    CHECK(c.adam_options.beta2 == 0.999);
+    CHECK(c.adam_options.eps == 1e-8);
+    CHECK(c.adam_options.weight_decay == 0.0);
+    CHECK(c.adam_options.decoupled_weight_decay);  // adam_w_mode defaults to true
+    CHECK(c.adam_options.bias_correction);
+    CHECK(c.options.clip_grad == 1.0);  // gradient_clipping: 1.0 since DeepSpeed 0.19.3
+    CHECK(c.options.accumulation_steps == 1);
+    CHECK(c.options.gradient_predivide == 1.0);
+    CHECK(c.options.bucket_elements == 500000000);
+    CHECK(c.options.combine == mpopt::accumulation::mean);
+    CHECK(c.options.skip_nonfinite);
+    CHECK(c.ignored_keys.empty());
+    CHECK(c.summary() == "fp32, no ZeRO, AdamW");
+
+    // A default-constructed deepspeed_config is the same configuration.
+    const deepspeed_config d;
+    CHECK(d.options.clip_grad == c.options.clip_grad);
+    CHECK(d.options.bucket_elements == c.options.bucket_elements);
+    CHECK(d.rule == c.rule);
+    CHECK(d.adam_options.decoupled_weight_decay == c.adam_options.decoupled_weight_decay);
+  }
+
+  TEST_CASE("config-json, FP16 training options: the documented block is a dynamic scale of 2^16, window 1000, "
+            "hysteresis 2, minimum 1") {
+    // docs/_pages/config-json.md, "FP16 training options" (fp16_master_weights_and_grads as documented: false).
+    const deepspeed_config c = parse(R"({
+      "optimizer": {"type": "Adam"},
+      "fp16": {
+        "enabled": true,
+        "auto_cast": false,
+        "loss_scale": 0,
+        "initial_scale_power": 16,
+        "loss_scale_window": 1000,
+        "hysteresis": 2,
+        "consecutive_hysteresis": false,
+        "min_loss_scale": 1,
+        "fp16_master_weights_and_grads": false
+      }
+    })");
+    CHECK(c.precision == config_precision::fp16);
+    CHECK(c.scaler == config_scaler::dynamic_scale);
+    CHECK(c.dynamic_options.init_scale == 65536.0);
+    CHECK(c.dynamic_options.window == 1000);
+    CHECK(c.dynamic_options.hysteresis == 2);
+    CHECK(c.dynamic_options.min_scale == 1.0);
+    CHECK_FALSE(c.dynamic_options.consecutive_hysteresis);
+    CHECK(c.dynamic_options.on_min_scale == mpopt::at_min_scale::raise);
+    CHECK(ignored(c, "fp16.auto_cast"));
+    CHECK(c.summary() == "fp16 with a dynamic loss scale, no ZeRO, AdamW");
+  }
+
+  TEST_CASE("fp16 keys map one to one; a loss_scale above 0 is a static scale") {
+    const deepspeed_config c = parse(with("fp16", R"({"enabled": true, "initial_scale_power": 12, "loss_scale_window": 7,
+                                                     "hysteresis": 1, "consecutive_hysteresis": true, "min_loss_scale": 0.25})"));
+    CHECK(c.dynamic_options.init_scale == 4096.0);
+    CHECK(c.dynamic_options.window == 7);
+    CHECK(c.dynamic_options.hysteresis == 1);
+    CHECK(c.dynamic_options.consecutive_hysteresis);
+    CHECK(c.dynamic_options.min_scale == 0.25);
+    // DeepSpeed's unit test of a static scale (tests/unit/runtime/half_precision/test_fp16.py,
+    // TestZeroStaticScale): "fp16": {"enabled": true, "loss_scale": 138.}, ZeRO stage 1 and 2.
+    for (int stage : {1, 2}) {
+      const deepspeed_config s = parse(R"({"train_batch_size": 4, "steps_per_print": 1,
+        "optimizer": {"type": "Adam", "params": {"lr": 0.00015}},
+        "fp16": {"enabled": true, "loss_scale": 138.0},
+        "zero_optimization": {"stage": )" + std::to_string(stage) + "}}");
+      CHECK(s.scaler == config_scaler::static_scale);
+      CHECK(s.static_options.scale == 138.0);
+      CHECK(s.zero_stage == stage);
+    }
+    // fp16 off: the fp16 values are not used (as in DeepSpeed), only checked for their types.
+    const deepspeed_config off = parse(with("fp16", R"({"enabled": false, "loss_scale_window": 0})"));
+    CHECK(off.precision == config_precision::fp32);
+  }
+
+  TEST_CASE("DeepSpeed's loss-scale unit tests: Lamb in fp16 with initial_scale_power 8 and loss_scale_window 2") {
+    // tests/unit/runtime/half_precision/test_dynamic_loss_scale.py, TestUnfused.test_no_overflow.
+    const deepspeed_config c = parse(R"({
+      "train_batch_size": 1,
+      "steps_per_print": 1,
+      "optimizer": {"type": "Lamb", "params": {"lr": 0.00015}},
+      "fp16": {"enabled": true, "loss_scale": 0, "initial_scale_power": 8, "loss_scale_window": 2}
+    })");
+    CHECK(c.rule == config_rule::lamb);
+    CHECK(c.lamb_options.lr == 0.00015);
+    CHECK(c.lamb_options.min_coeff == 0.01);  // FusedLamb's defaults
+    CHECK(c.lamb_options.max_coeff == 10.0);
+    CHECK(c.lamb_options.bias_correction);
+    CHECK_FALSE(c.lamb_options.eps_inside_sqrt);
+    CHECK(c.dynamic_options.init_scale == 256.0);
+    CHECK(c.dynamic_options.window == 2);
+    CHECK(c.options.accumulation_steps == 1);
+    CHECK(ignored(c, "steps_per_print"));
+  }
+
+  TEST_CASE("config-json, Optimizer Parameters: the Adam example, and adam_w_mode") {
+    // docs/_pages/config-json.md, "Example of optimizer with Adam".
+    const deepspeed_config c = parse(R"({
+      "optimizer": {
+        "type": "Adam",
+        "params": {
+          "lr": 0.001,
+          "betas": [0.8, 0.999],
+          "eps": 1e-8,
+          "weight_decay": 3e-7
+        }
+      }
+    })");
+    CHECK(c.adam_options.lr == 0.001);
+    CHECK(c.adam_options.beta1 == 0.8);
+    CHECK(c.adam_options.beta2 == 0.999);
+    CHECK(c.adam_options.eps == 1e-8);
+    CHECK(c.adam_options.weight_decay == 3e-7);
+    CHECK(c.adam_options.decoupled_weight_decay);
+    // "adam_w_mode: Apply L2 regularization (also known as AdamW), default true"; false gives Adam
+    // with L2 decay. "AdamW" is decoupled always; torch_adam picks an implementation of the same formula.
+    const deepspeed_config l2 = parse(params("Adam", R"({"adam_w_mode": false, "torch_adam": true, "bias_correction": false})"));
+    CHECK_FALSE(l2.adam_options.decoupled_weight_decay);
+    CHECK_FALSE(l2.adam_options.bias_correction);
+    CHECK(ignored(l2, "optimizer.params.torch_adam"));
+    CHECK(l2.summary() == "fp32, no ZeRO, Adam (L2 weight decay)");
+    const deepspeed_config w = parse(params("AdamW", R"({"adam_w_mode": true, "set_grad_none": true})"));
+    CHECK(w.adam_options.decoupled_weight_decay);
+    CHECK(w.optimizer_type == "AdamW");
+    CHECK(ignored(w, "optimizer.params.set_grad_none"));
+    // DeepSpeed compares the names of its own optimizers in lower case.
+    CHECK(parse(R"({"optimizer": {"type": "adamw"}})").adam_options.decoupled_weight_decay);
+    CHECK(parse(R"({"optimizer": {"type": "LAMB"}})").rule == config_rule::lamb);
+  }
+
+  TEST_CASE("config-json: the 1-bit LAMB example; freeze_step F is F - 1 warm-up updates, as in DeepSpeed") {
+    // docs/_pages/config-json.md, "Another example of optimizer with 1-bit LAMB".
+    const deepspeed_config c = parse(R"({
+      "optimizer": {
+        "type": "OneBitLamb",
+        "params": {
+          "lr": 11e-3,
+          "weight_decay": 0.01,
+          "bias_correction": false,
+          "max_coeff": 0.3,
+          "min_coeff": 0.01,
+          "freeze_step": 1000,
+          "cuda_aware": false,
+          "comm_backend_name": "nccl",
+          "coeff_beta": 0.9,
+          "factor_max": 4.0,
+          "factor_min": 0.5,
+          "factor_threshold": 0.1
+        }
+      }
+    })");
+    CHECK(c.rule == config_rule::onebit_lamb);
+    const auto& o = c.onebit_lamb_options;
+    CHECK(o.lr == 11e-3);
+    CHECK(o.weight_decay == 0.01);
+    CHECK(o.max_coeff == 0.3);
+    CHECK(o.min_coeff == 0.01);
+    CHECK(o.freeze_step == 999);  // DeepSpeed's first call only sets up state
+    CHECK(o.coeff_beta == 0.9);
+    CHECK(o.factor_max == 4.0);
+    CHECK(o.factor_min == 0.5);
+    CHECK(o.factor_threshold == 0.1);
+    CHECK(o.beta1 == 0.9);
+    CHECK(o.eps == 1e-8);
+    CHECK(ignored(c, "optimizer.params.cuda_aware"));
+    CHECK(ignored(c, "optimizer.params.comm_backend_name"));
+    // The documented defaults (the table under the example).
+    const auto d = parse(R"({"optimizer": {"type": "OneBitLamb"}})").onebit_lamb_options;
+    CHECK(d.freeze_step == 99999);
+    CHECK(d.max_coeff == 10.0);
+    CHECK(d.min_coeff == 0.01);
+    CHECK(d.coeff_beta == 0.9);
+    CHECK(d.factor_max == 4.0);
+    CHECK(d.factor_min == 0.5);
+    CHECK(d.factor_threshold == 0.1);
+  }
+
+  TEST_CASE("ZeRO tutorial: the stage 1 and stage 2 blocks; the scheduling keys change nothing and are listed") {
+    // docs/_tutorials/zero.md, "Training a 1.5B Parameter GPT-2 model" and "Training a 10B Parameter GPT-2 model".
+    const deepspeed_config one = parse(with("zero_optimization", R"({"stage": 1, "reduce_bucket_size": 5e8})"));
+    CHECK(one.zero_stage == 1);
+    CHECK(one.options.bucket_elements == 500000000);
+    const deepspeed_config two = parse(with("zero_optimization", R"({
+        "stage": 2,
+        "contiguous_gradients": true,
+        "overlap_comm": true,
+        "reduce_scatter": true,
+        "reduce_bucket_size": 5e8,
+        "allgather_bucket_size": 5e8
+    })"));
+    CHECK(two.zero_stage == 2);
+    CHECK(two.options.bucket_elements == 500000000);
+    for (const char* key : {"contiguous_gradients", "overlap_comm", "reduce_scatter", "allgather_bucket_size"})
+      CHECK(ignored(two, std::string("zero_optimization.") + key));
+    CHECK(two.summary() == "fp32, ZeRO stage 2, AdamW");
+    // reduce_bucket_size is mpopt's bucket_elements.
+    CHECK(parse(with("zero_optimization", R"({"stage": 2, "reduce_bucket_size": 1000})")).options.bucket_elements == 1000);
+  }
+
+  TEST_CASE("Getting Started: the sample configuration; \"zero_optimization\": true is stage 1, as DeepSpeed reads it") {
+    // docs/_tutorials/getting-started.md, "DeepSpeed Configuration".
+    const deepspeed_config c = parse(R"({
+      "train_batch_size": 8,
+      "gradient_accumulation_steps": 1,
+      "optimizer": {
+        "type": "Adam",
+        "params": {
+          "lr": 0.00015
+        }
+      },
+      "fp16": {
+        "enabled": true
+      },
+      "zero_optimization": true
+    })");
+    CHECK(c.zero_stage == 1);
+    CHECK(c.precision == config_precision::fp16);
+    CHECK(c.scaler == config_scaler::dynamic_scale);
+    CHECK(c.dynamic_options.init_scale == 65536.0);
+    CHECK(c.adam_options.lr == 0.00015);
+    CHECK(c.options.accumulation_steps == 1);
+    CHECK(parse(with("zero_optimization", "false")).zero_stage == 0);
+  }
+
+  TEST_CASE("BERT pre-training tutorial: max_grad_norm is refused naming it; without it the batch sizes give "
+            "gradient_accumulation_steps per world size") {
+    // docs/_tutorials/bert-pretraining.md, "DeepSpeed JSON Config File".
+    const std::string tutorial = R"({
+      "train_batch_size": 4096,
+      "train_micro_batch_size_per_gpu": 64,
+      "steps_per_print": 1000,
+      "optimizer": {
+        "type": "Adam",
+        "params": {
+          "lr": 2e-4,
+          "max_grad_norm": 1.0,
+          "weight_decay": 0.01,
+          "bias_correction": false
+        }
+      },
+      "fp16": {
+        "enabled": true,
+        "loss_scale": 0,
+        "initial_scale_power": 16
+      }
+    })";
+    CHECK_REFUSED(tutorial, "optimizer.params.max_grad_norm", "use the top-level gradient_clipping");
+    std::string fixed = tutorial;
+    fixed.erase(fixed.find(R"("max_grad_norm": 1.0,)"), std::string(R"("max_grad_norm": 1.0,)").size());
+    // DeepSpeed: gradient_accumulation_steps = train_batch_size / micro batch / world size.
+    const deepspeed_config one = parse(fixed);
+    CHECK(one.options.accumulation_steps == 64);
+    CHECK(one.accumulation_from_batch_sizes);
+    CHECK(one.adam_options.weight_decay == 0.01);
+    CHECK_FALSE(one.adam_options.bias_correction);
+    CHECK(parse(fixed, 16).options.accumulation_steps == 4);  // the tutorial's 16 GPUs, its --gradient_accumulation_steps 4
+    CHECK(parse(fixed, 16).world_size == 16);
+    const std::string msg = error_of([&] { parse(fixed, 3); });
+    CHECK(msg.find("train_batch_size: 4096 is not train_micro_batch_size_per_gpu (64) x gradient_accumulation_steps "
+                   "x 3 ranks") != std::string::npos);
+  }
+
+  TEST_CASE("batch sizes: an explicit gradient_accumulation_steps must agree with them, as DeepSpeed asserts") {
+    CHECK(parse(R"({"optimizer": {"type": "Adam"}, "gradient_accumulation_steps": 4})").options.accumulation_steps == 4);
+    CHECK_FALSE(parse(R"({"optimizer": {"type": "Adam"}, "gradient_accumulation_steps": 4})").accumulation_from_batch_sizes);
+    const std::string three = R"({"optimizer": {"type": "Adam"}, "train_batch_size": 32,
+                                  "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2})";
+    CHECK(parse(three, 4).options.accumulation_steps == 2);
+    CHECK_FALSE(parse(three, 4).accumulation_from_batch_sizes);
+    CHECK_REFUSED(three, "train_batch_size", "32 is not train_micro_batch_size_per_gpu (4) x gradient_accumulation_steps (2) x 1 rank");
+    // train_batch_size with gradient_accumulation_steps: the micro-batch must come out whole.
+    CHECK(parse(R"({"optimizer": {"type": "Adam"}, "train_batch_size": 12, "gradient_accumulation_steps": 3})")
+              .options.accumulation_steps == 3);
+    CHECK_REFUSED(R"({"optimizer": {"type": "Adam"}, "train_batch_size": 10, "gradient_accumulation_steps": 3})",
+                  "train_batch_size", "does not split into gradient_accumulation_steps (3) x 1 rank");
+    CHECK_REFUSED(R"({"optimizer": {"type": "Adam"}, "train_batch_size": 4, "train_micro_batch_size_per_gpu": 8})",
+                  "train_batch_size", "is not train_micro_batch_size_per_gpu (8)");
+    CHECK_REFUSED(with("gradient_accumulation_steps", "0"), "gradient_accumulation_steps", "must be an integer in [1, ");
+    CHECK_REFUSED(with("gradient_accumulation_steps", "2.5"), "gradient_accumulation_steps", "must be an integer");
+    CHECK_REFUSED(with("train_micro_batch_size_per_gpu", "\"auto\""), "train_micro_batch_size_per_gpu",
+                  "\"auto\" is a placeholder that the Hugging Face Trainer fills in");
+    CHECK(error_of([] { deepspeed_config::parse_text(R"({"optimizer": {"type": "Adam"}})", 0); })
+              .find("world_size must be >= 1") != std::string::npos);
+  }
+
+  TEST_CASE("bf16: check_grad_overflow is skip_nonfinite (default true); master weights and state in bf16 are "
+            "refused") {
+    const deepspeed_config c = parse(with("bf16", R"({"enabled": true})"));
+    CHECK(c.precision == config_precision::bf16);
+    CHECK(c.scaler == config_scaler::none);
+    CHECK(c.options.skip_nonfinite);
+    CHECK(c.summary() == "bf16, no ZeRO, AdamW");
+    const deepspeed_config unchecked =
+        parse(with("bf16", R"({"enabled": true, "check_grad_overflow": false, "immediate_grad_update": true})"));
+    CHECK_FALSE(unchecked.options.skip_nonfinite);
+    CHECK(ignored(unchecked, "bf16.immediate_grad_update"));
+    CHECK(parse(with("bfloat16", R"({"enabled": true})")).precision == config_precision::bf16);  // the old name
+    // docs/_pages/config-json.md, "BFLOAT16 training options": the documented block keeps master
+    // weights and optimizer states in bf16, which mpopt does not.
+    CHECK_REFUSED(with("bf16", R"({"enabled": true, "bf16_master_weights_and_grads": true, "bf16_optimizer_states": true})"),
+                  "bf16.bf16_master_weights_and_grads", ": true is not supported (mpopt keeps fp32 master weights)");
+    CHECK_REFUSED(with("bf16", R"({"enabled": true, "bf16_optimizer_states": true})"), "bf16.bf16_optimizer_states",
+                  "true is not supported");
+    CHECK_REFUSED(R"({"optimizer": {"type": "Adam"}, "bf16": {"enabled": true}, "bfloat16": {"enabled": true}})",
+                  "bfloat16", "give one of the two");
+  }
+
+  TEST_CASE("fp16 and bf16 both enabled are refused") {
+    CHECK_REFUSED(R"({"optimizer": {"type": "Adam"}, "fp16": {"enabled": true}, "bf16": {"enabled": true}})",
+                  "bf16.enabled", "fp16.enabled is true too");
+  }
+
+  TEST_CASE("gradient_clipping, gradient_predivide_factor and the communication keys") {
+    CHECK(parse(with("gradient_clipping", "0")).options.clip_grad == 0.0);  // 0 disables clipping
+    CHECK(parse(with("gradient_clipping", "0.5")).options.clip_grad == 0.5);
+    CHECK(parse(with("gradient_predivide_factor", "8")).options.gradient_predivide == 8.0);
+    CHECK(parse(with("prescale_gradients", "false")).options.gradient_predivide == 1.0);
+    CHECK(parse(with("communication_data_type", "null")).ignored_keys.empty());
+    CHECK(parse(with("communication_data_type", "\"fp32\"")).ignored_keys.empty());
+    CHECK(parse(with("gradient_allreduce_op", "\"mean\"")).options.combine == mpopt::accumulation::mean);
+    CHECK_REFUSED(with("gradient_clipping", "-1"), "gradient_clipping", "must be >= 0");
+    CHECK_REFUSED(with("gradient_clipping", "true"), "gradient_clipping", "must be a number");
+    CHECK_REFUSED(with("gradient_predivide_factor", "0"), "gradient_predivide_factor", "must be > 0");
+    CHECK_REFUSED(with("prescale_gradients", "true"), "prescale_gradients", "true is not supported");
+    CHECK_REFUSED(with("communication_data_type", "\"fp16\""), "communication_data_type", "\"fp16\" is not supported");
+    CHECK_REFUSED(with("gradient_allreduce_op", "\"sum\""), "gradient_allreduce_op", "\"sum\" is not supported");
+  }
+
+  TEST_CASE("the engine's keys are accepted and listed as ignored") {
+    const deepspeed_config c = parse(R"({"optimizer": {"type": "Adam"}, "steps_per_print": 2000, "wall_clock_breakdown": false,
+      "zero_allow_untested_optimizer": true, "tensorboard": {"enabled": true, "output_path": "log/"},
+      "activation_checkpointing": {"partition_activations": false}})");
+    for (const char* key : {"steps_per_print", "wall_clock_breakdown", "zero_allow_untested_optimizer", "tensorboard",
+                            "activation_checkpointing"})
+      CHECK(ignored(c, key));
+    CHECK(c.ignored_keys.size() == 5);
+  }
+
+  TEST_CASE("an unknown key is refused naming its path, at every level") {
+    CHECK_REFUSED(with("train_batch_sizee", "8"), "train_batch_sizee", ": unknown key (mpopt reads fp16, bf16");
+    CHECK_REFUSED(params("Adam", R"({"betaz": [0.9, 0.99]})"), "optimizer.params.betaz",
+                  ": unknown key (Adam reads lr, betas, eps");
+    CHECK_REFUSED(params("Lamb", R"({"adam_w_mode": true})"), "optimizer.params.adam_w_mode", "unknown key (Lamb reads");
+    CHECK_REFUSED(params("AdamW", R"({"freeze_step": 10})"), "optimizer.params.freeze_step", "unknown key (AdamW reads");
+    CHECK_REFUSED(with("fp16", R"({"enabled": true, "initial_scale": 16})"), "fp16.initial_scale", ": unknown key");
+    CHECK_REFUSED(with("bf16", R"({"enable": true})"), "bf16.enable", ": unknown key");
+    CHECK_REFUSED(with("zero_optimization", R"({"stage": 1, "reduce_bucket": 10})"), "zero_optimization.reduce_bucket",
+                  ": unknown key");
+    CHECK_REFUSED(R"({"optimizer": {"type": "Adam", "param": {}}})", "optimizer.param", ": unknown key");
+    CHECK_REFUSED(with("zero_optimization", R"({"offload_optimizer": {"device": "none", "buffer_count": 4}})"),
+                  "zero_optimization.offload_optimizer.buffer_count", ": unknown key");
+  }
+
+  TEST_CASE("ZeRO: stage 3, offloading and the other unsupported values are refused naming the key") {
+    CHECK_REFUSED(with("zero_optimization", R"({"stage": 3})"), "zero_optimization.stage",
+                  ": 3 is not supported (mpopt has stages 0, 1 and 2");
+    CHECK_REFUSED(with("zero_optimization", R"({"stage": 4})"), "zero_optimization.stage", " must be an integer in [0, 3]");
+    CHECK_REFUSED(with("zero_optimization", R"({"stage": "2"})"), "zero_optimization.stage", " must be an integer");
+    // docs/_tutorials/zero.md, "Offloading to CPU and NVMe with ZeRO-Infinity".
+    CHECK_REFUSED(with("zero_optimization", R"({
+        "stage": 3,
+        "contiguous_gradients": true,
+        "stage3_max_live_parameters": 1e9,
+        "stage3_max_reuse_distance": 1e9,
+        "stage3_prefetch_bucket_size": 1e7,
+        "stage3_param_persistence_threshold": 1e5,
+        "reduce_bucket_size": 1e7,
+        "sub_group_size": 1e9,
+        "offload_optimizer": {
+            "device": "cpu"
+         },
+        "offload_param": {
+            "device": "cpu"
+       }
+    })"), "zero_optimization.stage", "3 is not supported");
+    CHECK_REFUSED(with("zero_optimization", R"({"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": true}})"),
+                  "zero_optimization.offload_optimizer.device", ": \"cpu\" is not supported (mpopt does not offload");
+    CHECK_REFUSED(with("zero_optimization", R"({"stage": 2, "offload_param": {"device": "nvme"}})"),
+                  "zero_optimization.offload_param.device", "\"nvme\" is not supported");
+    const deepspeed_config none = parse(with("zero_optimization", R"({"stage": 2, "offload_optimizer": {"device": "none"}})"));
+    CHECK(ignored(none, "zero_optimization.offload_optimizer"));
+    CHECK_REFUSED(with("zero_optimization", R"({"stage": 2, "cpu_offload": true})"), "zero_optimization.cpu_offload",
+                  "true is not supported");
+    CHECK_REFUSED(with("zero_optimization", R"({"stage": 2, "round_robin_gradients": true})"),
+                  "zero_optimization.round_robin_gradients", "true is not supported");
+    CHECK_REFUSED(with("zero_optimization", R"({"stage": 2, "load_from_fp32_weights": false})"),
+                  "zero_optimization.load_from_fp32_weights", "false is not supported");
+    for (const char* size : {"0", "2e9", "1.5", "-4"})
+      CHECK_REFUSED(with("zero_optimization", std::string(R"({"stage": 2, "reduce_bucket_size": )") + size + "}"),
+                    "zero_optimization.reduce_bucket_size", " must be an integer in [1, 1073741824]");
+    // DeepSpeed's unit test: "Allgather bucket 1001 raises" (tests/unit/v1/zero/test_zero.py).
+    CHECK_REFUSED(with("zero_optimization", R"({"stage": 2, "allgather_bucket_size": 1001})"),
+                  "zero_optimization.allgather_bucket_size", " must be a multiple of 2");
+    // Stage-3 keys at stages 0-2: unused by DeepSpeed too.
+    const deepspeed_config s3 = parse(with("zero_optimization", R"({"stage": 2, "sub_group_size": 1e9,
+                                                                    "stage3_gather_16bit_weights_on_model_save": true})"));
+    CHECK(ignored(s3, "zero_optimization.sub_group_size"));
+    CHECK(ignored(s3, "zero_optimization.stage3_gather_16bit_weights_on_model_save"));
+    CHECK_REFUSED(with("zero_optimization", R"({"stage": 2, "overlap_comm": 1})"), "zero_optimization.overlap_comm",
+                  " must be true or false");
+  }
+
+  TEST_CASE("fp16 values DeepSpeed refuses, and those mpopt cannot take, are refused naming the key") {
+    CHECK_REFUSED(with("fp16", R"({"enabled": true, "loss_scale": true})"), "fp16.loss_scale", " must be a number");
+    CHECK_REFUSED(with("fp16", R"({"enabled": true, "loss_scale": -1})"), "fp16.loss_scale",
+                  " must be >= 0 (0 enables dynamic loss scaling)");
+    CHECK_REFUSED(with("fp16", R"({"enabled": true, "loss_scale": 1e30})"), "fp16.loss_scale", " must be <= 2^64");
+    CHECK_REFUSED(with("fp16", R"({"enabled": true, "initial_scale_power": 1.5})"), "fp16.initial_scale_power",
+                  " must be an integer in [-126, 64]");
+    CHECK_REFUSED(with("fp16", R"({"enabled": true, "initial_scale_power": 65})"), "fp16.initial_scale_power",
+                  " must be an integer in [-126, 64]");
+    CHECK_REFUSED(with("fp16", R"({"enabled": true, "loss_scale_window": 0})"), "fp16.loss_scale_window",
+                  " must be > 0 when dynamic loss scaling is enabled");
+    CHECK_REFUSED(with("fp16", R"({"enabled": true, "hysteresis": 0})"), "fp16.hysteresis", " must be > 0");
+    CHECK_REFUSED(with("fp16", R"({"enabled": true, "min_loss_scale": 0})"), "fp16.min_loss_scale", " must be > 0");
+    CHECK_REFUSED(with("fp16", R"({"enabled": true, "initial_scale_power": 4, "min_loss_scale": 32})"),
+                  "fp16.min_loss_scale", " (32) must be <= 2^initial_scale_power (16)");
+    CHECK_REFUSED(with("fp16", R"({"enabled": "yes"})"), "fp16.enabled", " must be true or false");
+    CHECK_REFUSED(with("fp16", R"({"enabled": true, "fp16_master_weights_and_grads": true})"),
+                  "fp16.fp16_master_weights_and_grads", "true is not supported");
+    CHECK_REFUSED(with("fp16", "true"), "fp16", " must be a JSON object");
+    // A static scale does not use the dynamic keys (DeepSpeed checks them only for the dynamic scale).
+    CHECK(parse(with("fp16", R"({"enabled": true, "loss_scale": 512, "loss_scale_window": 0})")).static_options.scale == 512);
+  }
+
+  TEST_CASE("optimizer values are refused naming the key path") {
+    CHECK_REFUSED(R"({"fp16": {"enabled": true}})", "optimizer", ": missing");
+    CHECK_REFUSED(R"({"optimizer": {"params": {"lr": 0.1}}})", "optimizer.type", ": missing");
+    CHECK_REFUSED(R"({"optimizer": {"type": "OneBitAdam"}})", "optimizer.type",
+                  ": \"OneBitAdam\" is not supported (mpopt has Adam, AdamW, Lamb and OneBitLamb)");
+    CHECK_REFUSED(R"({"optimizer": {"type": 3}})", "optimizer.type", " must be a string");
+    CHECK_REFUSED(R"({"optimizer": {"type": "Adam", "params": [0.1]}})", "optimizer.params", " must be a JSON object");
+    CHECK_REFUSED(params("Adam", R"({"lr": -0.1})"), "optimizer.params.lr", " must be >= 0");
+    CHECK_REFUSED(params("Adam", R"({"lr": 1e300})"), "optimizer.params.lr", " must be finite as a float");
+    CHECK_REFUSED(params("Adam", R"({"lr": "auto"})"), "optimizer.params.lr", ": \"auto\" is a placeholder");
+    CHECK_REFUSED(params("Adam", R"({"betas": [0.9]})"), "optimizer.params.betas", " must be a list of two numbers");
+    CHECK_REFUSED(params("Adam", R"({"betas": 0.9})"), "optimizer.params.betas", " must be a list of two numbers");
+    CHECK_REFUSED(params("Adam", R"({"betas": [0.9, 1.0]})"), "optimizer.params.betas[1]", " must be in [0, 1)");
+    CHECK_REFUSED(params("Adam", R"({"betas": ["0.9", 0.99]})"), "optimizer.params.betas[0]", " must be a number");
+    CHECK_REFUSED(params("Adam", R"({"eps": 0})"), "optimizer.params.eps", " must be >= ");
+    CHECK_REFUSED(params("Adam", R"({"weight_decay": -0.01})"), "optimizer.params.weight_decay", " must be >= 0");
+    CHECK_REFUSED(params("Adam", R"({"amsgrad": true})"), "optimizer.params.amsgrad", ": true is not supported");
+    CHECK_REFUSED(params("Lamb", R"({"max_grad_norm": 0})"), "optimizer.params.max_grad_norm",
+                  "use the top-level gradient_clipping");
+    CHECK_REFUSED(params("AdamW", R"({"adam_w_mode": false})"), "optimizer.params.adam_w_mode",
+                  ": false contradicts type AdamW");
+    CHECK_REFUSED(params("Lamb", R"({"min_coeff": 2, "max_coeff": 1})"), "optimizer.params.min_coeff",
+                  " must be <= max_coeff");
+    CHECK_REFUSED(params("Lamb", R"({"max_coeff": 0})"), "optimizer.params.max_coeff", " must be > 0");
+    CHECK_REFUSED(params("OneBitLamb", R"({"freeze_step": 1})"), "optimizer.params.freeze_step",
+                  " must be an integer in [2, ");
+    CHECK_REFUSED(params("OneBitLamb", R"({"bias_correction": true})"), "optimizer.params.bias_correction",
+                  "1-bit LAMB has no bias correction");
+    CHECK_REFUSED(params("OneBitLamb", R"({"eps_inside_sqrt": true})"), "optimizer.params.eps_inside_sqrt",
+                  "true is not supported");
+    CHECK_REFUSED(params("OneBitLamb", R"({"comm_backend_name": "gloo"})"), "optimizer.params.comm_backend_name",
+                  "\"gloo\" is not one of DeepSpeed's");
+    CHECK_REFUSED(params("OneBitLamb", R"({"factor_min": 5})"), "optimizer.params.factor_min", " must be <= factor_max");
+    CHECK_REFUSED(params("OneBitLamb", R"({"coeff_beta": 1})"), "optimizer.params.coeff_beta", " must be in [0, 1)");
+    CHECK_REFUSED(R"({"optimizer": {"type": "OneBitLamb"}, "zero_optimization": {"stage": 1}})", "zero_optimization.stage",
+                  ": 1 does not go with optimizer.type OneBitLamb");
+  }
+
+  TEST_CASE("config-json: the scheduler example is refused: mpopt has no schedulers") {
+    // docs/_pages/config-json.md, "Example of scheduler".
+    CHECK_REFUSED(with("scheduler", R"({
+        "type": "WarmupLR",
+        "params": {
+            "warmup_min_lr": 0,
+            "warmup_max_lr": 0.001,
+            "warmup_num_steps": 1000
+        }
+    })"), "scheduler", ": mpopt has no learning-rate schedulers");
+  }
+
+  TEST_CASE("JSON text: not an object, not JSON, or a key given twice is refused") {
+    CHECK_REFUSED("[]", "the configuration", " must be a JSON object");
+    CHECK(error_of([] { parse(R"({"optimizer": {"type": "Adam"})"); }).find("not valid JSON") != std::string::npos);
+    CHECK_REFUSED(R"({"optimizer": {"type": "Adam"}, "fp16": {"enabled": true, "enabled": false}})", "fp16.enabled",
+                  ": given twice");
+    CHECK_REFUSED(R"({"optimizer": {"type": "Adam", "params": {"lr": 0.1}}, "optimizer": {"type": "Lamb"}})", "optimizer",
+                  ": given twice");
+  }
+
+  TEST_CASE("read(): a file's messages start with its name; a missing file is named") {
+    temp_dir dir;
+    const auto good = dir / "good.json", bad = dir / "bad.json";
+    std::ofstream(good) << R"({"optimizer": {"type": "Lamb"}, "zero_optimization": {"stage": 2}})";
+    std::ofstream(bad) << R"({"optimizer": {"type": "Lamb"}, "zero_optimization": {"stage": 3}})";
+    const deepspeed_config c = deepspeed_config::read(good);
+    CHECK(c.rule == config_rule::lamb);
+    CHECK(c.zero_stage == 2);
+    const std::string msg = error_of([&] { deepspeed_config::read(bad); });
+    CHECK(msg.rfind("mpopt: " + bad.string() + ": zero_optimization.stage: 3 is not supported", 0) == 0);
+    const std::string missing = error_of([&] { deepspeed_config::read(dir / "none.json"); });
+    CHECK(missing.find("cannot open the DeepSpeed configuration") != std::string::npos);
+    CHECK(missing.find("none.json") != std::string::npos);
+  }
+}

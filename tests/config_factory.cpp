@@ -1,0 +1,379 @@
+// The optimizer a DeepSpeed configuration describes (include/mpopt/make_optimizer.hpp) behind
+// mpopt::any_optimizer (include/mpopt/any_optimizer.hpp): every combination a configuration can name
+// is built, carries every option it was given, and steps bit for bit like the typed optimizer of the
+// same policies; tensors of the wrong element type are refused, naming them and both types.
+#include <doctest/doctest.h>
+
+#include <mpopt/make_optimizer.hpp>
+
+#include "temp_dir.hpp"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace {
+
+using mpopt::deepspeed_config;
+
+template <class P, class S, class Part, class R>
+using typed = mpopt::optimizer<P, S, Part, R, mpopt::host, mpopt::single_process>;
+
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const mpopt::error& e) {
+    return e.what();
+  } catch (...) {
+    return "<an exception other than mpopt::error>";
+  }
+  return "<no exception>";
+}
+
+template <class Scaler>
+typename Scaler::options scaler_options_of(const deepspeed_config& c) {
+  if constexpr (std::is_same_v<Scaler, mpopt::dynamic_scale>) return c.dynamic_options;
+  else if constexpr (std::is_same_v<Scaler, mpopt::static_scale>) return c.static_options;
+  else return {};
+}
+
+template <class Rule>
+typename Rule::options rule_options_of(const deepspeed_config& c) {
+  if constexpr (std::is_same_v<Rule, mpopt::adam>) return c.adam_options;
+  else if constexpr (std::is_same_v<Rule, mpopt::lamb>) return c.lamb_options;
+  else return c.onebit_lamb_options;
+}
+
+/// A small model in element type T: two tensors in a group with the configuration's options and
+/// one in a group without weight decay.
+template <class T>
+struct model {
+  static constexpr std::size_t sizes[] = {1000, 37, 64};
+  std::vector<T> p[3], g[3];
+  model() {
+    for (std::size_t t = 0; t < 3; ++t) {
+      p[t].resize(sizes[t]);
+      g[t].resize(sizes[t]);
+      for (std::size_t i = 0; i < sizes[t]; ++i) p[t][i] = T(0.5f * std::sin(0.1f * float(i) + float(t)));
+    }
+  }
+  /// The scaled gradient of micro-step `k`; an inf at micro-step `overflow_at`.
+  void backward(int k, double scale, int overflow_at) {
+    for (std::size_t t = 0; t < 3; ++t)
+      for (std::size_t i = 0; i < sizes[t]; ++i)
+        g[t][i] = T(float(scale) * 0.05f * std::cos(0.37f * float(i) + 1.3f * float(k) + float(t)));
+    if (k == overflow_at) g[0][5] = T(std::numeric_limits<float>::infinity());
+  }
+};
+
+/// Runs the configuration's optimizer from make_optimizer and the typed optimizer Opt side by side
+/// on the same model and gradients: the status of every call and every parameter bit must agree.
+template <class Opt>
+void check_same_steps(const std::string& json, int calls, int overflow_at) {
+  using P = typename Opt::param_type;
+  const deepspeed_config c = deepspeed_config::parse_text(json);
+  mpopt::any_optimizer a = mpopt::make_optimizer(c);
+  REQUIRE(a.target<Opt>() != nullptr);
+  Opt b(c.options, scaler_options_of<std::remove_cvref_t<decltype(std::declval<Opt&>().scaler())>>(c));
+  auto no_decay = rule_options_of<typename Opt::rule>(c);
+  no_decay.weight_decay = 0.0;
+  no_decay.lr = 2e-3;
+
+  model<P> ma, mb;
+  a.add_group().add(ma.p[0], ma.g[0], "w0").add(ma.p[1], ma.g[1], "w1");
+  a.add_group({.lr = 2e-3, .weight_decay = 0.0}).add(ma.p[2], ma.g[2], "bias");
+  auto& b0 = b.add_group(rule_options_of<typename Opt::rule>(c));
+  b0.add(mb.p[0], mb.g[0], "w0");
+  b0.add(mb.p[1], mb.g[1], "w1");
+  b.add_group(no_decay).add(mb.p[2], mb.g[2], "bias");
+
+  int applied = 0;
+  for (int k = 0; k < calls; ++k) {
+    CAPTURE(k);
+    REQUIRE(a.loss_scale() == b.loss_scale());
+    ma.backward(k, a.loss_scale(), overflow_at);
+    mb.backward(k, b.loss_scale(), overflow_at);
+    const mpopt::step_status sa = a.step(), sb = b.step();
+    CHECK(sa.result == sb.result);
+    CHECK(sa.scale_after == sb.scale_after);
+    CHECK(std::memcmp(&sa.grad_norm, &sb.grad_norm, sizeof(double)) == 0);
+    CHECK(sa.step == sb.step);
+    CHECK(sa.compression_step == sb.compression_step);
+    applied += sa.applied;
+    for (std::size_t t = 0; t < 3; ++t) CHECK(std::memcmp(ma.p[t].data(), mb.p[t].data(), ma.p[t].size() * sizeof(P)) == 0);
+  }
+  CHECK(applied > 1);
+  CHECK(a.group(0).step() == b.group(0).step());
+  if (overflow_at >= 0) CHECK(b.group(0).step() < std::uint64_t(calls / c.options.accumulation_steps));
+  for (std::size_t t = 0; t < 3; ++t) {
+    const auto ma_t = a.master(t), mb_t = b.master(t);
+    REQUIRE(ma_t.size() == mb_t.size());
+    CHECK(std::memcmp(ma_t.data(), mb_t.data(), ma_t.size_bytes()) == 0);
+  }
+}
+
+const char* precisions[] = {
+    R"("fp16": {"enabled": false})",
+    R"("fp16": {"enabled": true, "loss_scale": 1024})",
+    R"("fp16": {"enabled": true, "loss_scale": 0})",
+    R"("bf16": {"enabled": true})",
+};
+const char* precision_names[] = {"fp32, no_scaling", "fp16, static_scale", "fp16, dynamic_scale", "bf16, no_scaling"};
+
+}  // namespace
+
+TEST_SUITE("config") {
+  TEST_CASE("every combination a configuration names is built: precision x ZeRO stage x Adam, AdamW, Lamb, and "
+            "OneBitLamb at stage 0") {
+    int built = 0;
+    for (int p = 0; p < 4; ++p)
+      for (int stage = 0; stage <= 2; ++stage)
+        for (std::string type : {"Adam", "AdamW", "Lamb", "OneBitLamb"}) {
+          if (type == "OneBitLamb" && stage > 0) continue;
+          const std::string json = std::string("{") + precisions[p] + R"(, "zero_optimization": {"stage": )" +
+                                   std::to_string(stage) + R"(}, "optimizer": {"type": ")" + type + R"("}})";
+          CAPTURE(json);
+          mpopt::any_optimizer opt = mpopt::make_optimizer(deepspeed_config::parse_text(json));
+          const char* partitions[] = {"replicated", "zero1", "zero2"};
+          const std::string rule = type == "Lamb" ? "lamb" : type == "OneBitLamb" ? "onebit_lamb" : "adam";
+          CHECK(opt.policies() == std::string(precision_names[p]) + ", " + partitions[stage] + ", " + rule +
+                                      ", host, single_process");
+          CHECK(opt.param_type() == (p == 0 ? mpopt::element_type::fp32 : p == 3 ? mpopt::element_type::bf16
+                                                                                  : mpopt::element_type::fp16));
+          CHECK(opt.grad_type() == opt.param_type());
+          ++built;
+        }
+    CHECK(built == 40);  // 28 types: Adam and AdamW are one (mpopt::adam)
+  }
+
+  TEST_CASE("the built optimizer is the typed one and carries every option of the configuration") {
+    const deepspeed_config c = deepspeed_config::parse_text(R"({
+      "fp16": {"enabled": true, "initial_scale_power": 12, "loss_scale_window": 50, "hysteresis": 3,
+               "consecutive_hysteresis": true, "min_loss_scale": 0.5},
+      "zero_optimization": {"stage": 2, "reduce_bucket_size": 4096},
+      "optimizer": {"type": "Adam", "params": {"lr": 3e-4, "betas": [0.8, 0.95], "eps": 1e-6, "weight_decay": 0.1,
+                                               "adam_w_mode": false, "bias_correction": false}},
+      "gradient_clipping": 0.5,
+      "gradient_accumulation_steps": 3,
+      "gradient_predivide_factor": 2
+    })");
+    mpopt::any_optimizer opt = mpopt::make_optimizer(c);
+    using opt_t = typed<mpopt::fp16, mpopt::dynamic_scale, mpopt::zero2, mpopt::adam>;
+    CHECK(opt.target<typed<mpopt::fp16, mpopt::dynamic_scale, mpopt::zero1, mpopt::adam>>() == nullptr);
+    CHECK(opt.target<typed<mpopt::bf16, mpopt::no_scaling, mpopt::zero2, mpopt::adam>>() == nullptr);
+    opt_t* t = opt.target<opt_t>();
+    REQUIRE(t != nullptr);
+    CHECK(std::as_const(opt).target<opt_t>() == t);
+    CHECK(t->config().clip_grad == 0.5);
+    CHECK(t->config().accumulation_steps == 3);
+    CHECK(t->config().bucket_elements == 4096);
+    CHECK(t->config().gradient_predivide == 2.0);
+    CHECK(t->config().skip_nonfinite);
+    CHECK(&opt.config() == &t->config());
+    const auto& s = t->scaler().config();
+    CHECK(s.init_scale == 4096.0);
+    CHECK(s.window == 50);
+    CHECK(s.hysteresis == 3);
+    CHECK(s.consecutive_hysteresis);
+    CHECK(s.min_scale == 0.5);
+    CHECK(opt.loss_scale() == 4096.0);
+
+    std::vector<mpopt::half> w(10, mpopt::half(0.1f)), wg(10), b(3, mpopt::half(0.0f)), bg(3);
+    opt.add_group().add(w, wg, "w");
+    auto bias = opt.add_group({.lr = 1e-2, .weight_decay = 0.0, .beta1 = 0.5, .beta2 = 0.9, .eps = 1e-7});
+    bias.add(b, bg, "b");
+    const auto& g0 = t->group(0).options();
+    CHECK(g0.lr == 3e-4);
+    CHECK(g0.beta1 == 0.8);
+    CHECK(g0.beta2 == 0.95);
+    CHECK(g0.eps == 1e-6);
+    CHECK(g0.weight_decay == 0.1);
+    CHECK_FALSE(g0.decoupled_weight_decay);
+    CHECK_FALSE(g0.bias_correction);
+    const auto& g1 = t->group(1).options();
+    CHECK(g1.lr == 1e-2);
+    CHECK(g1.weight_decay == 0.0);
+    CHECK(g1.beta1 == 0.5);
+    CHECK(g1.beta2 == 0.9);
+    CHECK(g1.eps == 1e-7);
+    CHECK_FALSE(g1.decoupled_weight_decay);  // the rest from the configuration
+    CHECK(bias.lr() == 1e-2);
+    bias.set_lr(5e-3);
+    CHECK(t->group(1).lr() == 5e-3);
+    CHECK(opt.group_count() == 2);
+    CHECK(opt.tensor_count() == 2);
+    CHECK(opt.group(1).name(0) == "b");
+    CHECK(opt.group(1).size() == 1);
+  }
+
+  TEST_CASE("Lamb's and OneBitLamb's options reach the typed optimizer's groups") {
+    {
+      const deepspeed_config c = deepspeed_config::parse_text(R"({"bf16": {"enabled": true, "check_grad_overflow": false},
+        "zero_optimization": {"stage": 1},
+        "optimizer": {"type": "Lamb", "params": {"lr": 0.02, "max_coeff": 0.3, "min_coeff": 0.05, "eps_inside_sqrt": true,
+                                                 "bias_correction": false}}})");
+      mpopt::any_optimizer opt = mpopt::make_optimizer(c);
+      auto* t = opt.target<typed<mpopt::bf16, mpopt::no_scaling, mpopt::zero1, mpopt::lamb>>();
+      REQUIRE(t != nullptr);
+      CHECK_FALSE(t->config().skip_nonfinite);
+      opt.add_group();
+      const auto& o = t->group(0).options();
+      CHECK(o.lr == 0.02);
+      CHECK(o.max_coeff == 0.3);
+      CHECK(o.min_coeff == 0.05);
+      CHECK(o.eps_inside_sqrt);
+      CHECK_FALSE(o.bias_correction);
+    }
+    {
+      // docs/_pages/config-json.md, the 1-bit LAMB example, in fp16 with a static scale.
+      const deepspeed_config c = deepspeed_config::parse_text(R"({"fp16": {"enabled": true, "loss_scale": 256},
+        "optimizer": {"type": "OneBitLamb", "params": {"lr": 11e-3, "weight_decay": 0.01, "bias_correction": false,
+          "max_coeff": 0.3, "min_coeff": 0.01, "freeze_step": 1000, "cuda_aware": false, "comm_backend_name": "nccl",
+          "coeff_beta": 0.9, "factor_max": 4.0, "factor_min": 0.5, "factor_threshold": 0.1}}})");
+      mpopt::any_optimizer opt = mpopt::make_optimizer(c);
+      auto* t = opt.target<typed<mpopt::fp16, mpopt::static_scale, mpopt::replicated, mpopt::onebit_lamb>>();
+      REQUIRE(t != nullptr);
+      CHECK(opt.loss_scale() == 256.0);
+      opt.add_group();
+      const auto& o = t->group(0).options();
+      CHECK(o.lr == 11e-3);
+      CHECK(o.freeze_step == 999);
+      CHECK(o.max_coeff == 0.3);
+      CHECK(o.factor_max == 4.0);
+    }
+  }
+
+  TEST_CASE("a factory-made optimizer steps bit for bit like the typed optimizer of the same policies") {
+    SUBCASE("fp16, dynamic scale, ZeRO-2, AdamW, accumulation over 2 micro-steps, an overflow") {
+      check_same_steps<typed<mpopt::fp16, mpopt::dynamic_scale, mpopt::zero2, mpopt::adam>>(
+          R"({"fp16": {"enabled": true, "initial_scale_power": 10, "loss_scale_window": 3},
+              "zero_optimization": {"stage": 2, "reduce_bucket_size": 300},
+              "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.01}},
+              "gradient_accumulation_steps": 2, "gradient_clipping": 0.1})",
+          24, 7);
+    }
+    SUBCASE("fp16, static scale, no ZeRO, Adam with L2 decay, an overflow") {
+      check_same_steps<typed<mpopt::fp16, mpopt::static_scale, mpopt::replicated, mpopt::adam>>(
+          R"({"fp16": {"enabled": true, "loss_scale": 128},
+              "optimizer": {"type": "Adam", "params": {"lr": 2e-3, "weight_decay": 0.05, "adam_w_mode": false}}})",
+          12, 4);
+    }
+    SUBCASE("bf16, ZeRO-1, Lamb") {
+      check_same_steps<typed<mpopt::bf16, mpopt::no_scaling, mpopt::zero1, mpopt::lamb>>(
+          R"({"bf16": {"enabled": true}, "zero_optimization": {"stage": 1},
+              "optimizer": {"type": "Lamb", "params": {"lr": 1e-2, "weight_decay": 0.01, "max_coeff": 0.3}}})",
+          12, -1);
+    }
+    SUBCASE("fp32, OneBitLamb past its warm-up") {
+      check_same_steps<typed<mpopt::fp32, mpopt::no_scaling, mpopt::replicated, mpopt::onebit_lamb>>(
+          R"({"optimizer": {"type": "OneBitLamb", "params": {"lr": 1e-2, "freeze_step": 4}}, "gradient_clipping": 0})",
+          12, -1);
+    }
+  }
+
+  TEST_CASE("a tensor whose element type is not the precision's is refused, naming it and both types; nothing "
+            "is registered") {
+    mpopt::any_optimizer opt =
+        mpopt::make_optimizer(deepspeed_config::parse_text(R"({"fp16": {"enabled": true}, "optimizer": {"type": "Adam"}})"));
+    auto g = opt.add_group();
+    std::vector<float> p(8, 0.0f), gr(8, 0.0f);
+    std::vector<mpopt::half> hp(8, mpopt::half(0.0f)), hg(8, mpopt::half(0.0f));
+    std::vector<mpopt::bfloat16> bg(8, mpopt::bfloat16(0.0f));
+    std::string msg = error_of([&] { g.add(p, gr, "embedding"); });
+    CHECK(msg == "mpopt: tensor 'embedding': its parameter holds fp32 elements, but the optimizer trains in fp16, whose "
+                 "parameters are fp16");
+    msg = error_of([&] { g.add(hp, bg, "embedding"); });
+    CHECK(msg == "mpopt: tensor 'embedding': its gradient holds bf16 elements, but the optimizer trains in fp16, whose "
+                 "gradients are fp16");
+    msg = error_of([&] { g.add(p, hg); });  // unnamed: the name the typed optimizer would give it
+    CHECK(msg.find("tensor 'group 0.0': its parameter holds fp32") != std::string::npos);
+    CHECK(g.size() == 0);
+    CHECK(opt.tensor_count() == 0);
+    g.add(hp, hg, "embedding");  // the name is still free
+    CHECK(g.size() == 1);
+    // The typed optimizer's own checks come through as they are.
+    CHECK(error_of([&] { g.add(hp, hg, "embedding"); }).find("tensor name 'embedding' is used twice") != std::string::npos);
+    CHECK(error_of([&] { opt.group(3); }).find("there are 1 groups, no group 3") != std::string::npos);
+  }
+
+  TEST_CASE("flat groups hand out views of the precision's type; another type is refused") {
+    mpopt::any_optimizer opt =
+        mpopt::make_optimizer(deepspeed_config::parse_text(R"({"bf16": {"enabled": true}, "optimizer": {"type": "Lamb"}})"));
+    auto g = opt.add_flat_group({.weight_decay = 0.0}, {{"w", 12}, {"b", 3}});
+    const std::span<mpopt::bfloat16> w = g.param<mpopt::bfloat16>(0);
+    CHECK(w.size() == 12);
+    CHECK(g.grad<mpopt::bfloat16>(1).size() == 3);
+    CHECK(g.name(1) == "b");
+    CHECK(error_of([&] { (void)g.param<float>(0); }) == "mpopt: tensor 'w': its parameter holds bf16, not fp32");
+    CHECK(error_of([&] { (void)g.grad<mpopt::half>(1); }) == "mpopt: tensor 'b': its gradient holds bf16, not fp16");
+    for (auto& x : w) x = mpopt::bfloat16(1.0f);
+    for (auto& x : g.grad<mpopt::bfloat16>(0)) x = mpopt::bfloat16(0.5f);
+    CHECK(opt.step().applied);
+    CHECK(opt.master(0)[0] < 1.0f);  // a step far below bf16's spacing at 1: the master moves
+    CHECK(opt.memory_report().owned_bytes() > 0);
+  }
+
+  TEST_CASE("save and load through any_optimizer resume bit for bit") {
+    const std::string json = R"({"fp16": {"enabled": true, "initial_scale_power": 8}, "zero_optimization": {"stage": 1},
+                                 "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.1}}})";
+    temp_dir dir;
+    const auto file = dir / "state.safetensors";
+    model<mpopt::half> m1, m2;
+    mpopt::any_optimizer a = mpopt::make_optimizer(deepspeed_config::parse_text(json));
+    a.add_group().add(m1.p[0], m1.g[0], "w0").add(m1.p[1], m1.g[1], "w1").add(m1.p[2], m1.g[2], "w2");
+    for (int k = 0; k < 4; ++k) {
+      m1.backward(k, a.loss_scale(), -1);
+      a.step();
+    }
+    a.save(file);
+    mpopt::any_optimizer b = mpopt::make_optimizer(deepspeed_config::parse_text(json));
+    b.add_group().add(m2.p[0], m2.g[0], "w0").add(m2.p[1], m2.g[1], "w1").add(m2.p[2], m2.g[2], "w2");
+    b.load(file);
+    for (int k = 4; k < 8; ++k) {
+      m1.backward(k, a.loss_scale(), -1);
+      m2.backward(k, b.loss_scale(), -1);
+      CHECK(a.step().applied);
+      CHECK(b.step().applied);
+    }
+    for (std::size_t t = 0; t < 3; ++t)
+      CHECK(std::memcmp(m1.p[t].data(), m2.p[t].data(), m1.p[t].size() * sizeof(mpopt::half)) == 0);
+    CHECK(a.group(0).step() == 8);
+    CHECK(b.group(0).step() == 8);
+  }
+
+  TEST_CASE("make_optimizer takes a parsed JSON; a configuration read for other ranks, or a hand-made one it cannot "
+            "build, is refused") {
+    mpopt::any_optimizer opt = mpopt::make_optimizer(nlohmann::json::parse(R"({"optimizer": {"type": "Lamb"}})"));
+    CHECK(opt.policies() == "fp32, no_scaling, replicated, lamb, host, single_process");
+    CHECK(error_of([] { mpopt::make_optimizer(nlohmann::json::parse(R"({"optimizer": {"type": "Lamb"}, "fp16": {"enabled": 1}})")); })
+              .find("fp16.enabled must be true or false") != std::string::npos);
+
+    // train_batch_size 64 / (8 per rank x 4 ranks): 2 steps for 4 ranks; 8 for this one.
+    const deepspeed_config four = deepspeed_config::parse_text(
+        R"({"optimizer": {"type": "Adam"}, "train_batch_size": 64, "train_micro_batch_size_per_gpu": 8})", 4);
+    CHECK(error_of([&] { mpopt::make_optimizer(four); })
+              .find("the configuration was read for 4 ranks, which its train_batch_size divides into 2 accumulation "
+                    "steps; the communicator has 1") != std::string::npos);
+    deepspeed_config c;
+    c.precision = mpopt::config_precision::fp16;  // with no scaler
+    CHECK(error_of([&] { mpopt::make_optimizer(c); }).find("fp16 from a DeepSpeed configuration has a loss scale") !=
+          std::string::npos);
+    c = {};
+    c.zero_stage = 3;
+    CHECK(error_of([&] { mpopt::make_optimizer(c); }).find("zero_optimization.stage: 3 is not supported") != std::string::npos);
+    c = {};
+    c.rule = mpopt::config_rule::onebit_lamb;
+    c.zero_stage = 2;
+    CHECK(error_of([&] { mpopt::make_optimizer(c); }).find("does not go with OneBitLamb") != std::string::npos);
+    c = {};
+    c.adam_options.beta1 = 1.5;  // checked where the typed optimizer checks it: at add_group
+    mpopt::any_optimizer bad = mpopt::make_optimizer(c);
+    CHECK(error_of([&] { bad.add_group(); }).find("group 0.beta1 must be in [0, 1)") != std::string::npos);
+    CHECK(bad.group_count() == 0);
+  }
+}
