@@ -7,6 +7,8 @@
 //   build/examples/train_mlp --steps 200 --save mlp.safetensors        # a checkpoint (with [out, in] shapes)
 //   build/examples/train_mlp --load mlp.safetensors --steps 100       # resume it
 //   mpirun -np 4 build/examples/train_mlp --rule onebit_lamb --csv loss.csv  # compressed momentum
+//   build/examples/train_mlp --config examples/configs/fp16_adamw.json       # a DeepSpeed configuration
+//   mpirun -np 2 build/examples/train_mlp --config examples/configs/fp16_zero2_adamw.json
 //   build/examples/train_mlp --help
 //
 // The task: 32-d Gaussian points labelled by a random "teacher" network (the argmax of its 10
@@ -25,7 +27,13 @@
 // overflow and get skipped while the scale comes down (the "skipped" column). At the end the same
 // run (same seed, data, initial weights and batches) is repeated in fp32 without loss scaling, and
 // the two results are printed side by side. The exit code is nonzero if the loss did not go down.
+//
+// With --config FILE the optimizer comes from a DeepSpeed JSON configuration instead of the flags:
+// mpopt::deepspeed_config reads it, mpopt::make_optimizer builds an mpopt::any_optimizer of the
+// policies it names, and the same training loop runs it (the fp32 comparison too, from the same
+// file with fp16/bf16 switched off).
 
+#include <mpopt/make_optimizer.hpp>  // --config: this file is the one translation unit that builds them
 #include <mpopt/mpopt.hpp>
 #if MPOPT_EXAMPLE_DEVICE
 #include <mpopt/cuda.hpp>
@@ -44,11 +52,13 @@
 #include <cstdlib>
 #include <exception>
 #include <numbers>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -229,6 +239,8 @@ struct evaluation {
 template <class P, class G>
 class mlp {
  public:
+  using param_type = P;
+  using grad_type = G;
   static constexpr int depth = 3;
   static constexpr std::array<int, depth + 1> widths = {n_inputs, n_hidden, n_hidden, n_classes};
 
@@ -402,6 +414,8 @@ struct config {
   std::string csv;                // write "step,loss" here (the batch loss averaged over ranks)
   std::string load;               // resume from this checkpoint before the first step
   std::string save;               // write a checkpoint here after the last step
+  std::string config_file;        // a DeepSpeed JSON configuration: the optimizer comes from it
+  std::vector<std::string> given;  // the flags on the command line
 };
 
 constexpr std::string_view usage = R"(usage: train_mlp [options]
@@ -447,6 +461,13 @@ run in fp32 without loss scaling for comparison.
                                 train_mlp_device, the device backend built for Thrust's OpenMP system
   --zero 0|1|2                  the MPI build only (under mpirun): 0 replicated, 1 ZeRO-1, 2 ZeRO-2;
                                 each rank trains on its own shard of the data (default 0)
+  --config FILE                 the optimizer from a DeepSpeed JSON configuration (fp16, bf16,
+                                zero_optimization, optimizer, gradient_clipping, ...; see the
+                                README) through mpopt::make_optimizer. It sets what --precision,
+                                --scaler, --loss-scale, --rounding, --rule, --lr, --freeze-step,
+                                --bias-correction, --accumulate, --zero and --device set, so those
+                                are refused with it; train_micro_batch_size_per_gpu, when given,
+                                sets --batch. Examples: examples/configs/*.json
   --help                        this text
 )";
 
@@ -492,12 +513,14 @@ bool parse_args(int argc, char** argv, config& c) {
     } else {
       throw usage_error{flag.starts_with("--") ? flag + " needs a value" : "unexpected argument '" + flag + "'"};
     }
+    c.given.push_back(flag);
     if (flag == "--precision") check_choice(flag, c.precision = value, {"fp16", "bf16", "fp32"});
     else if (flag == "--scaler") check_choice(flag, c.scaler = value, {"dynamic", "static", "none"});
     else if (flag == "--rounding") check_choice(flag, c.rounding = value, {"nearest", "stochastic"});
     else if (flag == "--rule") check_choice(flag, c.rule = value, {"adam", "lamb", "onebit_lamb"});
     else if (flag == "--freeze-step") c.freeze_step = parse_number<std::uint64_t>(flag, value, 1);
     else if (flag == "--csv") c.csv = value;
+    else if (flag == "--config") c.config_file = value;
     else if (flag == "--schedule") check_choice(flag, c.schedule = value, {"constant", "linear"});
     else if (flag == "--bias-correction") {
       check_choice(flag, value, {"on", "off"});
@@ -529,6 +552,24 @@ bool parse_args(int argc, char** argv, config& c) {
     else throw usage_error{"unknown option '" + flag + "'"};
   }
 
+  if (!c.config_file.empty()) {
+    // The configuration decides these; a flag beside it would be one of two answers.
+    static const std::pair<std::string_view, std::string_view> decided[] = {
+        {"--precision", "fp16.enabled and bf16.enabled"},
+        {"--scaler", "fp16.loss_scale"},
+        {"--loss-scale", "fp16.loss_scale and fp16.initial_scale_power"},
+        {"--rounding", "nothing: a configuration rounds to nearest"},
+        {"--rule", "optimizer.type"},
+        {"--lr", "optimizer.params.lr"},
+        {"--freeze-step", "optimizer.params.freeze_step"},
+        {"--bias-correction", "optimizer.params.bias_correction"},
+        {"--accumulate", "gradient_accumulation_steps"},
+        {"--zero", "zero_optimization.stage"},
+        {"--device", "nothing: make_optimizer builds host-backend optimizers"}};
+    for (const auto& [flag, key] : decided)
+      if (std::ranges::find(c.given, flag) != c.given.end())
+        throw usage_error{std::string(flag) + " conflicts with --config: the configuration decides it (" + std::string(key) + ")"};
+  }
   if (c.scaler.empty()) c.scaler = c.precision == "fp16" ? "dynamic" : "none";
   if (c.scaler != "none" && c.precision != "fp16")
     throw usage_error{"--scaler " + c.scaler + " needs --precision fp16: loss scaling exists for fp16 gradients; " +
@@ -554,25 +595,40 @@ bool parse_args(int argc, char** argv, config& c) {
 // Attaching the model's tensors to the optimizer. Two parameter groups in both layouts: the
 // weights with weight decay, the biases without.
 
+// The views of flat tensor i: a typed optimizer's group knows their element type, an
+// mpopt::any_optimizer's is told it (and checks it).
+template <class T, class Group>
+std::span<T> param_view(Group& g, std::size_t i) {
+  if constexpr (requires { g.template param<T>(i); }) return g.template param<T>(i);
+  else return g.param(i);
+}
+template <class T, class Group>
+std::span<T> grad_view(Group& g, std::size_t i) {
+  if constexpr (requires { g.template grad<T>(i); }) return g.template grad<T>(i);
+  else return g.grad(i);
+}
+
 // Fused: the optimizer allocates one flat parameter buffer and one flat gradient buffer per group
 // (like DeepSpeed's flattened groups); the layers get views into them. They start at zero.
-template <class Opt, class Model>
-void attach_fused(Opt& opt, Model& model, const typename Opt::group_options& weights_options,
-                  const typename Opt::group_options& biases_options) {
+// `Options`: the rule's group options, or an any_optimizer's group_settings.
+template <class Opt, class Model, class Options>
+void attach_fused(Opt& opt, Model& model, const Options& weights_options, const Options& biases_options) {
+  using P = typename Model::param_type;
+  using G = typename Model::grad_type;
   std::vector<mpopt::tensor_spec> weight_specs, bias_specs;
   for (const auto& l : model.layers) {
     // With their shapes, as PyTorch's nn.Linear has them: checkpoints store them.
     weight_specs.push_back({l.name + ".weight", std::size_t(l.in) * l.out, {l.out, l.in}});
     bias_specs.push_back({l.name + ".bias", std::size_t(l.out), {l.out}});
   }
-  auto& weights = opt.add_flat_group(weights_options, weight_specs);
-  auto& biases = opt.add_flat_group(biases_options, bias_specs);
+  auto&& weights = opt.add_flat_group(weights_options, weight_specs);
+  auto&& biases = opt.add_flat_group(biases_options, bias_specs);
   for (std::size_t i = 0; i < model.layers.size(); ++i) {
     auto& l = model.layers[i];
-    l.weight = weights.param(i);
-    l.weight_grad = weights.grad(i);
-    l.bias = biases.param(i);
-    l.bias_grad = biases.grad(i);
+    l.weight = param_view<P>(weights, i);
+    l.weight_grad = grad_view<G>(weights, i);
+    l.bias = param_view<P>(biases, i);
+    l.bias_grad = grad_view<G>(biases, i);
   }
 }
 
@@ -584,18 +640,17 @@ struct owned_tensor {
   std::vector<G> grad;
 };
 
-template <class Opt, class Model>
-void attach_unfused(Opt& opt, Model& model, const typename Opt::group_options& weights_options,
-                    const typename Opt::group_options& biases_options,
-                    std::vector<owned_tensor<typename Opt::param_type, typename Opt::grad_type>>& storage) {
-  using P = typename Opt::param_type;
-  using G = typename Opt::grad_type;
+template <class Opt, class Model, class Options>
+void attach_unfused(Opt& opt, Model& model, const Options& weights_options, const Options& biases_options,
+                    std::vector<owned_tensor<typename Model::param_type, typename Model::grad_type>>& storage) {
+  using P = typename Model::param_type;
+  using G = typename Model::grad_type;
   storage.reserve(2 * model.layers.size());  // no reallocation: the optimizer keeps pointers
   auto make = [&](std::size_t n) -> auto& {
     return storage.emplace_back(owned_tensor<P, G>{std::vector<P>(n, P(0.0f)), std::vector<G>(n, G(0.0f))});
   };
-  auto& weights = opt.add_group(weights_options);
-  auto& biases = opt.add_group(biases_options);
+  auto&& weights = opt.add_group(weights_options);
+  auto&& biases = opt.add_group(biases_options);
   for (auto& l : model.layers) {
     auto& w = make(std::size_t(l.in) * l.out);
     auto& b = make(std::size_t(l.out));
@@ -642,11 +697,13 @@ Scaler scaler_options(const config& c) {
   }
 }
 
+template <class Opt, class Model>
+run_result train_loop(const config& c, const task& data, bool verbose, Opt& opt, Model& model);
+
 template <class Opt>
 run_result train(const config& c, const task& data, bool verbose) {
   using P = typename Opt::param_type;
   using G = typename Opt::grad_type;
-  using clock = std::chrono::steady_clock;
 
   std::vector<owned_tensor<P, G>> storage;  // the unfused layout's tensors; outlives the optimizer
   // Clip the true gradient to a global L2 norm of 1; give up (mpopt::error) if 100 steps in a row
@@ -664,6 +721,27 @@ run_result train(const config& c, const task& data, bool verbose) {
   mlp<P, G> model;
   if (c.layout == "fused") attach_fused(opt, model, weights_options, biases_options);
   else attach_unfused(opt, model, weights_options, biases_options, storage);
+  return train_loop(c, data, verbose, opt, model);
+}
+
+// The same with the optimizer a DeepSpeed configuration describes, its tensors of type P.
+template <class P>
+run_result train_configured(const config& c, const mpopt::deepspeed_config& ds, const task& data, bool verbose) {
+  std::vector<owned_tensor<P, P>> storage;  // outlives the optimizer
+  mpopt::any_optimizer opt = mpopt::make_optimizer(ds, make_communicator());
+  if (verbose && world_rank() == 0) std::printf("optimizer: mpopt::optimizer<%s>\n", opt.policies().c_str());
+  // The weights with the configuration's options, the biases without weight decay.
+  const mpopt::group_settings weights_options, biases_options{.weight_decay = 0.0};
+  mlp<P, P> model;
+  if (c.layout == "fused") attach_fused(opt, model, weights_options, biases_options);
+  else attach_unfused(opt, model, weights_options, biases_options, storage);
+  return train_loop(c, data, verbose, opt, model);
+}
+
+// Initializes the model and trains it with opt: a typed optimizer or an mpopt::any_optimizer.
+template <class Opt, class Model>
+run_result train_loop(const config& c, const task& data, bool verbose, Opt& opt, Model& model) {
+  using clock = std::chrono::steady_clock;
   model.initialize(c.seed);
   if (!c.load.empty()) {  // parameters, fp32 masters, moments, scaler, counters: all from the file
     opt.load(c.load);
@@ -690,13 +768,15 @@ run_result train(const config& c, const task& data, bool verbose) {
     if (mean_over_ranks(world_rank() == 0 && !csv ? 1 : 0) > 0) throw std::runtime_error("cannot write " + c.csv);
     if (csv) std::fprintf(csv, "step,loss\n");
   }
+  std::vector<double> base_lr;  // each group's rate, which a linear schedule decays to 0
+  for (std::size_t g = 0; g < opt.group_count(); ++g) base_lr.push_back(opt.group(g).lr());
   mpopt::step_status status;
   const auto start = clock::now();
   auto last_print = start;
 
   for (int step = 1; step <= c.steps; ++step) {
     if (c.schedule == "linear")
-      for (std::size_t g = 0; g < opt.group_count(); ++g) opt.group(g).set_lr(c.lr * (1.0 - double(step - 1) / c.steps));
+      for (std::size_t g = 0; g < opt.group_count(); ++g) opt.group(g).set_lr(base_lr[g] * (1.0 - double(step - 1) / c.steps));
     double step_loss = 0;  // this rank's batch loss, averaged over the micro-batches
     for (int micro = 0; micro < c.accumulate; ++micro) {
       for (int n = 0; n < c.batch; ++n) {
@@ -763,17 +843,21 @@ std::string describe(const config& c) {
   return s;
 }
 
-void print_comparison(const config& c, const run_result& mixed, const run_result& fp32) {
-  auto row = [](const char* what, const std::string& a, const std::string& b) {
-    std::printf("  %-18s %-28s %s\n", what, a.c_str(), b.c_str());
+void print_comparison(const std::string& label, const run_result& mixed, const run_result& fp32) {
+  const int width = std::max(28, int(label.size()) + 2);
+  auto row = [&](const char* what, const std::string& a, const std::string& b) {
+    std::printf("  %-18s %-*s %s\n", what, width, a.c_str(), b.c_str());
   };
   std::printf("\nthe same run (seed, data, initial weights, batches) in fp32 without loss scaling:\n");
-  row("", describe(c), "fp32");
+  row("", label, "fp32");
   row("final train loss", format("%.4f", mixed.final_loss), format("%.4f", fp32.final_loss));
   row("test accuracy", format("%.1f%%", 100 * mixed.test_accuracy), format("%.1f%%", 100 * fp32.test_accuracy));
   row("skipped steps", format("%.0f", double(mixed.skipped)), format("%.0f", double(fp32.skipped)));
   row("wall time", format("%.2f s", mixed.seconds), format("%.2f s", fp32.seconds));
 }
+
+int report(const config& c, const std::string& label, std::string_view partition, const run_result& r,
+           const std::optional<run_result>& fp32);
 
 template <class Opt>
 int run(const config& c, const task& data) {
@@ -788,10 +872,7 @@ int run(const config& c, const task& data) {
   }
 
   const run_result r = train<Opt>(c, data, true);
-  if (printer) std::printf("done: train loss %.4f -> %.4f, test accuracy %.1f%% (chance %.0f%%), %llu of %d steps skipped, %.2f s\n",
-              r.initial_loss, r.final_loss, 100 * r.test_accuracy, 100.0 / n_classes,
-              static_cast<unsigned long long>(r.skipped), c.steps, r.seconds);
-
+  std::optional<run_result> fp32;
   if constexpr (!std::is_same_v<typename Opt::precision, mpopt::fp32>) {
     using reference =
         mpopt::optimizer<mpopt::fp32, mpopt::no_scaling, mpopt::replicated, typename Opt::rule, mpopt::host, communicator>;
@@ -800,13 +881,24 @@ int run(const config& c, const task& data) {
     fc.scaler = "none";
     fc.load.clear();  // the checkpoints are the mixed-precision run's
     fc.save.clear();
-    const run_result fp32 = train<reference>(fc, data, false);
-    if (printer) print_comparison(c, r, fp32);
+    fp32 = train<reference>(fc, data, false);
   }
+  return report(c, describe(c), Opt::partition::name, r, fp32);
+}
+
+// What every run prints at the end (beside an fp32 run, if there is one); nonzero if the loss did
+// not go down.
+int report(const config& c, const std::string& label, std::string_view partition, const run_result& r,
+           const std::optional<run_result>& fp32) {
+  const bool printer = world_rank() == 0;
+  if (printer) std::printf("done: train loss %.4f -> %.4f, test accuracy %.1f%% (chance %.0f%%), %llu of %d steps skipped, %.2f s\n",
+              r.initial_loss, r.final_loss, 100 * r.test_accuracy, 100.0 / n_classes,
+              static_cast<unsigned long long>(r.skipped), c.steps, r.seconds);
+  if (fp32 && printer) print_comparison(label, r, *fp32);
   if (with_mpi) {
     const auto totals = gather_on_rank0(r.memory_total);
     if (printer) {
-      std::printf("\noptimizer memory on rank 0 (%s over %d ranks):\n%s", std::string(Opt::partition::name).c_str(),
+      std::printf("\noptimizer memory on rank 0 (%s over %d ranks):\n%s", std::string(partition).c_str(),
                   world_size(), r.memory.c_str());
       std::printf("optimizer total per rank:");
       for (std::size_t k = 0; k < totals.size(); ++k) std::printf("  rank %zu %llu B", k, totals[k]);
@@ -844,7 +936,53 @@ int run_with_partition(const config& c, const task& data) {
   return run_with_rule<Precision, Scaler, mpopt::replicated, backend>(c, data);
 }
 
+// --config: the optimizer a DeepSpeed configuration describes, on tensors of its precision's type.
+int run_configured(config c, const mpopt::deepspeed_config& ds, const task& data) {
+  c.accumulate = ds.options.accumulation_steps;
+  if (ds.micro_batch_size > 0) c.batch = ds.micro_batch_size;
+  const bool printer = world_rank() == 0;
+  if (printer) {
+    std::printf("train_mlp: %s (DeepSpeed configuration %s), %s layout; MLP %d-%d-%d-%d; %zu train / %zu test "
+                "samples; %d steps of %s%d samples",
+                ds.summary().c_str(), c.config_file.c_str(), c.layout.c_str(), n_inputs, n_hidden, n_hidden, n_classes,
+                data.train.size(), data.test.size(), c.steps,
+                c.accumulate > 1 ? (std::to_string(c.accumulate) + " x ").c_str() : "", c.batch);
+    if (with_mpi) std::printf(" per rank over %d ranks", world_size());
+    std::printf("; host SIMD %s\n", std::string(mpopt::to_string(mpopt::host::simd())).c_str());
+    std::string ignored;
+    for (const auto& key : ds.ignored_keys) ignored += (ignored.empty() ? "" : ", ") + key;
+    if (!ignored.empty()) std::printf("configuration keys that change nothing here: %s\n", ignored.c_str());
+  }
+  auto train_in = [&](const config& k, const mpopt::deepspeed_config& d, bool verbose) {
+    switch (d.precision) {
+      case mpopt::config_precision::fp16: return train_configured<mpopt::half>(k, d, data, verbose);
+      case mpopt::config_precision::bf16: return train_configured<mpopt::bfloat16>(k, d, data, verbose);
+      case mpopt::config_precision::fp32: break;
+    }
+    return train_configured<float>(k, d, data, verbose);
+  };
+  const run_result r = train_in(c, ds, true);
+  std::optional<run_result> fp32;
+  if (ds.precision != mpopt::config_precision::fp32) {  // the same file with fp16 and bf16 off
+    mpopt::deepspeed_config reference = ds;
+    reference.precision = mpopt::config_precision::fp32;
+    reference.scaler = mpopt::config_scaler::none;
+    config fc = c;
+    fc.load.clear();  // the checkpoints are the mixed-precision run's
+    fc.save.clear();
+    fp32 = train_in(fc, reference, false);
+  }
+  static constexpr std::string_view partitions[] = {"replicated", "zero1", "zero2"};
+  return report(c, ds.summary(), partitions[ds.zero_stage], r, fp32);
+}
+
 int dispatch(const config& c, const task& data) {
+  if (!c.config_file.empty()) {
+    const mpopt::deepspeed_config ds = mpopt::deepspeed_config::read(c.config_file, world_size());
+    if (ds.micro_batch_size > 0 && std::ranges::find(c.given, "--batch") != c.given.end())
+      throw usage_error{"--batch conflicts with --config: the configuration decides it (train_micro_batch_size_per_gpu)"};
+    return run_configured(c, ds, data);
+  }
   if (c.precision == "fp32") return run_with_partition<mpopt::fp32, mpopt::no_scaling>(c, data);
   if (c.rounding == "stochastic") {  // parse_args allows bf16 and fp16 with dynamic scaling
     if (c.precision == "bf16") return run_with_partition<mpopt::bf16_stochastic, mpopt::no_scaling>(c, data);
@@ -873,6 +1011,9 @@ int train_main(int argc, char** argv) {
   try {
     const task data = make_task(c.seed, c.train_samples, 2048);
     return dispatch(c, data);
+  } catch (const usage_error& e) {
+    std::fprintf(stderr, "train_mlp: %s (see --help)\n", e.message.c_str());
+    return 2;
   } catch (const mpopt::error& e) {  // invalid option, or training beyond what the scaler can rescue
     std::fprintf(stderr, "train_mlp: %s\n", e.what());
   } catch (const std::exception& e) {

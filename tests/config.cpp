@@ -328,6 +328,7 @@ TEST_SUITE("config") {
     CHECK_FALSE(one.adam_options.bias_correction);
     CHECK(parse(fixed, 16).options.accumulation_steps == 4);  // the tutorial's 16 GPUs, its --gradient_accumulation_steps 4
     CHECK(parse(fixed, 16).world_size == 16);
+    CHECK(parse(fixed, 16).micro_batch_size == 64);
     const std::string msg = error_of([&] { parse(fixed, 3); });
     CHECK(msg.find("train_batch_size: 4096 is not train_micro_batch_size_per_gpu (64) x gradient_accumulation_steps "
                    "x 3 ranks") != std::string::npos);
@@ -344,6 +345,10 @@ TEST_SUITE("config") {
     // train_batch_size with gradient_accumulation_steps: the micro-batch must come out whole.
     CHECK(parse(R"({"optimizer": {"type": "Adam"}, "train_batch_size": 12, "gradient_accumulation_steps": 3})")
               .options.accumulation_steps == 3);
+    CHECK(parse(R"({"optimizer": {"type": "Adam"}, "train_batch_size": 12, "gradient_accumulation_steps": 3})", 2)
+              .micro_batch_size == 2);
+    CHECK(parse(R"({"optimizer": {"type": "Adam"}, "train_batch_size": 12})", 4).micro_batch_size == 3);
+    CHECK(parse(R"({"optimizer": {"type": "Adam"}})").micro_batch_size == 0);
     CHECK_REFUSED(R"({"optimizer": {"type": "Adam"}, "train_batch_size": 10, "gradient_accumulation_steps": 3})",
                   "train_batch_size", "does not split into gradient_accumulation_steps (3) x 1 rank");
     CHECK_REFUSED(R"({"optimizer": {"type": "Adam"}, "train_batch_size": 4, "train_micro_batch_size_per_gpu": 8})",

@@ -58,6 +58,10 @@ struct deepspeed_config {
   /// (train_batch_size / (train_micro_batch_size_per_gpu x ranks)), which then holds for those only.
   int world_size = 1;
   bool accumulation_from_batch_sizes = false;
+  /// For the engine that reads this configuration (the optimizer does not use it): samples per
+  /// rank and micro-step, train_micro_batch_size_per_gpu or what DeepSpeed derives from
+  /// train_batch_size; 0 when neither is given.
+  int micro_batch_size = 0;
   /// Keys the file has that change nothing in mpopt (the engine's, and choices mpopt makes one way
   /// whatever they say), by path, in the order read: a caller can show them.
   std::vector<std::string> ignored_keys;
@@ -419,6 +423,8 @@ class deepspeed_reader {
            w == 1 ? " rank" : " ranks", " micro-batches");
     }
     c_.options.accumulation_steps = int(steps);
+    if (has_mbs) c_.micro_batch_size = int(mbs);
+    else if (has_tbs) c_.micro_batch_size = int(tbs / (steps * w));
   }
 
   void step_options() {
