@@ -29,11 +29,13 @@
 // the two results are printed side by side. The exit code is nonzero if the loss did not go down.
 //
 // With --config FILE the optimizer comes from a DeepSpeed JSON configuration instead of the flags:
-// mpopt::deepspeed_config reads it, mpopt::make_optimizer builds an mpopt::any_optimizer of the
-// policies it names, and the same training loop runs it (the fp32 comparison too, from the same
-// file with fp16/bf16 switched off).
+// mpopt::deepspeed_config reads it, mpopt::make_optimizer (in train_mlp_config.cpp, the one
+// translation unit that instantiates the optimizers a configuration can name) builds an
+// mpopt::any_optimizer of the policies it names, and the same training loop runs it (the fp32
+// comparison too, from the same file with fp16/bf16 switched off).
 
-#include <mpopt/make_optimizer.hpp>  // --config: this file is the one translation unit that builds them
+#include <mpopt/any_optimizer.hpp>     // --config: the optimizer comes from train_mlp_config.cpp
+#include <mpopt/deepspeed_config.hpp>
 #include <mpopt/mpopt.hpp>
 #if MPOPT_EXAMPLE_DEVICE
 #include <mpopt/cuda.hpp>
@@ -60,6 +62,9 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+/// train_mlp_config.cpp: mpopt::make_optimizer(c, the example's communicator).
+mpopt::any_optimizer make_configured_optimizer(const mpopt::deepspeed_config& c);
 
 namespace {
 
@@ -728,7 +733,7 @@ run_result train(const config& c, const task& data, bool verbose) {
 template <class P>
 run_result train_configured(const config& c, const mpopt::deepspeed_config& ds, const task& data, bool verbose) {
   std::vector<owned_tensor<P, P>> storage;  // outlives the optimizer
-  mpopt::any_optimizer opt = mpopt::make_optimizer(ds, make_communicator());
+  mpopt::any_optimizer opt = make_configured_optimizer(ds);
   if (verbose && world_rank() == 0) std::printf("optimizer: mpopt::optimizer<%s>\n", opt.policies().c_str());
   // The weights with the configuration's options, the biases without weight decay.
   const mpopt::group_settings weights_options, biases_options{.weight_decay = 0.0};

@@ -28,7 +28,7 @@
 #include "error.hpp"
 #include "lamb.hpp"
 #include "loss_scale.hpp"
-#include "onebit_lamb.hpp"
+#include "onebit_lamb_options.hpp"
 #include "options.hpp"
 
 namespace mpopt {
@@ -50,7 +50,7 @@ struct deepspeed_config {
   std::string optimizer_type = "Adam";    ///< optimizer.type as written
   adam::options adam_options;             ///< Adam and AdamW (the one `rule` names is used)
   lamb::options lamb_options;
-  onebit_lamb::options onebit_lamb_options;
+  mpopt::onebit_lamb_options onebit_lamb_options;
   /// The step pipeline's options: gradient_clipping, gradient_accumulation_steps,
   /// gradient_predivide_factor, zero_optimization.reduce_bucket_size, bf16.check_grad_overflow.
   optimizer_options options{.clip_grad = 1.0, .bucket_elements = 500000000};
@@ -121,14 +121,14 @@ class deepspeed_reader {
   }
   /// `key` may hold only `supported` (DeepSpeed's default, what mpopt does); `why` says why not the other.
   static void require_flag(const config_object& o, std::string_view key, bool supported, std::string_view why) {
-    if (o.flag(key, supported) != supported) fail(o.at(key), ": ", supported ? "false" : "true", " is not supported (", why, ")");
+    if (o.flag(key, supported) != supported)
+      fail(o.at(key), ": ", supported ? "false" : "true", " is not supported (", why, ")");
   }
 
   void top_keys() {
-    std::vector<std::string_view> engine(std::begin(deepspeed_engine_keys), std::end(deepspeed_engine_keys));
     for (const auto& item : top_.json().items()) {
       const std::string& key = item.key();
-      if (std::find(engine.begin(), engine.end(), key) != engine.end()) {
+      if (std::ranges::find(deepspeed_engine_keys, key) != std::end(deepspeed_engine_keys)) {
         ignore(key);
         continue;
       }
@@ -137,7 +137,7 @@ class deepspeed_reader {
           "gradient_accumulation_steps", "gradient_predivide_factor", "train_batch_size",
           "train_micro_batch_size_per_gpu", "prescale_gradients", "communication_data_type",
           "gradient_allreduce_op", "scheduler"};
-      if (std::find(std::begin(read_here), std::end(read_here), key) != std::end(read_here)) continue;
+      if (std::ranges::find(read_here, key) != std::end(read_here)) continue;
       fail(key, ": unknown key (mpopt reads fp16, bf16, zero_optimization, optimizer, gradient_clipping, "
                 "gradient_accumulation_steps, gradient_predivide_factor, train_batch_size, "
                 "train_micro_batch_size_per_gpu, prescale_gradients, communication_data_type, "
@@ -173,8 +173,10 @@ class deepspeed_reader {
       fp16 = f.flag("enabled", false);
       ignore_flag(f, "auto_cast");  // casting the model's inputs: the engine's business
       loss_scale = f.number("loss_scale", 0);
-      if (!(loss_scale >= 0)) fail(f.at("loss_scale"), " must be >= 0 (0 enables dynamic loss scaling), got ", loss_scale);
-      if (!(loss_scale <= max_loss_scale)) fail(f.at("loss_scale"), " must be <= 2^64 (mpopt::max_loss_scale), got ", loss_scale);
+      if (!(loss_scale >= 0))
+        fail(f.at("loss_scale"), " must be >= 0 (0 enables dynamic loss scaling), got ", loss_scale);
+      if (!(loss_scale <= max_loss_scale))
+        fail(f.at("loss_scale"), " must be <= 2^64 (mpopt::max_loss_scale), got ", loss_scale);
       power = f.integer("initial_scale_power", 16, -126, 64);  // the scale is a normal float, at most 2^64
       constexpr std::int64_t big = std::numeric_limits<std::int64_t>::max();
       window = f.integer("loss_scale_window", 1000, -big, big);
@@ -183,11 +185,13 @@ class deepspeed_reader {
       min_scale = f.number("min_loss_scale", 1);
       require_flag(f, "fp16_master_weights_and_grads", false, "mpopt keeps fp32 master weights");
       if (fp16 && loss_scale == 0) {  // DeepSpeed checks these only for the dynamic scale, which uses them
-        if (window < 1) fail(f.at("loss_scale_window"), " must be > 0 when dynamic loss scaling is enabled, got ", window);
-        if (hysteresis < 1) fail(f.at("hysteresis"), " must be > 0 when dynamic loss scaling is enabled, got ", hysteresis);
-        if (!(min_scale > 0)) fail(f.at("min_loss_scale"), " must be > 0 when dynamic loss scaling is enabled, got ", min_scale);
-        if (!(min_scale <= std::ldexp(1.0, int(power))))
-          fail(f.at("min_loss_scale"), " (", min_scale, ") must be <= 2^initial_scale_power (", std::ldexp(1.0, int(power)), ")");
+        constexpr std::string_view when = " must be > 0 when dynamic loss scaling is enabled, got ";
+        if (window < 1) fail(f.at("loss_scale_window"), when, window);
+        if (hysteresis < 1) fail(f.at("hysteresis"), when, hysteresis);
+        if (!(min_scale > 0)) fail(f.at("min_loss_scale"), when, min_scale);
+        const double initial = std::ldexp(1.0, int(power));
+        if (!(min_scale <= initial))
+          fail(f.at("min_loss_scale"), " (", min_scale, ") must be <= 2^initial_scale_power (", initial, ")");
       }
     }
     const nlohmann::json* b = top_.find("bf16");
@@ -233,15 +237,12 @@ class deepspeed_reader {
       return;
     }
     const config_object o(*z, "zero_optimization");
-    {
-      std::vector<std::string_view> stage3(std::begin(deepspeed_stage3_keys), std::end(deepspeed_stage3_keys));
-      for (const auto& item : z->items()) {
-        const std::string& key = item.key();
-        if (std::find(stage3.begin(), stage3.end(), key) == stage3.end()) continue;
-        if (key == "stage3_gather_16bit_weights_on_model_save") o.flag(key, false);
-        else o.integer(key, 0, 0, std::numeric_limits<std::int64_t>::max());
-        ignore(o.at(key));
-      }
+    for (const auto& item : z->items()) {
+      const std::string& key = item.key();
+      if (std::ranges::find(deepspeed_stage3_keys, key) == std::end(deepspeed_stage3_keys)) continue;
+      if (key == "stage3_gather_16bit_weights_on_model_save") o.flag(key, false);
+      else o.integer(key, 0, 0, std::numeric_limits<std::int64_t>::max());
+      ignore(o.at(key));
     }
     o.allow_only({"stage", "reduce_bucket_size", "allgather_bucket_size", "contiguous_gradients", "overlap_comm",
                   "reduce_scatter", "allgather_partitions", "elastic_checkpoint", "load_from_fp32_weights",
@@ -274,7 +275,8 @@ class deepspeed_reader {
       const config_object off(*v, o.at(key));
       off.allow_only({"device", "pin_memory"}, "mpopt");
       const std::string device = off.text("device", "none");
-      if (device != "none") fail(off.at("device"), ": \"", device, "\" is not supported (mpopt does not offload: \"none\")");
+      if (device != "none")
+        fail(off.at("device"), ": \"", device, "\" is not supported (mpopt does not offload: \"none\")");
       ignore_flag(off, "pin_memory");
       ignore(o.at(key));
     }
@@ -371,7 +373,7 @@ class deepspeed_reader {
                   "factor_max", "factor_min", "factor_threshold"},
                  "OneBitLamb");
     c_.rule = config_rule::onebit_lamb;
-    onebit_lamb::options& o = c_.onebit_lamb_options;
+    onebit_lamb_options& o = c_.onebit_lamb_options;
     common_params(p, o);
     // DeepSpeed's OnebitLamb takes both and uses neither: no bias correction, eps outside the root.
     require_flag(p, "bias_correction", false, "1-bit LAMB has no bias correction; DeepSpeed ignores the key");
@@ -415,9 +417,10 @@ class deepspeed_reader {
         steps = tbs / (mbs * w);
         c_.accumulation_from_batch_sizes = true;
       }
-      if (steps < 1 || tbs % (mbs * w) != 0 || tbs / (mbs * w) != steps)
-        fail("train_batch_size: ", tbs, " is not train_micro_batch_size_per_gpu (", mbs, ") x gradient_accumulation_steps",
-             has_gas ? " (" + std::to_string(gas) + ")" : std::string(), " x ", w, w == 1 ? " rank" : " ranks");
+      if (steps < 1 || steps > big || tbs % (mbs * w) != 0 || tbs / (mbs * w) != steps)
+        fail("train_batch_size: ", tbs, " is not train_micro_batch_size_per_gpu (", mbs,
+             ") x gradient_accumulation_steps", has_gas ? " (" + std::to_string(gas) + ")" : std::string(), " x ", w,
+             w == 1 ? " rank" : " ranks");
     } else if (has_tbs && tbs % (gas * w) != 0) {
       fail("train_batch_size: ", tbs, " does not split into gradient_accumulation_steps (", gas, ") x ", w,
            w == 1 ? " rank" : " ranks", " micro-batches");

@@ -93,7 +93,8 @@ class erased_optimizer final : public optimizer_interface {
   const optimizer_options& config() const override { return opt_.config(); }
   std::string policies() const override {
     std::string s;
-    for (std::string_view n : {Precision::name, Scaler::name, Partition::name, Rule::name, Backend::name, Communicator::name})
+    for (std::string_view n :
+         {Precision::name, Scaler::name, Partition::name, Rule::name, Backend::name, Communicator::name})
       s += (s.empty() ? "" : ", ") + std::string(n);
     return s;
   }

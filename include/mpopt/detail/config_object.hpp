@@ -85,8 +85,9 @@ class config_object {
     if (!v) return fallback;
     auto refuse = [&] { fail(at(key), " must be an integer in [", lo, ", ", hi, "], got ", json_brief(*v)); };
     if (v->is_number_unsigned()) {
-      if (v->get<std::uint64_t>() > std::uint64_t(hi) || (lo > 0 && v->get<std::uint64_t>() < std::uint64_t(lo))) refuse();
-      return std::int64_t(v->get<std::uint64_t>());
+      const std::uint64_t x = v->get<std::uint64_t>();
+      if (x > std::uint64_t(hi) || (lo > 0 && x < std::uint64_t(lo))) refuse();
+      return std::int64_t(x);
     }
     if (v->is_number_integer()) {
       const std::int64_t x = v->get<std::int64_t>();
