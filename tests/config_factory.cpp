@@ -117,6 +117,27 @@ void check_same_steps(const std::string& json, int calls, int overflow_at) {
   }
 }
 
+/// A model's own 16-bit types, declared to have mpopt::half's and mpopt::bfloat16's bits.
+struct model_half {
+  std::uint16_t bits;
+};
+struct model_bf16 {
+  std::uint16_t bits;
+};
+
+}  // namespace
+
+template <>
+struct mpopt::numeric_traits<model_half> {
+  using storage = mpopt::half;
+};
+template <>
+struct mpopt::numeric_traits<model_bf16> {
+  using storage = mpopt::bfloat16;
+};
+
+namespace {
+
 const char* precisions[] = {
     R"("fp16": {"enabled": false})",
     R"("fp16": {"enabled": true, "loss_scale": 1024})",
@@ -299,6 +320,28 @@ TEST_SUITE("config") {
     // The typed optimizer's own checks come through as they are.
     CHECK(error_of([&] { g.add(hp, hg, "embedding"); }).find("tensor name 'embedding' is used twice") != std::string::npos);
     CHECK(error_of([&] { opt.group(3); }).find("there are 1 groups, no group 3") != std::string::npos);
+  }
+
+  TEST_CASE("tensors of a type with the precision's bits go in as they are, with their shapes; other bits are "
+            "refused naming both types") {
+    mpopt::any_optimizer opt =
+        mpopt::make_optimizer(deepspeed_config::parse_text(R"({"fp16": {"enabled": true}, "optimizer": {"type": "Adam"}})"));
+    std::vector<model_half> p(6, model_half{0x3c00}), g(6, model_half{0x3800});  // 1.0 and 0.5
+    std::vector<model_bf16> bp(6), bg(6);
+    auto group = opt.add_group();
+    group.add(p, g, "w", {2, 3});
+    using opt_t = typed<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, mpopt::adam>;
+    REQUIRE(opt.target<opt_t>() != nullptr);
+    CHECK(opt.target<opt_t>()->group(0).shape(0) == mpopt::tensor_shape{2, 3});
+    CHECK(error_of([&] { group.add(bp, bg, "b"); }) ==
+          "mpopt: tensor 'b': its parameter holds bf16 elements, but the optimizer trains in fp16, whose parameters "
+          "are fp16");
+    CHECK(error_of([&] { group.add(p, g, "w2", {4}); }).find("tensor 'w2': shape [4] holds 4 elements") !=
+          std::string::npos);
+    CHECK(group.size() == 1);
+    CHECK(opt.step().applied);
+    CHECK(p[0].bits != 0x3c00);  // the optimizer wrote the model's own type
+    CHECK(mpopt::half(opt.master(0)[0]).bits == p[0].bits);  // the master, rounded to nearest
   }
 
   TEST_CASE("flat groups hand out views of the precision's type; another type is refused") {
