@@ -525,7 +525,11 @@ bool parse_args(int argc, char** argv, config& c) {
     else if (flag == "--rule") check_choice(flag, c.rule = value, {"adam", "lamb", "onebit_lamb"});
     else if (flag == "--freeze-step") c.freeze_step = parse_number<std::uint64_t>(flag, value, 1);
     else if (flag == "--csv") c.csv = value;
-    else if (flag == "--config") c.config_file = value;
+    else if (flag == "--config") {
+      if (with_device)  // and so train_mlp_device does not compile the factory's 28 optimizers
+        throw usage_error{"--config builds a host-backend optimizer: build/examples/train_mlp --config FILE"};
+      c.config_file = value;
+    }
     else if (flag == "--schedule") check_choice(flag, c.schedule = value, {"constant", "linear"});
     else if (flag == "--bias-correction") {
       check_choice(flag, value, {"on", "off"});
@@ -729,6 +733,7 @@ run_result train(const config& c, const task& data, bool verbose) {
   return train_loop(c, data, verbose, opt, model);
 }
 
+#if !MPOPT_EXAMPLE_DEVICE  // parse_args refuses --config there
 // The same with the optimizer a DeepSpeed configuration describes, its tensors of type P.
 template <class P>
 run_result train_configured(const config& c, const mpopt::deepspeed_config& ds, const task& data, bool verbose) {
@@ -742,6 +747,7 @@ run_result train_configured(const config& c, const mpopt::deepspeed_config& ds, 
   else attach_unfused(opt, model, weights_options, biases_options, storage);
   return train_loop(c, data, verbose, opt, model);
 }
+#endif
 
 // Initializes the model and trains it with opt: a typed optimizer or an mpopt::any_optimizer.
 template <class Opt, class Model>
@@ -941,6 +947,7 @@ int run_with_partition(const config& c, const task& data) {
   return run_with_rule<Precision, Scaler, mpopt::replicated, backend>(c, data);
 }
 
+#if !MPOPT_EXAMPLE_DEVICE
 // --config: the optimizer a DeepSpeed configuration describes, on tensors of its precision's type.
 int run_configured(config c, const mpopt::deepspeed_config& ds, const task& data) {
   c.accumulate = ds.options.accumulation_steps;
@@ -980,14 +987,17 @@ int run_configured(config c, const mpopt::deepspeed_config& ds, const task& data
   static constexpr std::string_view partitions[] = {"replicated", "zero1", "zero2"};
   return report(c, ds.summary(), partitions[ds.zero_stage], r, fp32);
 }
+#endif
 
 int dispatch(const config& c, const task& data) {
+#if !MPOPT_EXAMPLE_DEVICE
   if (!c.config_file.empty()) {
     const mpopt::deepspeed_config ds = mpopt::deepspeed_config::read(c.config_file, world_size());
     if (ds.micro_batch_size > 0 && std::ranges::find(c.given, "--batch") != c.given.end())
       throw usage_error{"--batch conflicts with --config: the configuration decides it (train_micro_batch_size_per_gpu)"};
     return run_configured(c, ds, data);
   }
+#endif
   if (c.precision == "fp32") return run_with_partition<mpopt::fp32, mpopt::no_scaling>(c, data);
   if (c.rounding == "stochastic") {  // parse_args allows bf16 and fp16 with dynamic scaling
     if (c.precision == "bf16") return run_with_partition<mpopt::bf16_stochastic, mpopt::no_scaling>(c, data);
