@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include "optimizer_snapshot.hpp"
+#include "error_of.hpp"
 #include "temp_dir.hpp"
 
 #include <mpopt/mpopt.hpp>
@@ -32,21 +33,6 @@ namespace {
 namespace fs = std::filesystem;
 constexpr double d_inf = std::numeric_limits<double>::infinity();
 constexpr double d_nan = std::numeric_limits<double>::quiet_NaN();
-
-// The message of the mpopt::error `f` throws; a marker without the "mpopt: " prefix otherwise.
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const mpopt::error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    return std::string("<not an mpopt::error: ") + e.what() + ">";
-  } catch (...) {
-    return "<not an mpopt::error>";
-  }
-  return "<no exception>";
-}
 
 // Checks that `expr` throws mpopt::error whose message contains `needle`.
 #define CHECK_ERROR(expr, needle)                                       \

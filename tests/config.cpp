@@ -7,6 +7,7 @@
 
 #include <mpopt/deepspeed_config.hpp>
 
+#include "error_of.hpp"
 #include "temp_dir.hpp"
 
 #include <algorithm>
@@ -22,18 +23,6 @@ using mpopt::config_scaler;
 using mpopt::deepspeed_config;
 
 deepspeed_config parse(const std::string& json, int world_size = 1) { return deepspeed_config::parse_text(json, world_size); }
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const mpopt::error& e) {
-    return e.what();
-  } catch (...) {
-    return "<an exception other than mpopt::error>";
-  }
-  return "<no exception>";
-}
 
 /// The configuration is refused with a message that starts with the key path and says `rest`.
 #define CHECK_REFUSED(json, path, rest)                                                   \

@@ -6,6 +6,7 @@
 
 #include <mpopt/make_optimizer.hpp>
 
+#include "error_of.hpp"
 #include "temp_dir.hpp"
 
 #include <cmath>
@@ -22,18 +23,6 @@ using mpopt::deepspeed_config;
 
 template <class P, class S, class Part, class R>
 using typed = mpopt::optimizer<P, S, Part, R, mpopt::host, mpopt::single_process>;
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const mpopt::error& e) {
-    return e.what();
-  } catch (...) {
-    return "<an exception other than mpopt::error>";
-  }
-  return "<no exception>";
-}
 
 template <class Scaler>
 typename Scaler::options scaler_options_of(const deepspeed_config& c) {

@@ -1,6 +1,7 @@
 // Tests for the checkpoint container (include/mpopt/detail/state_file.hpp).
 #include <doctest/doctest.h>
 
+#include "error_of.hpp"
 #include "temp_dir.hpp"
 
 #include <mpopt/detail/state_file.hpp>
@@ -44,16 +45,6 @@ std::uint64_t le64(const bytes& b) {
   std::uint64_t n = 0;
   for (std::size_t i = 8; i-- > 0;) n = (n << 8) | std::to_integer<std::uint64_t>(b[i]);
   return n;
-}
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const mpopt::error& e) {
-    return e.what();
-  }
-  return "<no exception>";
 }
 
 std::string reject(const fs::path& p) {
