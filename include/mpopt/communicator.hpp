@@ -41,6 +41,30 @@ concept communicator = requires(C& c, const C& cc, std::span<float> f, std::span
   c.barrier();
 };
 
+/// A collective left in flight: test() says whether it has completed (moving it along, as MPI
+/// progresses nonblocking collectives only inside its calls), wait() returns once it has. Both
+/// throw mpopt::error if it failed. Until then its buffers are the collective's. A
+/// default-constructed request is complete; a request destroyed in flight is abandoned (its
+/// collective may still complete, but nothing waits for it).
+template <class R>
+concept collective_request = std::default_initializable<R> && std::movable<R> && requires(R& r) {
+  { r.test() } -> std::same_as<bool>;
+  r.wait();
+};
+
+/// A communicator that can leave collectives in flight (optimizer_options::overlap_comm): start_X
+/// begins what X does and returns its request. Every rank starts its collectives, blocking or not,
+/// in the same order; requests may be waited for in any order.
+template <class C>
+concept nonblocking_communicator =
+    communicator<C> && requires(C& c, std::span<float> f, std::span<const float> cf, std::span<const std::size_t> counts) {
+      typename C::request;
+      requires collective_request<typename C::request>;
+      { c.start_all_reduce(f, reduce_op::sum) } -> std::same_as<typename C::request>;
+      { c.start_reduce_scatter(cf, f, counts, reduce_op::sum) } -> std::same_as<typename C::request>;
+      { c.start_all_gather(f, counts) } -> std::same_as<typename C::request>;
+    };
+
 namespace detail {
 /// The block-size rule shared by every communicator, checked before any data moves: the input holds
 /// in_blocks equal blocks and the output out_blocks blocks of the same size.
@@ -106,8 +130,29 @@ struct single_process {
     if (root != 0) detail::fail("broadcast: root ", root, " is not a rank of a single process");
   }
   void barrier() {}
+
+  /// Over one rank a collective is complete once started.
+  struct request {
+    bool test() { return true; }
+    void wait() {}
+  };
+  template <class T>
+  request start_all_reduce(std::span<T>, reduce_op) {
+    return {};
+  }
+  template <class T>
+  request start_reduce_scatter(std::span<const T> in, std::span<T> out, std::span<const std::size_t> counts,
+                               reduce_op op) {
+    reduce_scatter(in, out, counts, op);
+    return {};
+  }
+  template <class T>
+  request start_all_gather(std::span<T> data, std::span<const std::size_t> counts) {
+    all_gather(data, counts);
+    return {};
+  }
 };
 
-static_assert(communicator<single_process>);
+static_assert(nonblocking_communicator<single_process>);
 
 }  // namespace mpopt

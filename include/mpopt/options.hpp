@@ -36,6 +36,15 @@ struct optimizer_options {
   /// others): the same seed gives the same bits on any thread count, SIMD level, backend and world
   /// size. A checkpoint saved under stochastic rounding keeps it, and load() takes it back.
   std::uint64_t rounding_seed = 0;
+  /// Leave collectives in flight (DeepSpeed's overlap_comm; needs a nonblocking_communicator):
+  /// grad_ready() starts each completed bucket's reduction and returns (zero2 every micro-step;
+  /// replicated and zero1 at the window's last one), step() waits only for what is still running,
+  /// and under zero1/zero2 the updated parameters' all-gather is left running until wait_params()
+  /// or the next call that needs them. Results are the same bits as without.
+  bool overlap_comm = false;
+  /// Buckets whose collectives may be in flight at once under overlap_comm, each with a staging
+  /// buffer of its own (bucket_elements wide); DeepSpeed's double buffer is 2.
+  int buckets_in_flight = 2;
 };
 
 /// What load() does with state that cannot carry over.
@@ -54,6 +63,8 @@ inline optimizer_options validated(optimizer_options o, bool unscaled) {
   if (o.bucket_elements < 1 || o.bucket_elements > (std::size_t{1} << 30))
     fail("bucket_elements must be in [1, 2^30], got ", o.bucket_elements);
   require_float_scale("gradient_predivide", o.gradient_predivide);
+  if (o.buckets_in_flight < 1 || o.buckets_in_flight > 64)
+    fail("buckets_in_flight must be in [1, 64], got ", o.buckets_in_flight);
   if (!o.skip_nonfinite && !unscaled)
     fail("skip_nonfinite = false needs mpopt::no_scaling: a loss-scaled step must skip on overflow");
   return o;

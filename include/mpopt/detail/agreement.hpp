@@ -125,6 +125,8 @@ class agreement {
     add("sum_by_shard", opts.sum_by_shard);
     add("rounding", std::string(rounding_of_t<Precision>::name));
     add("rounding_seed", opts.rounding_seed);
+    add("overlap_comm", opts.overlap_comm);
+    add("buckets_in_flight", opts.buckets_in_flight);
     add_each(std::string(LossScaler::name) + ".", o.scaler_.settings());
     add_each(std::string(LossScaler::name) + " state.", o.scaler_.save());
     if constexpr (requires { o.comm_.inner().options().deterministic; })
