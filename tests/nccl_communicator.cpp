@@ -1,6 +1,7 @@
 // The NCCL communicator under mpirun, one GPU per rank: every collective of the communicator concept
 // (device memory, and host memory through its scratch)
-// against results each rank computes on the host, for every element type NCCL carries; size errors
+// against results each rank computes on the host, for every element type NCCL carries, and the
+// started collectives of the nonblocking_communicator concept against the blocking ones; size errors
 // throw on every rank before anything is enqueued. A standalone program (not doctest): every rank
 // must run every collective in the same order.
 //
@@ -13,9 +14,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -101,6 +104,14 @@ void expect_equal(const std::string& what, const std::vector<T>& got, const std:
   expect(true, name);
 }
 
+/// started == blocking, bit for bit.
+template <class T>
+void expect_same_bits(const std::string& what, const std::vector<T>& started, const std::vector<T>& blocking) {
+  const auto bytes = [](const std::vector<T>& v) { return std::as_bytes(std::span<const T>(v)); };
+  expect(std::ranges::equal(bytes(started), bytes(blocking)),
+         what + " <" + type_name<T>() + ">: the same bits as the blocking call");
+}
+
 float reduce(mpopt::reduce_op op, std::size_t i) {
   float r = op == mpopt::reduce_op::sum ? 0.0f : value(0, i);
   for (int q = 0; q < world_size; ++q) r = op == mpopt::reduce_op::sum ? r + value(q, i) : std::max(r, value(q, i));
@@ -117,6 +128,25 @@ std::size_t offset(const std::vector<std::size_t>& counts, int rank) {
   std::size_t at = 0;
   for (int r = 0; r < rank; ++r) at += counts[std::size_t(r)];
   return at;
+}
+
+/// An in-place all-gather over `counts`: this rank holds only its own piece (99 elsewhere);
+/// afterwards everyone holds every piece (`gathered`).
+template <class T>
+struct pieces {
+  std::vector<T> mine;
+  std::vector<float> gathered;
+};
+template <class T>
+pieces<T> gather_pieces(const std::vector<std::size_t>& counts, int rank) {
+  const std::size_t total = offset(counts, world_size);
+  pieces<T> p{std::vector<T>(total, T(99.0f)), std::vector<float>(total)};
+  for (int r = 0; r < world_size; ++r)
+    for (std::size_t i = offset(counts, r); i < offset(counts, r + 1); ++i) {
+      p.gathered[i] = value(r, i);
+      if (r == rank) p.mine[i] = T(value(r, i));
+    }
+  return p;
 }
 
 constexpr mpopt::reduce_op ops[] = {mpopt::reduce_op::sum, mpopt::reduce_op::max};
@@ -160,18 +190,10 @@ void check_reduce_scatter(mpopt::nccl& comm) {
 template <class T>
 void check_all_gather(mpopt::nccl& comm) {
   const std::vector<std::size_t> counts = piece_counts();
-  const std::size_t total = offset(counts, world_size);
-  // Each rank holds only its own piece (99 elsewhere); afterwards everyone holds every piece.
-  std::vector<T> host(total, T(99.0f));
-  std::vector<float> expected(total);
-  for (int r = 0; r < world_size; ++r)
-    for (std::size_t i = offset(counts, r); i < offset(counts, r + 1); ++i) {
-      expected[i] = value(r, i);
-      if (r == comm.rank()) host[i] = T(value(r, i));
-    }
-  device_buffer<T> data(host);
+  const pieces<T> p = gather_pieces<T>(counts, comm.rank());
+  device_buffer<T> data(p.mine);
   comm.all_gather(data.span(), std::span<const std::size_t>(counts));
-  expect_equal("all_gather in place, variable counts (one zero)", data.download(comm), expected);
+  expect_equal("all_gather in place, variable counts (one zero)", data.download(comm), p.gathered);
 
   const std::size_t block = 6;
   device_buffer<T> in(values<T>(comm.rank(), block));
@@ -212,6 +234,33 @@ void check_broadcast(mpopt::nccl& comm) {
   }
 }
 
+/// start_X leaves X in flight on the side stream; waited for, it leaves the bits X leaves.
+template <class T>
+void check_started(mpopt::nccl& comm) {
+  for (mpopt::reduce_op op : ops) {
+    device_buffer<T> blocking(values<T>(comm.rank(), 37)), started(values<T>(comm.rank(), 37));
+    comm.all_reduce(blocking.span(), op);
+    comm.start_all_reduce(started.span(), op).wait();
+    expect_same_bits(std::string("start_all_reduce ") + op_name(op), started.download(comm), blocking.download(comm));
+  }
+  const std::vector<std::size_t> counts = piece_counts();
+  const std::size_t total = offset(counts, world_size), mine = counts[std::size_t(comm.rank())];
+  for (mpopt::reduce_op op : ops) {
+    device_buffer<T> in(values<T>(comm.rank(), total));
+    device_buffer<T> blocking(mine), started(mine);
+    comm.reduce_scatter(in.cspan(), blocking.span(), std::span<const std::size_t>(counts), op);
+    comm.start_reduce_scatter(in.cspan(), started.span(), std::span<const std::size_t>(counts), op).wait();
+    expect_same_bits(std::string("start_reduce_scatter variable counts (one zero) ") + op_name(op),
+                     started.download(comm), blocking.download(comm));
+  }
+  const pieces<T> p = gather_pieces<T>(counts, comm.rank());
+  device_buffer<T> blocking(p.mine), started(p.mine);
+  comm.all_gather(blocking.span(), std::span<const std::size_t>(counts));
+  comm.start_all_gather(started.span(), std::span<const std::size_t>(counts)).wait();
+  expect_same_bits("start_all_gather in place, variable counts (one zero)", started.download(comm),
+                   blocking.download(comm));
+}
+
 template <class T>
 void check_type(mpopt::nccl& comm) {
   const std::string t = type_name<T>();
@@ -220,6 +269,91 @@ void check_type(mpopt::nccl& comm) {
   run("all_gather <" + t + ">", [&] { check_all_gather<T>(comm); });
   run("all_to_all <" + t + ">", [&] { check_all_to_all<T>(comm); });
   run("broadcast <" + t + ">", [&] { check_broadcast<T>(comm); });
+  run("started collectives <" + t + ">", [&] { check_started<T>(comm); });
+}
+
+/// What a request promises: complete by default; several in flight at once, waited for in any
+/// order; test() turns true by itself; synchronize() covers started collectives; abandoned or moved,
+/// a started collective still orders stream() behind it; a request outlives a move of its
+/// communicator; over host memory a request comes back complete.
+void check_requests(mpopt::nccl& comm) {
+  using request = mpopt::nccl::request;
+  constexpr mpopt::reduce_op sum = mpopt::reduce_op::sum;
+  const auto sums = [](std::size_t n) {
+    std::vector<float> s(n);
+    for (std::size_t i = 0; i < n; ++i) s[i] = reduce(sum, i);
+    return s;
+  };
+
+  request none;
+  expect(none.test(), "a default request is complete");
+  none.wait();
+
+  {
+    const std::vector<std::size_t> counts = piece_counts();
+    const pieces<float> p = gather_pieces<float>(counts, comm.rank());
+    device_buffer<float> reduced(values<float>(comm.rank(), 37)), gathered(p.mine);
+    request first = comm.start_all_reduce(reduced.span(), sum);
+    request second = comm.start_all_gather(gathered.span(), std::span<const std::size_t>(counts));
+    second.wait();
+    first.wait();
+    expect(first.test() && second.test(), "a waited request is complete");
+    expect_equal("two requests in flight, waited for in reverse order: the all-reduce", reduced.download(comm),
+                 sums(37));
+    expect_equal("two requests in flight, waited for in reverse order: the all-gather", gathered.download(comm),
+                 p.gathered);
+  }
+  {
+    constexpr std::size_t n = std::size_t(1) << 22;  // long enough to be seen in flight
+    device_buffer<float> data(values<float>(comm.rank(), n));
+    request r = comm.start_all_reduce(data.span(), sum);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    bool done = r.test();
+    while (!done && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::yield();
+      done = r.test();
+    }
+    expect(done, "test() turns true once the collective has run, with no wait");
+    expect(r.test(), "test() stays true");
+    expect_equal("an all-reduce seen through test()", data.download(comm), sums(n));
+  }
+  {
+    device_buffer<float> data(values<float>(comm.rank(), 37));
+    request r = comm.start_all_reduce(data.span(), sum);
+    comm.synchronize();
+    expect(r.test(), "synchronize() waits for started collectives");
+  }
+  {
+    device_buffer<float> data(values<float>(comm.rank(), 37));
+    { request abandoned = comm.start_all_reduce(data.span(), sum); }
+    expect_equal("a request destroyed in flight: stream() still waits for its collective", data.download(comm),
+                 sums(37));
+  }
+  {
+    device_buffer<float> a(values<float>(comm.rank(), 37)), b(values<float>(comm.rank(), 37));
+    request r = comm.start_all_reduce(a.span(), sum);
+    request moved(std::move(r));
+    expect(r.test(), "a moved-from request is complete");  // NOLINT(bugprone-use-after-move)
+    request assigned = comm.start_all_reduce(b.span(), sum);
+    assigned = std::move(moved);  // abandons the all-reduce of b
+    assigned.wait();
+    expect_equal("a moved request", a.download(comm), sums(37));
+    expect_equal("a request abandoned by a move assignment", b.download(comm), sums(37));
+  }
+  {
+    device_buffer<float> data(values<float>(comm.rank(), 37));
+    request r = comm.start_all_reduce(data.span(), sum);
+    mpopt::nccl moved(std::move(comm));
+    r.wait();
+    expect_equal("a request outlives a move of its communicator", data.download(moved), sums(37));
+    comm = std::move(moved);
+  }
+  {
+    std::vector<float> host = values<float>(comm.rank(), 37);
+    request r = comm.start_all_reduce(std::span<float>(host), sum);
+    expect(r.test(), "start_all_reduce over host memory returns a complete request");
+    expect_equal("start_all_reduce over host memory", host, sums(37));
+  }
 }
 
 /// Host spans go through the communicator's device scratch and come back with the result, alone
@@ -273,6 +407,13 @@ void check_bad_input(mpopt::nccl& comm) {
   });
   expect_error("all_gather whose counts do not add up", [&] {
     comm.all_gather(a.span().first(w + 1), std::span<const std::size_t>(wrong_total));
+  });
+  expect_error("start_reduce_scatter with one count too many", [&] {
+    (void)comm.start_reduce_scatter(a.cspan(), b.span().first(0), std::span<const std::size_t>(too_many),
+                                    mpopt::reduce_op::sum);
+  });
+  expect_error("start_all_gather whose counts do not add up", [&] {
+    (void)comm.start_all_gather(a.span().first(w + 1), std::span<const std::size_t>(wrong_total));
   });
   expect_error("reduce_scatter equal blocks that do not fit", [&] {
     comm.reduce_scatter(a.cspan(), b.span().first(4), mpopt::reduce_op::sum);
@@ -365,6 +506,7 @@ int main(int argc, char** argv) {
     check_type<mpopt::half>(comm);
     check_type<mpopt::bfloat16>(comm);
     run("host memory", [&] { check_host_memory(comm); });
+    run("requests", [&] { check_requests(comm); });
     run("bad input", [&] { check_bad_input(comm); });
     run("barrier", [&] {
       comm.barrier();

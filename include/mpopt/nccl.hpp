@@ -16,6 +16,7 @@
 #include <string_view>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "communicator.hpp"
 #include "detail/cuda_stream.hpp"
@@ -76,8 +77,15 @@ struct nccl_options {
 /// An mpopt::optimizer with the cuda backend runs its passes on this communicator's stream, so
 /// its passes and collectives follow each other in order without waits.
 ///
+/// Started collectives (start_X, the nonblocking_communicator): on device spans the collective runs
+/// on a side stream of the communicator's own, after everything enqueued on stream() before the
+/// call, so it overlaps what the caller enqueues on stream() afterwards until its request is waited
+/// for (see request). On host spans start_X does what X does and returns a complete request.
+///
 /// Counts are elements, as size_t (NCCL has no int limit).
 class nccl {
+  struct core;  // what requests hold on to (below)
+
  public:
   static constexpr std::string_view name = "nccl";
   static constexpr memory_space space = memory_space::device;
@@ -89,7 +97,9 @@ class nccl {
   /// leaving some waiting. (A rank that fails inside ncclCommInitRank itself may still leave peers
   /// waiting there.) `options`: see nccl_options.
   explicit nccl(MPI_Comm comm, cudaStream_t stream = nullptr, nccl_options options = {})
-      : stream_(stream, detail::stream_destroyer{stream == nullptr}), options_(options) {
+      : stream_(stream, detail::stream_destroyer{stream == nullptr}),
+        options_(options),
+        core_(std::make_unique<core>()) {
     if (options_.timeout.count() < 0)
       detail::fail("nccl_options.timeout must be >= 0 ms (0: no timeout), got ", options_.timeout.count(), " ms");
     int initialized = 0;
@@ -110,6 +120,8 @@ class nccl {
     MPI_Comm_set_errhandler(boot.comm, MPI_ERRORS_RETURN);
     MPI_Comm_rank(boot.comm, &rank_);
     MPI_Comm_size(boot.comm, &size_);
+    core_->rank = rank_;
+    core_->size = size_;
 
     // This rank's CUDA side first (the usual failure: no usable device), agreed before NCCL starts.
     std::string failed;
@@ -118,6 +130,12 @@ class nccl {
       failed = failure("cudaStreamCreateWithFlags", cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking));
       stream_.reset(own);
     }
+    cudaStream_t side = nullptr;
+    if (failed.empty())
+      failed = failure("cudaStreamCreateWithFlags", cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+    core_->side.reset(side);
+    if (failed.empty())
+      failed = failure("cudaEventCreateWithFlags", cudaEventCreateWithFlags(&core_->ready, cudaEventDisableTiming));
     void* flag = nullptr;
     if (failed.empty()) failed = failure("cudaMalloc", cudaMalloc(&flag, 1));
     flag_.reset(static_cast<std::byte*>(flag));
@@ -138,44 +156,105 @@ class nccl {
     // Aborted, not destroyed, if another rank failed: its peers will never finish with it.
     std::unique_ptr<std::remove_pointer_t<ncclComm_t>, abort_comm> joined(failed.empty() ? c : nullptr);
     agree(boot.comm, failed, "ncclCommInitRank");
-    comm_.reset(joined.release());
+    core_->comm.reset(joined.release());
   }
   nccl(nccl&&) noexcept = default;
   nccl& operator=(nccl&&) noexcept = default;
   nccl(const nccl&) = delete;  // one NCCL communicator per rank and device: create another explicitly
   nccl& operator=(const nccl&) = delete;
-  ~nccl() = default;  // ncclCommDestroy, cudaFree of scratch and barrier byte, then the stream if owned
+  ~nccl() = default;  // ncclCommDestroy, events, side stream, scratch and barrier byte, then the stream if owned
+
+  /// A collective left in flight by start_X. Complete means ordered before the work enqueued on
+  /// stream() afterwards, as for every collective of this stream communicator: wait() makes stream()
+  /// wait for the collective and returns without blocking the host, so a collective that fails or
+  /// hangs after it surfaces in synchronize() (which polls NCCL's errors under nccl_options::timeout).
+  /// test() says whether the collective has run on the GPU (the host may then read its buffers). Both
+  /// throw mpopt::error on an error NCCL has reported meanwhile, aborting the communicator. Destroyed
+  /// in flight, a request is abandoned and stream() still waits for its collective. Complete or
+  /// destroy requests before their communicator is destroyed; moving the communicator keeps them valid.
+  class request {
+   public:
+    request() = default;
+    request(request&& other) noexcept
+        : core_(std::exchange(other.core_, nullptr)),
+          stream_(other.stream_),
+          done_(std::exchange(other.done_, nullptr)) {}
+    request& operator=(request&& other) noexcept {
+      if (this != &other) {
+        abandon();
+        core_ = std::exchange(other.core_, nullptr);
+        stream_ = other.stream_;
+        done_ = std::exchange(other.done_, nullptr);
+      }
+      return *this;
+    }
+    request(const request&) = delete;
+    request& operator=(const request&) = delete;
+    ~request() { abandon(); }
+
+    bool test() {
+      if (!done_) return true;
+      core_->check_async_error();
+      const cudaError_t e = cudaEventQuery(done_);
+      if (e == cudaErrorNotReady) return false;
+      check(e, "cudaEventQuery");
+      release();
+      return true;
+    }
+    void wait() {
+      if (!done_) return;
+      core_->check_async_error();
+      check(cudaStreamWaitEvent(stream_, done_, 0), "cudaStreamWaitEvent");
+      release();
+    }
+
+   private:
+    friend class nccl;
+    request(core* owner, cudaStream_t stream, cudaEvent_t done) : core_(owner), stream_(stream), done_(done) {}
+
+    /// The event may go back to the pool as soon as stream() waits for it: a wait keeps the record
+    /// it was given, whatever the event records next.
+    void release() noexcept {
+      core_->give_back(std::exchange(done_, nullptr));
+      core_ = nullptr;
+    }
+    /// Abandoned in flight, the collective still owns its buffers: stream() waits for it, so the
+    /// work the caller enqueues there next (which may reuse them) cannot run before it is done.
+    void abandon() noexcept {
+      if (!done_) return;
+      (void)cudaStreamWaitEvent(stream_, done_, 0);  // a destructor cannot report an error
+      release();
+    }
+
+    core* core_ = nullptr;
+    cudaStream_t stream_ = nullptr;  // the communicator's stream()
+    cudaEvent_t done_ = nullptr;     // recorded on the side stream after the collective; null once complete
+  };
 
   int rank() const { return rank_; }
   int size() const { return size_; }
   /// The CUDA device current at construction: every buffer and the stream belong to it.
   int device() const { return device_; }
   cudaStream_t stream() const { return stream_.get(); }
-  ncclComm_t native() const { return comm_.get(); }
+  ncclComm_t native() const { return core_ ? core_->comm.get() : nullptr; }
   const nccl_options& options() const { return options_; }
 
-  /// Waits for everything enqueued on stream(). A collective that failed asynchronously (a lost
-  /// peer, a network error) would never complete, so this polls NCCL's error state meanwhile; on
-  /// such an error, or when the timeout passes first (nccl_options), it aborts the communicator
-  /// (unusable afterwards) and throws mpopt::error.
+  /// Waits for everything enqueued on stream() and for every collective started (start_X), waited
+  /// for or not. A collective that failed asynchronously (a lost peer, a network error) would never
+  /// complete, so this polls NCCL's error state meanwhile; on such an error, or when the timeout
+  /// passes first (nccl_options), it aborts the communicator (unusable afterwards) and throws
+  /// mpopt::error.
   void synchronize() {
-    ncclComm_t c = live();
+    live();  // moved from, or aborted: throws
     const bool done = detail::poll_until(options_.timeout, [&] {
-      ncclResult_t async = ncclSuccess;
-      check(ncclCommGetAsyncError(c, &async), "ncclCommGetAsyncError");
-      if (async != ncclSuccess && async != ncclInProgress) {
-        abort_after("an asynchronous error");
-        detail::fail(failure("a collective", async), " (asynchronously; the communicator was aborted)");
-      }
-      const cudaError_t e = cudaStreamQuery(stream());
-      if (e != cudaErrorNotReady) check(e, "cudaStreamQuery");
-      return e == cudaSuccess;
+      core_->check_async_error();
+      return finished(stream()) && finished(core_->side.get());
     });
     const std::string_view waited_for = std::exchange(last_enqueued_, {});
     if (done) return;
     // A collective whose peers never join would keep the GPU and this rank waiting: aborting ends
     // NCCL's part of the work on the stream.
-    abort_after(std::string("a timeout in ").append(waited_for.empty() ? "synchronize()" : waited_for));
+    core_->abort_after(std::string("a timeout in ").append(waited_for.empty() ? "synchronize()" : waited_for));
     const std::string late = waited_for.empty() ? "the work on the stream (no collective since the last wait)"
                                                 : std::string(waited_for) + ", or other work on the stream,";
     detail::fail("nccl: ", late, " did not complete within ", options_.timeout.count(), " ms on rank ", rank_, " of ",
@@ -185,11 +264,7 @@ class nccl {
 
   template <class T>
   void all_reduce(std::span<T> data, reduce_op op) {
-    ncclComm_t c = live();
-    if (data.empty()) return;  // the same on every rank: sizes must match
-    in_place(data, [&](T* d) {
-      enqueue(ncclAllReduce(d, d, data.size(), type<T>(), detail::nccl_op(op), c, stream()), "ncclAllReduce");
-    });
+    all_reduce(launch::blocking, data, op);
   }
   /// out = my block of the reduction of in over ranks (block r has out.size() elements).
   template <class T>
@@ -197,34 +272,21 @@ class nccl {
     detail::check_blocks("reduce_scatter", in.size(), out.size(), std::size_t(size_), 1);
     ncclComm_t c = live();
     if (out.empty()) return;
-    in_and_out(in, out, [&](const T* i, T* o) {
-      enqueue(ncclReduceScatter(i, o, out.size(), type<T>(), detail::nccl_op(op), c, stream()), "ncclReduceScatter");
+    in_and_out(launch::blocking, in, out, [&](const T* i, T* o, cudaStream_t s) {
+      enqueue(ncclReduceScatter(i, o, out.size(), type<T>(), detail::nccl_op(op), c, s), "ncclReduceScatter");
     });
   }
   /// Variable pieces: rank r gets the next counts[r] elements of the reduction, in rank order.
   /// NCCL has no reduce-scatter-v, so it is one reduce per rank, fused in a group.
   template <class T>
   void reduce_scatter(std::span<const T> in, std::span<T> out, std::span<const std::size_t> counts, reduce_op op) {
-    detail::check_counts("reduce_scatter", in.size(), counts, rank_, size_, out.size());
-    ncclComm_t c = live();
-    in_and_out(in, out, [&](const T* i, T* o) {
-      // o is written on the root only (NCCL ignores recvbuff elsewhere).
-      for_each_piece(counts, [&](int r, std::size_t at, std::size_t n) {
-        enqueue(ncclReduce(i + at, o, n, type<T>(), detail::nccl_op(op), r, c, stream()), "ncclReduce");
-      });
-    });
+    reduce_scatter(launch::blocking, in, out, counts, op);
   }
   /// In place: rank r's piece is the counts[r] elements after those of ranks < r; on return every
   /// rank holds every piece. One broadcast per rank, fused in a group.
   template <class T>
   void all_gather(std::span<T> data, std::span<const std::size_t> counts) {
-    detail::check_counts("all_gather", data.size(), counts, rank_, size_);
-    ncclComm_t c = live();
-    in_place(data, [&](T* d) {
-      for_each_piece(counts, [&](int r, std::size_t at, std::size_t n) {
-        enqueue(ncclBroadcast(d + at, d + at, n, type<T>(), r, c, stream()), "ncclBroadcast");
-      });
-    });
+    all_gather(launch::blocking, data, counts);
   }
   /// out = the in of every rank, in rank order.
   template <class T>
@@ -232,8 +294,8 @@ class nccl {
     detail::check_blocks("all_gather", in.size(), out.size(), 1, std::size_t(size_));
     ncclComm_t c = live();
     if (in.empty()) return;
-    in_and_out(in, out, [&](const T* i, T* o) {
-      enqueue(ncclAllGather(i, o, in.size(), type<T>(), c, stream()), "ncclAllGather");
+    in_and_out(launch::blocking, in, out, [&](const T* i, T* o, cudaStream_t s) {
+      enqueue(ncclAllGather(i, o, in.size(), type<T>(), c, s), "ncclAllGather");
     });
   }
   /// Block j of in goes to rank j; block i of out comes from rank i.
@@ -242,11 +304,11 @@ class nccl {
     const std::size_t block = all_to_all_block(in.size(), out.size());
     ncclComm_t c = live();
     if (block == 0) return;
-    in_and_out(in, out, [&](const T* i, T* o) {
+    in_and_out(launch::blocking, in, out, [&](const T* i, T* o, cudaStream_t s) {
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
-      enqueue(ncclAlltoAll(i, o, block, type<T>(), c, stream()), "ncclAlltoAll");
+      enqueue(ncclAlltoAll(i, o, block, type<T>(), c, s), "ncclAlltoAll");
 #else
-      send_recv(i, o, block, c);
+      send_recv(i, o, block, c, s);
 #endif
     });
   }
@@ -256,17 +318,34 @@ class nccl {
   void all_to_all_send_recv(std::span<const T> in, std::span<T> out) {
     const std::size_t block = all_to_all_block(in.size(), out.size());
     ncclComm_t c = live();
-    if (block != 0) in_and_out(in, out, [&](const T* i, T* o) { send_recv(i, o, block, c); });
+    if (block != 0)
+      in_and_out(launch::blocking, in, out, [&](const T* i, T* o, cudaStream_t s) { send_recv(i, o, block, c, s); });
   }
   template <class T>
   void broadcast(std::span<T> data, int root) {
     if (root < 0 || root >= size_) detail::fail("broadcast: root ", root, " is not a rank of ", size_);
     ncclComm_t c = live();
     if (data.empty()) return;
-    in_place(data, [&](T* d) {
-      enqueue(ncclBroadcast(d, d, data.size(), type<T>(), root, c, stream()), "ncclBroadcast");
+    in_place(launch::blocking, data, [&](T* d, cudaStream_t s) {
+      enqueue(ncclBroadcast(d, d, data.size(), type<T>(), root, c, s), "ncclBroadcast");
     });
   }
+
+  /// start_X: what X does, checked alike; on device spans left in flight behind the request.
+  template <class T>
+  request start_all_reduce(std::span<T> data, reduce_op op) {
+    return all_reduce(launch::nonblocking, data, op);
+  }
+  template <class T>
+  request start_reduce_scatter(std::span<const T> in, std::span<T> out, std::span<const std::size_t> counts,
+                               reduce_op op) {
+    return reduce_scatter(launch::nonblocking, in, out, counts, op);
+  }
+  template <class T>
+  request start_all_gather(std::span<T> data, std::span<const std::size_t> counts) {
+    return all_gather(launch::nonblocking, data, counts);
+  }
+
   /// Device bytes held to stage host spans: as much as the largest host collective needed so far.
   std::size_t workspace_bytes() const { return scratch_bytes_; }
   static constexpr std::string_view workspace_purpose = "device scratch for collectives over host memory";
@@ -279,6 +358,42 @@ class nccl {
   }
 
  private:
+  /// Where a collective over device memory goes: on stream() (X), or on the side stream behind a
+  /// request (start_X). Host memory is always staged on stream() and waited for.
+  enum class launch { blocking, nonblocking };
+
+  // The collectives with a start_X, once for both launches: the request is complete when blocking.
+  template <class T>
+  request all_reduce(launch how, std::span<T> data, reduce_op op) {
+    ncclComm_t c = live();
+    if (data.empty()) return {};  // the same on every rank: sizes must match
+    return in_place(how, data, [&](T* d, cudaStream_t s) {
+      enqueue(ncclAllReduce(d, d, data.size(), type<T>(), detail::nccl_op(op), c, s), "ncclAllReduce");
+    });
+  }
+  template <class T>
+  request reduce_scatter(launch how, std::span<const T> in, std::span<T> out, std::span<const std::size_t> counts,
+                         reduce_op op) {
+    detail::check_counts("reduce_scatter", in.size(), counts, rank_, size_, out.size());
+    ncclComm_t c = live();
+    return in_and_out(how, in, out, [&](const T* i, T* o, cudaStream_t s) {
+      // o is written on the root only (NCCL ignores recvbuff elsewhere).
+      for_each_piece(counts, [&](int r, std::size_t at, std::size_t n) {
+        enqueue(ncclReduce(i + at, o, n, type<T>(), detail::nccl_op(op), r, c, s), "ncclReduce");
+      });
+    });
+  }
+  template <class T>
+  request all_gather(launch how, std::span<T> data, std::span<const std::size_t> counts) {
+    detail::check_counts("all_gather", data.size(), counts, rank_, size_);
+    ncclComm_t c = live();
+    return in_place(how, data, [&](T* d, cudaStream_t s) {
+      for_each_piece(counts, [&](int r, std::size_t at, std::size_t n) {
+        enqueue(ncclBroadcast(d + at, d + at, n, type<T>(), r, c, s), "ncclBroadcast");
+      });
+    });
+  }
+
   /// ncclGroupStart; the group is closed by end(), or when an error leaves the scope early.
   struct group {
     group() { check(ncclGroupStart(), "ncclGroupStart"); }
@@ -316,12 +431,12 @@ class nccl {
   }
 
   template <class T>
-  void send_recv(const T* in, T* out, std::size_t block, ncclComm_t c) {
+  void send_recv(const T* in, T* out, std::size_t block, ncclComm_t c, cudaStream_t s) {
     group g;
     for (int p = 0; p < size_; ++p) {
       const std::size_t at = std::size_t(p) * block;
-      enqueue(ncclSend(in + at, block, type<T>(), p, c, stream()), "ncclSend");
-      enqueue(ncclRecv(out + at, block, type<T>(), p, c, stream()), "ncclRecv");
+      enqueue(ncclSend(in + at, block, type<T>(), p, c, s), "ncclSend");
+      enqueue(ncclRecv(out + at, block, type<T>(), p, c, s), "ncclRecv");
     }
     g.end();
   }
@@ -345,25 +460,28 @@ class nccl {
     return scratch_.get();
   }
 
-  /// f(device pointer) for an in-place collective; host data is copied through the scratch and
-  /// back, and the call waits for it.
+  /// f(device pointer, stream) for an in-place collective, on device data launched as `how` says;
+  /// host data is copied through the scratch and back, and the call waits for it.
   template <class T, class F>
-  void in_place(std::span<T> data, F&& f) {
-    if (data.empty() || !on_host(data.data())) return f(data.data());
+  request in_place(launch how, std::span<T> data, F&& f) {
+    if (data.empty() || !on_host(data.data()))
+      return on_device(how, [&](cudaStream_t s) { f(data.data(), s); });
     T* d = reinterpret_cast<T*>(scratch(data.size_bytes()));
     check(cudaMemcpyAsync(d, data.data(), data.size_bytes(), cudaMemcpyHostToDevice, stream()), "cudaMemcpyAsync");
-    f(d);
+    f(d, stream());
     check(cudaMemcpyAsync(data.data(), d, data.size_bytes(), cudaMemcpyDeviceToHost, stream()), "cudaMemcpyAsync");
     synchronize();
+    return {};
   }
 
-  /// f(device in, device out); either side in host memory goes through the scratch (in copied
-  /// there before, out copied back after), and then the call waits for it.
+  /// f(device in, device out, stream), on device data launched as `how` says; either side in host
+  /// memory goes through the scratch (in copied there before, out copied back after), and then the
+  /// call waits for it.
   template <class T, class F>
-  void in_and_out(std::span<const T> in, std::span<T> out, F&& f) {
+  request in_and_out(launch how, std::span<const T> in, std::span<T> out, F&& f) {
     const bool host_in = !in.empty() && on_host(in.data());
     const bool host_out = !out.empty() && on_host(out.data());
-    if (!host_in && !host_out) return f(in.data(), out.data());
+    if (!host_in && !host_out) return on_device(how, [&](cudaStream_t s) { f(in.data(), out.data(), s); });
     constexpr std::size_t align = 256;  // cudaMalloc's alignment, kept for the second piece
     const std::size_t out_at = host_in ? (in.size_bytes() + align - 1) / align * align : 0;
     std::byte* s = scratch(out_at + (host_out ? out.size_bytes() : 0));
@@ -371,30 +489,54 @@ class nccl {
     T* o = host_out ? reinterpret_cast<T*>(s + out_at) : out.data();
     if (host_in)
       check(cudaMemcpyAsync(s, in.data(), in.size_bytes(), cudaMemcpyHostToDevice, stream()), "cudaMemcpyAsync");
-    f(i, o);
+    f(i, o, stream());
     if (host_out)
       check(cudaMemcpyAsync(out.data(), o, out.size_bytes(), cudaMemcpyDeviceToHost, stream()), "cudaMemcpyAsync");
     synchronize();
+    return {};
+  }
+
+  /// f(stream) for a collective over device memory: blocking, on stream(); nonblocking, on the side
+  /// stream after everything enqueued on stream() so far (its data is ready there), with a request
+  /// for it.
+  ///
+  /// Every rank issues a communicator's collectives in the same order, and they must also run in
+  /// that order. Blocking ones run in order on stream(), started ones in order on the side stream;
+  /// a start runs after the blocking ones before it (the side stream waits for `ready`), and a
+  /// blocking one after the starts before it once the caller has waited for their requests, as it
+  /// does before its next blocking collective. (NCCL's launch code also chains one communicator's
+  /// kernels in launch order across streams, but its documentation does not promise that.)
+  template <class F>
+  request on_device(launch how, F&& f) {
+    if (how == launch::blocking) {
+      f(stream());
+      return {};
+    }
+    request started(core_.get(), stream(), core_->take_event());
+    cudaStream_t side = core_->side.get();
+    check(cudaEventRecord(core_->ready, stream()), "cudaEventRecord");
+    check(cudaStreamWaitEvent(side, core_->ready, 0), "cudaStreamWaitEvent");
+    f(side);
+    check(cudaEventRecord(started.done_, side), "cudaEventRecord");
+    return started;
+  }
+
+  /// Whether everything enqueued on s has run.
+  static bool finished(cudaStream_t s) {
+    const cudaError_t e = cudaStreamQuery(s);
+    if (e != cudaErrorNotReady) check(e, "cudaStreamQuery");
+    return e == cudaSuccess;
   }
 
   ncclComm_t live() const {
-    if (!comm_ && !aborted_after_.empty())
-      detail::fail("nccl: the communicator is unusable: it was aborted after ", aborted_after_, " on rank ", rank_,
-                   " of ", size_, ": end the job, e.g. MPI_Abort");
-    if (!comm_) detail::fail("nccl: the communicator was moved from");
-    return comm_.get();
+    if (!core_) detail::fail("nccl: the communicator was moved from");
+    return core_->live();
   }
 
   /// Checks an enqueued collective (`call` a string literal) and remembers it for synchronize().
   void enqueue(ncclResult_t r, std::string_view call) {
     check(r, call);
     last_enqueued_ = call;
-  }
-
-  /// After an error that leaves collectives unable to complete: ncclCommDestroy would wait for them.
-  void abort_after(std::string why) {
-    abort_comm{}(comm_.release());
-    aborted_after_ = std::move(why);
   }
 
   /// Every rank learns whether any rank failed a local step (its message `mine`, empty if not), so
@@ -446,6 +588,65 @@ class nccl {
     void operator()(ncclComm_t c) const noexcept { (void)ncclCommAbort(c); }
   };
 
+  /// What requests reach, at an address of its own so that they outlive a move of the communicator:
+  /// NCCL's handle (and why it was aborted), the side stream and the pool of `done` events.
+  struct core {
+    core() = default;
+    core(const core&) = delete;
+    core& operator=(const core&) = delete;
+    ~core() {
+      for (cudaEvent_t e : idle_events) (void)cudaEventDestroy(e);
+      if (ready) (void)cudaEventDestroy(ready);
+    }
+
+    ncclComm_t live() const {
+      if (!comm)
+        detail::fail("nccl: the communicator is unusable: it was aborted after ", aborted_after, " on rank ", rank,
+                     " of ", size, ": end the job, e.g. MPI_Abort");
+      return comm.get();
+    }
+    /// A collective that failed asynchronously (a lost peer, a network error) never completes.
+    void check_async_error() {
+      ncclResult_t async = ncclSuccess;
+      check(ncclCommGetAsyncError(live(), &async), "ncclCommGetAsyncError");
+      if (async != ncclSuccess && async != ncclInProgress) {
+        abort_after("an asynchronous error");
+        detail::fail(failure("a collective", async), " (asynchronously; the communicator was aborted)");
+      }
+    }
+    /// After an error that leaves collectives unable to complete: ncclCommDestroy would wait for them.
+    void abort_after(std::string why) {
+      abort_comm{}(comm.release());
+      aborted_after = std::move(why);
+    }
+
+    /// An idle event, or a new one: once every request in flight at a time has had one, steps
+    /// allocate nothing.
+    cudaEvent_t take_event() {
+      if (idle_events.empty()) {
+        idle_events.reserve(events_made + 1);  // room for every event to come back: see give_back
+        cudaEvent_t e = nullptr;
+        check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+        ++events_made;
+        return e;
+      }
+      const cudaEvent_t e = idle_events.back();
+      idle_events.pop_back();
+      return e;
+    }
+    /// Never allocates (take_event reserved the room), so a request's destructor may call it.
+    void give_back(cudaEvent_t e) noexcept { idle_events.push_back(e); }
+
+    int rank = 0;  // the communicator's rank and size, for messages
+    int size = 1;
+    detail::stream_holder side;             // start_X's collectives
+    cudaEvent_t ready = nullptr;            // recorded on stream() for the side stream to wait on
+    std::vector<cudaEvent_t> idle_events;   // the pool: the events no request holds
+    std::size_t events_made = 0;
+    std::string aborted_after;  // why the communicator was aborted, if it was
+    std::unique_ptr<std::remove_pointer_t<ncclComm_t>, destroy_comm> comm;  // declared last: destroyed first
+  };
+
   detail::stream_holder stream_;  // declared first: destroyed last
   int rank_ = 0;
   int size_ = 1;
@@ -455,10 +656,9 @@ class nccl {
   std::size_t scratch_bytes_ = 0;
   nccl_options options_;
   std::string_view last_enqueued_;  // the last collective enqueued since the last synchronize()
-  std::string aborted_after_;       // why the communicator was aborted, if it was
-  std::unique_ptr<std::remove_pointer_t<ncclComm_t>, destroy_comm> comm_;  // declared last: destroyed first
+  std::unique_ptr<core> core_;      // declared last: destroyed first (NCCL's handle before the buffers)
 };
 
-static_assert(communicator<nccl>);
+static_assert(nonblocking_communicator<nccl>);
 
 }  // namespace mpopt
