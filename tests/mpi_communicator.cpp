@@ -117,6 +117,54 @@ TEST_SUITE("mpi") {
     w.comm.barrier();  // every rank is still in step
   }
 
+  TEST_CASE("started collectives give the blocking calls' bits, several in flight at once, waited in any order") {
+    for (const bool deterministic : {false, true}) {
+      CAPTURE(deterministic);
+      mpopt::mpi comm(MPI_COMM_WORLD, {.deterministic = deterministic});
+      const int w = comm.size(), rank = comm.rank();
+      // Deterministic sums are rank-ordered either way: any values. Otherwise integers, exact in any order.
+      auto x = [&](int r, std::size_t i) {
+        return deterministic ? 1.0f / float(3 + r) + float(i) * 1e-3f : value(r, i);
+      };
+      const std::vector<std::size_t> counts = [&] {
+        std::vector<std::size_t> c;
+        for (int r = 0; r < w; ++r) c.push_back(std::size_t(r % 3 == 1 ? 0 : 5 + 2 * r));  // some ranks get none
+        return c;
+      }();
+      const std::size_t n = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+      std::vector<float> sum(n + 3), in(n), gathered(n);
+      for (std::size_t i = 0; i < sum.size(); ++i) sum[i] = x(rank, i);
+      for (std::size_t i = 0; i < n; ++i) in[i] = x(rank, i);
+      const std::size_t mine = counts[std::size_t(rank)];
+      const std::size_t at = std::accumulate(counts.begin(), counts.begin() + rank, std::size_t{0});
+      std::vector<float> piece(mine);
+      for (std::size_t i = 0; i < mine; ++i) gathered[at + i] = x(rank, i + 100);
+      auto expect_sum = sum, expect_piece = piece, expect_gathered = gathered;
+      comm.all_reduce(std::span<float>(expect_sum), mpopt::reduce_op::sum);
+      comm.reduce_scatter(std::span<const float>(in), std::span<float>(expect_piece), std::span<const std::size_t>(counts),
+                          mpopt::reduce_op::sum);
+      comm.all_gather(std::span<float>(expect_gathered), std::span<const std::size_t>(counts));
+
+      auto a = comm.start_all_reduce(std::span<float>(sum), mpopt::reduce_op::sum);
+      auto b = comm.start_reduce_scatter(std::span<const float>(in), std::span<float>(piece),
+                                         std::span<const std::size_t>(counts), mpopt::reduce_op::sum);
+      auto c = comm.start_all_gather(std::span<float>(gathered), std::span<const std::size_t>(counts));
+      c.wait();  // the last first
+      while (!b.test()) {
+      }
+      a.wait();
+      CHECK(a.test());
+      CHECK(sum == expect_sum);
+      CHECK(piece == expect_piece);
+      CHECK(gathered == expect_gathered);
+      CHECK(mpopt::mpi::request{}.test());  // a default request is complete
+      // A bad count throws on every rank before anything starts.
+      const std::vector<std::size_t> wrong(std::size_t(w), 1);
+      CHECK_THROWS_AS(comm.start_all_gather(std::span<float>(gathered), std::span<const std::size_t>(wrong)),
+                      mpopt::error);
+    }
+  }
+
   TEST_CASE("the communicator works on a sub-communicator, e.g. a data-parallel group") {
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);

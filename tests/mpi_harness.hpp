@@ -277,6 +277,18 @@ struct net {
   std::vector<std::unique_ptr<std::vector<G>>> own_g_;
 };
 
+/// Runs one boundary of A micro-steps on each rank of `n` (micro-batch rank * A + a of the global batch).
+template <class D>
+[[maybe_unused]] mpopt::step_status run_boundary(net<D>& n, const dataset& ds, int step, int a_steps, int rank) {
+  mpopt::step_status st;
+  for (int a = 0; a < a_steps; ++a) {
+    n.write(ds.micro_batch(step, rank * a_steps + a));
+    n.report_ready();
+    st = n.opt.step();
+  }
+  return st;
+}
+
 // ---------------------------------------------------------------- snapshots and digests
 
 /// Every bit of observable optimizer state.

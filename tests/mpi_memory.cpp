@@ -117,6 +117,37 @@ TEST_SUITE("mpi") {
   }
 
   TEST_CASE_TEMPLATE(
+      "overlap_comm: finalize allocates exactly the reported bytes, one staging slot per bucket in flight; once the "
+      "first step has started as many collectives at once as ever, steps allocate nothing",
+      P, mpopt::zero1, mpopt::zero2, mpopt::replicated) {
+    using D = mpopt::optimizer<mpopt::bf16, mpopt::no_scaling, P, mpopt::adam, mpopt::host, mpopt::mpi>;
+    const int w = world_size(), rank = world_rank();
+    CAPTURE(w);
+    constexpr int slots = 3;
+    // bf16 summed in bf16: replicated converts too, into its slots.
+    using bf16_sums = mpopt::mixed_precision<mpopt::bfloat16, float, mpopt::bfloat16>;
+    using R = std::conditional_t<std::is_same_v<P, mpopt::replicated>,
+                                 mpopt::optimizer<bf16_sums, mpopt::no_scaling, P, mpopt::adam, mpopt::host, mpopt::mpi>, D>;
+    net<R> n(layout::unfused, model, 1, mpopt::mpi{MPI_COMM_WORLD},
+             mpopt::optimizer_options{.bucket_elements = 1 << 16, .overlap_comm = true, .buckets_in_flight = slots});
+    const long long added = live_bytes_added_by([&] { n.opt.finalize(); });
+    const mpopt::memory_report r = n.opt.memory_report();
+    CHECK(added == static_cast<long long>(r.owned_bytes()));
+    const std::size_t bucket = std::is_same_v<P, mpopt::replicated> ? (w > 1 ? 2 << 16 : 0) : 4 << 16;
+    CHECK(bytes_of(r, std::is_same_v<P, mpopt::replicated> && w == 1 ? "bucket" : "buckets") == slots * bucket);
+    const dataset ds{0x0E4, model.all(), true};
+    for (int s = 0; s < 3; ++s) {
+      n.write(ds.micro_batch(s, rank));
+      const long long during = live_bytes_added_by([&] {
+        n.report_ready();
+        CHECK(n.opt.step().applied);
+        n.opt.wait_params();
+      });
+      if (s > 0) CHECK(during == 0);
+    }
+  }
+
+  TEST_CASE_TEMPLATE(
       "save() under ZeRO holds one gathered tensor at a time and load() reads only its part: neither comes near the "
       "12 bytes per parameter of the whole state",
       Z, mpopt::zero1, mpopt::zero2) {

@@ -31,18 +31,6 @@ mpopt::optimizer_options zero_options(mpopt::optimizer_options o = {}) {
       cfg<mpopt::bf16, mpopt::no_scaling, mpopt::lamb, layout::unfused, Z>,    \
       cfg<mpopt::fp16, mpopt::dynamic_scale, mpopt::lamb, layout::flat, Z>
 
-/// Runs one boundary of A micro-steps on each rank of `n` (micro-batch rank * A + a of the global batch).
-template <class D>
-mpopt::step_status run_boundary(net<D>& n, const dataset& ds, int step, int a_steps, int rank) {
-  mpopt::step_status st;
-  for (int a = 0; a < a_steps; ++a) {
-    n.write(ds.micro_batch(step, rank * a_steps + a));
-    n.report_ready();
-    st = n.opt.step();
-  }
-  return st;
-}
-
 /// A communicator that fails, on every rank, at the n-th variable-count reduce-scatter, all-gather or
 /// all-reduce of doubles (as a broken network would be seen by all).
 struct failing_mpi : mpopt::mpi {

@@ -109,6 +109,7 @@ class optimizer_interface {
   virtual bool grad_consumed(std::size_t i) const = 0;
   virtual step_status step() = 0;
   virtual void finish_step() = 0;
+  virtual void wait_params(std::size_t i) = 0;
   virtual void zero_grad() = 0;
 
   virtual double loss_scale() const = 0;
@@ -207,6 +208,8 @@ class any_optimizer {
   bool grad_consumed(std::size_t i) const { return impl_->grad_consumed(i); }
   step_status step() { return impl_->step(); }
   void finish_step() { impl_->finish_step(); }
+  /// optimizer::wait_params: with overlap_comm, the parameters' all-gather finished (i: tensor i's only).
+  void wait_params(std::size_t i = std::size_t(-1)) { impl_->wait_params(i); }
   void zero_grad() { impl_->zero_grad(); }
 
   /// The factor the loss must be multiplied by before backward.

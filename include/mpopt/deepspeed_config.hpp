@@ -261,10 +261,10 @@ class deepspeed_reader {
       if (n % 2 != 0) fail(o.at("allgather_bucket_size"), " must be a multiple of 2 (DeepSpeed asserts it), got ", n);
       ignore(o.at("allgather_bucket_size"));
     }
+    c_.options.overlap_comm = o.flag("overlap_comm", false);
     // How the exchange is scheduled, not what it computes: mpopt packs gradients into buckets,
     // reduce-scatters them and all-gathers the parameters, and its checkpoints load at any world size.
-    for (std::string_view key : {"contiguous_gradients", "overlap_comm", "reduce_scatter", "allgather_partitions",
-                                 "elastic_checkpoint"})
+    for (std::string_view key : {"contiguous_gradients", "reduce_scatter", "allgather_partitions", "elastic_checkpoint"})
       ignore_flag(o, key);
     require_flag(o, "load_from_fp32_weights", true, "load() restores the fp32 masters from the checkpoint");
     require_flag(o, "round_robin_gradients", false, "mpopt shards each group's flat space in order");

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -151,7 +152,8 @@ class mpi {
         steps_(std::move(o.steps_)),
         workspace_(std::move(o.workspace_)),
         timed_out_(std::exchange(o.timed_out_, MPI_REQUEST_NULL)),
-        timed_out_call_(o.timed_out_call_) {}
+        timed_out_call_(o.timed_out_call_),
+        flights_(std::move(o.flights_)) {}
   mpi(const mpi&) = delete;  // duplicating is collective: do it explicitly with mpi(other.native())
   mpi& operator=(const mpi&) = delete;
   mpi& operator=(mpi&&) = delete;
@@ -160,6 +162,9 @@ class mpi {
     MPI_Finalized(&finalized);
     if (finalized) return;
     if (timed_out_ != MPI_REQUEST_NULL) release_timed_out();
+    // A collective still in flight may write into its flight once a late rank joins: leaked, not freed.
+    for (auto& f : flights_)
+      if (f->busy) (void)f.release();
     if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
   }
 
@@ -167,9 +172,17 @@ class mpi {
   int size() const { return size_; }
   MPI_Comm native() const { return comm_; }
   const mpi_options& options() const { return options_; }
-  /// Heap bytes of the deterministic mode's workspace (it grows to the largest collective once).
-  std::size_t workspace_bytes() const { return workspace_.capacity(); }
-  static constexpr std::string_view workspace_purpose = "rank-ordered sums (deterministic mode)";
+  /// Heap bytes of the deterministic mode's workspace and of the collectives in flight (they grow
+  /// to the largest collective, and the most in flight at once, once).
+  std::size_t workspace_bytes() const {
+    std::size_t bytes = workspace_.capacity() + flights_.capacity() * sizeof(flights_[0]);
+    for (const auto& f : flights_)
+      bytes += sizeof(flight) + f->workspace.capacity() +
+               (f->counts.capacity() + f->displs.capacity() + f->ones.capacity() + f->steps.capacity()) * sizeof(int);
+    return bytes;
+  }
+  static constexpr std::string_view workspace_purpose =
+      "rank-ordered sums (deterministic mode) and collectives in flight (overlap_comm)";
 
   template <class T>
   void all_reduce(std::span<T> data, reduce_op op) {
@@ -228,6 +241,110 @@ class mpi {
   void barrier() { collective("MPI_Barrier", MPI_Barrier, MPI_Ibarrier, comm_); }
 
  private:
+  struct flight;
+
+ public:
+  /// A collective in flight (nonblocking_communicator). wait() waits as a blocking collective does:
+  /// forever, or up to mpi_options::timeout, after which the communicator is unusable. A request
+  /// destroyed in flight is abandoned; its buffers (the caller's and the communicator's) stay the
+  /// collective's, so it is tested once and, if still running, its flight is never reused. In
+  /// deterministic mode an all-reduce is two collectives, and the second starts in wait() (where
+  /// every rank starts it in the same order): until then test() says false.
+  class request {
+   public:
+    request() = default;
+    request(request&& o) noexcept : comm_(std::exchange(o.comm_, nullptr)), flight_(std::exchange(o.flight_, nullptr)) {}
+    request& operator=(request&& o) noexcept {
+      if (this != &o) {
+        abandon();
+        comm_ = std::exchange(o.comm_, nullptr);
+        flight_ = std::exchange(o.flight_, nullptr);
+      }
+      return *this;
+    }
+    request(const request&) = delete;
+    request& operator=(const request&) = delete;
+    ~request() { abandon(); }
+
+    bool test() {
+      if (!flight_) return true;
+      flight* f = std::exchange(flight_, nullptr);  // a throw frees it, or leaves it to MPI for good
+      if (comm_->advance(*f, false)) return true;
+      flight_ = f;
+      return false;
+    }
+    void wait() {
+      if (flight_) comm_->advance(*std::exchange(flight_, nullptr), true);
+    }
+
+   private:
+    friend class mpi;
+    request(mpi* comm, flight* f) : comm_(comm), flight_(f) {}
+    void abandon() noexcept {
+      if (flight_) comm_->abandon(*std::exchange(flight_, nullptr));
+    }
+    mpi* comm_ = nullptr;
+    flight* flight_ = nullptr;
+  };
+
+  template <class T>
+  request start_all_reduce(std::span<T> data, reduce_op op) {
+    const int n = count(data.size());
+    flight& f = take_flight("MPI_Iallreduce");
+    if (ordered<T>(op)) {  // a rank-ordered reduce-scatter into near-equal blocks, then an all-gather
+      block_counts(data.size(), f.counts, f.displs);
+      start_ordered_reduce_scatter<T>(f, data.data(), data.data() + f.displs[std::size_t(rank_)],
+                                      std::size_t(f.counts[std::size_t(rank_)]), true);
+    } else {
+      f.started(MPI_Iallreduce(MPI_IN_PLACE, data.data(), n, type<T>(), detail::mpi_type<T>::op(op), comm_,
+                               &f.mpi_request));
+    }
+    return launched(f);
+  }
+  template <class T>
+  request start_reduce_scatter(std::span<const T> in, std::span<T> out, std::span<const std::size_t> counts,
+                               reduce_op op) {
+    detail::check_counts("reduce_scatter", in.size(), counts, rank_, size_, out.size());
+    flight& f = take_flight("MPI_Ireduce_scatter");
+    set_counts(f, counts);
+    if (ordered<T>(op)) {
+      start_ordered_reduce_scatter<T>(f, in.data(), out.data(), out.size(), false);
+    } else {
+      f.started(MPI_Ireduce_scatter(in.data(), out.data(), f.counts.data(), type<T>(), detail::mpi_type<T>::op(op),
+                                    comm_, &f.mpi_request));
+    }
+    return launched(f);
+  }
+  template <class T>
+  request start_all_gather(std::span<T> data, std::span<const std::size_t> counts) {
+    detail::check_counts("all_gather", data.size(), counts, rank_, size_);
+    flight& f = take_flight("MPI_Iallgatherv");
+    set_counts(f, counts);
+    f.started(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data.data(), f.counts.data(), f.displs.data(),
+                              type<T>(), comm_, &f.mpi_request));
+    return launched(f);
+  }
+
+ private:
+  /// What a collective in flight needs until it completes: MPI reads its counts and writes its
+  /// workspace meanwhile, so each has its own. Flights are reused, so steps allocate nothing once
+  /// as many as are ever in flight at once exist.
+  struct flight {
+    MPI_Request mpi_request = MPI_REQUEST_NULL;
+    std::string_view call;
+    int code = MPI_SUCCESS;
+    std::vector<int> counts, displs, ones, steps;
+    std::vector<std::byte> workspace;
+    /// The local part after MPI's (deterministic mode): sums the received pieces and, for an
+    /// all-reduce, starts the gather of the sums. Null once only MPI's part is left.
+    void (*then)(mpi&, flight&) = nullptr;
+    bool then_collective = false;  // `then` starts a collective
+    void *data = nullptr, *out = nullptr;
+    std::size_t n = 0;
+    bool busy = false;
+
+    void started(int result) { code = result; }
+  };
   static constexpr std::size_t max_count = std::size_t{1} << 30;
 
   /// Whether this reduction runs in rank order: float sums in deterministic mode (integer sums and
@@ -238,13 +355,135 @@ class mpi {
   }
 
   /// counts_ and displs_ as MPI's int arrays.
-  void set_counts(std::span<const std::size_t> counts) {
+  void set_counts(std::span<const std::size_t> counts) { set_counts(counts, counts_, displs_); }
+  static void set_counts(std::span<const std::size_t> counts, std::vector<int>& to, std::vector<int>& displs) {
     std::size_t at = 0;
     for (std::size_t r = 0; r < counts.size(); ++r) {
-      counts_[r] = count(counts[r]);
-      displs_[r] = count(at);
+      to[r] = count(counts[r]);
+      displs[r] = count(at);
       at += counts[r];
     }
+  }
+  void set_counts(flight& f, std::span<const std::size_t> counts) { set_counts(counts, f.counts, f.displs); }
+  /// Near-equal blocks of n elements, one per rank: how an all-reduce is cut in deterministic mode.
+  void block_counts(std::size_t n, std::vector<int>& counts, std::vector<int>& displs) const {
+    const std::size_t w = std::size_t(size_);
+    for (std::size_t r = 0, at = 0; r < w; ++r) {
+      const std::size_t c = n / w + (r < n % w);
+      counts[r] = int(c);
+      displs[r] = int(at);
+      at += c;
+    }
+  }
+
+  // ---- collectives in flight
+
+  flight& take_flight(std::string_view call) {
+    if (!timed_out_call_.empty())
+      detail::fail("mpi: the communicator is unusable after a timeout in ", timed_out_call_, " on rank ", rank_, " of ",
+                   size_, "; ", call, " not started: end the job, e.g. MPI_Abort");
+    flight* f = nullptr;
+    for (auto& x : flights_)
+      if (!x->busy) f = x.get();
+    if (!f) {
+      flights_.push_back(std::make_unique<flight>());
+      f = flights_.back().get();
+      for (std::vector<int>* v : {&f->counts, &f->displs, &f->ones, &f->steps}) v->resize(std::size_t(size_));
+    }
+    f->call = call;
+    f->then = nullptr;
+    f->then_collective = false;
+    f->code = MPI_SUCCESS;
+    return *f;
+  }
+  /// The flight's request, or the error of starting it (then the flight is free again).
+  request launched(flight& f) {
+    if (f.code != MPI_SUCCESS) {
+      f.mpi_request = MPI_REQUEST_NULL;
+      check(f.code, f.call);
+    }
+    f.busy = true;
+    return request(this, &f);
+  }
+
+  /// Deterministic mode's first part: every rank sends rank r its piece (f.counts, f.displs) and
+  /// receives the W pieces of its own into the flight's workspace, to be summed in rank order into
+  /// out (n elements), and then, for an all-reduce (`gather`: in is the whole buffer), gathered.
+  template <class T>
+  void start_ordered_reduce_scatter(flight& f, const T* in, T* out, std::size_t n, bool gather) {
+    const std::size_t bytes = n * std::size_t(size_) * sizeof(T);
+    if (f.workspace.size() < bytes) f.workspace.resize(bytes);
+    for (std::size_t r = 0; r < std::size_t(size_); ++r) {
+      f.ones[r] = count(n);
+      f.steps[r] = count(r * n);
+    }
+    f.data = const_cast<T*>(in);
+    f.out = out;
+    f.n = n;
+    f.then = gather ? &sum_then_gather<T> : &sum_pieces<T>;
+    f.then_collective = gather;
+    f.started(MPI_Ialltoallv(in, f.counts.data(), f.displs.data(), type<T>(), f.workspace.data(), f.ones.data(),
+                             f.steps.data(), type<T>(), comm_, &f.mpi_request));
+  }
+  template <class T>
+  static void sum_pieces(mpi& m, flight& f) {
+    f.then = nullptr;
+    sum_in_rank_order(reinterpret_cast<const T*>(f.workspace.data()), static_cast<T*>(f.out), f.n,
+                      std::size_t(m.size_));
+  }
+  template <class T>
+  static void sum_then_gather(mpi& m, flight& f) {
+    sum_pieces<T>(m, f);
+    f.then_collective = false;
+    f.started(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, f.data, f.counts.data(), f.displs.data(), type<T>(),
+                              m.comm_, &f.mpi_request));
+  }
+
+  /// Moves flight f along: MPI's part, then the local part that follows it, until done or (unless
+  /// `block`) MPI's part is still running. Returns whether it is done; then f is free again. A
+  /// failure or a timeout throws; after a timeout f stays taken (MPI may still write into it).
+  bool advance(flight& f, bool block) {
+    if (!timed_out_call_.empty() && block)  // waiting again would wait out the timeout again
+      detail::fail("mpi: ", f.call, " abandoned: the communicator is unusable after a timeout in ", timed_out_call_);
+    for (;;) {
+      int done = 1;
+      if (f.code == MPI_SUCCESS && f.mpi_request != MPI_REQUEST_NULL) {
+        if (block && options_.timeout.count() == 0) {
+          f.code = MPI_Wait(&f.mpi_request, MPI_STATUS_IGNORE);
+        } else if (block) {
+          const bool ended = detail::poll_until(options_.timeout, [&] {
+            f.code = MPI_Test(&f.mpi_request, &done, MPI_STATUS_IGNORE);
+            return f.code != MPI_SUCCESS || done != 0;
+          });
+          if (!ended) {
+            timed_out_call_ = f.call;
+            detail::fail("mpi: ", f.call, " did not complete within ", options_.timeout.count(), " ms on rank ", rank_,
+                         " of ", size_, ": another rank stopped calling the collectives (it missed a step(), or "
+                         "hangs); this communicator is unusable now: end the job, e.g. MPI_Abort");
+          }
+        } else {
+          f.code = MPI_Test(&f.mpi_request, &done, MPI_STATUS_IGNORE);
+        }
+      }
+      if (f.code != MPI_SUCCESS) {
+        f.busy = false;
+        check(f.code, f.call);
+      }
+      if (!done) return false;
+      // A second collective may only start where every rank starts it, in the same order: in a
+      // wait, never on a test that happens to find the first done.
+      if (!block && f.then_collective) return false;
+      if (!f.then) {
+        f.busy = false;
+        return true;
+      }
+      f.then(*this, f);
+    }
+  }
+  /// A request dropped in flight: freed if it has completed, otherwise its flight is never reused.
+  void abandon(flight& f) noexcept {
+    int done = 0;
+    if (f.then == nullptr && MPI_Test(&f.mpi_request, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done) f.busy = false;
   }
 
   /// Every rank sends rank r its piece (counts_/displs_); each sums the W pieces it receives in rank
@@ -261,10 +500,15 @@ class mpi {
     }
     collective("MPI_Alltoallv", MPI_Alltoallv, MPI_Ialltoallv, in.data(), counts_.data(), displs_.data(), type<T>(),
                pieces, ones_.data(), steps_.data(), type<T>(), comm_);
+    sum_in_rank_order(pieces, out.data(), n, std::size_t(size_));
+  }
+  /// out[i] = pieces[i] + pieces[n + i] + ... over w pieces, in float (double for double), one rounding.
+  template <class T>
+  static void sum_in_rank_order(const T* pieces, T* out, std::size_t n, std::size_t w) {
     using acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
     for (std::size_t i = 0; i < n; ++i) {
       acc sum = acc(pieces[i]);
-      for (std::size_t r = 1; r < std::size_t(size_); ++r) sum += acc(pieces[r * n + i]);
+      for (std::size_t r = 1; r < w; ++r) sum += acc(pieces[r * n + i]);
       out[i] = T(sum);
     }
   }
@@ -272,16 +516,9 @@ class mpi {
   /// All-reduce as a rank-ordered reduce-scatter into near-equal blocks, then an all-gather.
   template <class T>
   void ordered_all_reduce(std::span<T> data) {
-    const std::size_t w = std::size_t(size_), n = data.size();
-    std::size_t mine = 0, at = 0;
-    for (std::size_t r = 0; r < w; ++r) {
-      const std::size_t c = n / w + (r < n % w);
-      counts_[r] = int(c);
-      displs_[r] = int(at);
-      if (r == std::size_t(rank_)) mine = c;
-      at += c;
-    }
-    ordered_reduce_scatter(std::span<const T>(data), data.subspan(std::size_t(displs_[std::size_t(rank_)]), mine));
+    block_counts(data.size(), counts_, displs_);
+    const std::size_t me = std::size_t(rank_);
+    ordered_reduce_scatter(std::span<const T>(data), data.subspan(std::size_t(displs_[me]), std::size_t(counts_[me])));
     collective("MPI_Allgatherv", MPI_Allgatherv, MPI_Iallgatherv, MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data.data(),
                counts_.data(), displs_.data(), type<T>(), comm_);
   }
@@ -354,8 +591,9 @@ class mpi {
   std::vector<std::byte> workspace_;                 // the deterministic mode's received pieces
   MPI_Request timed_out_ = MPI_REQUEST_NULL;         // the collective that timed out, still pending
   std::string_view timed_out_call_;                  // its name; nonempty: the communicator is unusable
+  std::vector<std::unique_ptr<flight>> flights_;     // collectives in flight, and free ones to reuse
 };
 
-static_assert(communicator<mpi>);
+static_assert(nonblocking_communicator<mpi>);
 
 }  // namespace mpopt

@@ -85,7 +85,7 @@ class optimizer
   using agreement::agree;
   using agreement::agree_on_backend;
   using agreement::check_same_settings;
-  using agreement::decide_on_host, agreement::update_then_norm;
+  using agreement::decide_on_host, agreement::update_then_norm, agreement::decide_and_update_on_backend;
   using registry::groups_;
   using registry::finalized_;
   using registry::tensor_name;
@@ -111,8 +111,8 @@ class optimizer
   using group_options = typename UpdateRule::options;
   using param_group = typename registry::param_group;
   using scaler_options = typename LossScaler::options;
-
   using options = optimizer_options;
+  static constexpr std::size_t every_tensor = std::size_t(-1);  ///< wait_params(): all of them
 
  private:
   static constexpr std::size_t state_count = UpdateRule::state.size();
@@ -133,7 +133,7 @@ class optimizer
   /// Under a rule whose driver checks the communicator (1-bit LAMB), the constructor is collective.
   explicit optimizer(options o = {}, scaler_options s = {}, Communicator comm = {})
       : backend_(detail::backend_for<Backend>(comm)),
-        options_(detail::validated(o, std::is_same_v<LossScaler, no_scaling>)),
+        options_(detail::validated(o, std::is_same_v<LossScaler, no_scaling>, nonblocking_communicator<Communicator>)),
         scaler_(s),
         comm_(std::move(comm)) {
     driver::preflight(comm_);
@@ -206,10 +206,10 @@ class optimizer
     comm_.take_bytes();  // setup traffic is not a step's
   }
 
-  /// Under zero2: tensor i's gradient for this micro-step is complete (call it during backward, as each
-  /// gradient is done). Buckets are reduce-scattered as soon as they and all buckets after them are
-  /// complete: last tensors first, the order of a backward pass; step() reduces what is left. Under
-  /// replicated and zero1 the gradients are reduced in step(), and this only checks i.
+  /// Tensor i's gradient for this micro-step is complete (call it during backward, as each gradient
+  /// is done). Under zero2 (and overlap_comm, in the window's last backward, under every partition)
+  /// buckets are reduced as soon as they and all buckets after them are complete: last tensors
+  /// first, the order of a backward pass; step() reduces what is left. Otherwise this checks i.
   void grad_ready(std::size_t i) {
     finalize();
     comm_.at("grad_ready()", next_step());
@@ -223,10 +223,10 @@ class optimizer
     if (!first_report) detail::fail("grad_ready: tensor '", tensor_name(i), "' was already reported in this micro-step");
   }
 
-  /// Under zero2: whether tensor i's gradient of this micro-step has been reduce-scattered, so that its
-  /// memory may be reused until the next backward writes it. Buckets go last first, so a tensor is
-  /// done once it and every later tensor sharing its buckets were reported. Replicated and zero1
-  /// read every gradient in step(): always false there.
+  /// Whether tensor i's gradient of this micro-step went out to the other ranks (zero2, and zero1
+  /// under overlap_comm), so that its memory may be reused until the next backward writes it.
+  /// Buckets go last first: a tensor is done once it and every later tensor sharing its buckets
+  /// were reported. Replicated reads every gradient in step(): always false there.
   bool grad_consumed(std::size_t i) const {
     if (!finalized_) {
       const std::size_t n = first_tensor_of(std::uint32_t(groups_.size()));
@@ -275,30 +275,7 @@ class optimizer
     if (!rule.needs_gradient_first() && detail::sums_gradient_v<driver>) {
       decided = update_then_norm(d, rule);  // nothing to decide first: no gradient pass
     } else if (decides_on_backend()) {
-      backend_.gradient_norm(d);
-      backend_.step_sums(chunk_sums_.data(), chunk_nonfinite_.data(), work_.size(), decision_sums_.data());
-      agree_on_backend();
-      backend_.decide_step(rule, decision_sums_.data(), decision_.data());
-      if (layout_->sharded()) {
-        // A sharded update has collectives (the norms of a reducing rule, the parameters' way back),
-        // which may fail once the moments changed: the host learns the decision first (the one copy
-        // a step makes, which the status needs anyway).
-        detail::wait_for_collectives(comm_);
-        backend_.to_host(&decided, decision_.data(), 1);
-        if (!decided.skip) commit_and_update(d);
-      } else {
-        // The update runs behind the decision (a skipped step's passes change nothing), with the
-        // group counters advanced for its coefficients; the host reads the decision once, after it.
-        for (auto& g : groups_) ++g->step_;
-        update(d, counts_.applied + 1);
-        detail::wait_for_collectives(comm_);
-        backend_.to_host(&decided, decision_.data(), 1);  // waits: the parameters are updated on return
-        if (decided.skip) {
-          for (auto& g : groups_) --g->step_;
-        } else {
-          count_applied();
-        }
-      }
+      decided = decide_and_update_on_backend(d, rule);
     } else {
       decided = decide_on_host(d, rule);
       if (!decided.skip) {
@@ -323,27 +300,18 @@ class optimizer
   }
 
   /// Finishes a step whose last collectives failed. A step is committed once its first pass has
-  /// changed the moments (counters advance, the scaler updates); if a collective after that fails
-  /// (LAMB's per-tensor norms, the all-gather of updated parameters), step() throws with the
-  /// parameters not all updated yet. This runs what is left, on every rank; step(), grad_ready()
-  /// and save() call it first. Nothing pending: it does nothing.
-  void finish_step() {
-    if (pending_stage_ == stage::none) return;
-    try {
-      if (pending_stage_ == stage::rule) {
-        auto c = update_context();
-        driver_.finish(c);
-        pending_stage_ = stage::params_back;
-      }
-      if (pending_stage_ == stage::params_back) {
-        auto c = context();
-        exchange_.params_back(c);
-        pending_stage_ = stage::none;
-      }
-    } catch (const error& e) {
-      detail::fail("step ", groups_.front()->step_, " is committed on every rank but unfinished: ", e.what(),
-                   "; the parameters are not all updated yet: step(), save() or finish_step() finishes it");
-    }
+  /// changed the moments; if a collective after that fails (LAMB's per-tensor norms, the
+  /// all-gather of updated parameters), step() throws with the parameters not all updated yet.
+  /// This runs what is left, on every rank; step(), grad_ready() and save() call it first.
+  void finish_step() { complete_step(every_tensor); }
+
+  /// Under overlap_comm with zero1/zero2, step() returns with the all-gather of the updated
+  /// parameters still running, so that the next forward overlaps it: this returns once every
+  /// parameter (or tensor i's) holds the update. Call it before the forward reads them; the next
+  /// step(), grad_ready(), save() or load() waits for all of it anyway. Otherwise it returns at once.
+  void wait_params(std::size_t i = every_tensor) {
+    if (i != every_tensor) tensor_at(i);
+    complete_step(i);
   }
 
   /// Sets every gradient to zero (for backward passes that add into their gradients).
@@ -355,6 +323,33 @@ class optimizer
 
  private:
   std::uint64_t next_step() const { return counts_.next(); }
+
+  static constexpr std::size_t leave_in_flight = std::size_t(-2);
+  /// Runs what the committed step has left: the driver's stages, then the parameters' way back,
+  /// whose gathers may stay in flight (overlap_comm) except those of `tensor` (or every_tensor's).
+  void complete_step(std::size_t tensor) {
+    if (pending_stage_ == stage::none || (tensor == leave_in_flight && pending_stage_ == stage::params_in_flight)) return;
+    try {
+      if (pending_stage_ == stage::rule) {
+        auto c = update_context();
+        driver_.finish(c);
+        pending_stage_ = stage::params_back;
+      }
+      auto c = context();
+      if (pending_stage_ == stage::params_back) {
+        exchange_.params_back(c);
+        pending_stage_ = stage::params_in_flight;
+      }
+      if (tensor == leave_in_flight) return;
+      exchange_.wait_params(c, tensor);
+      if (tensor == every_tensor) pending_stage_ = stage::none;
+    } catch (const error& e) {
+      // A gather that failed in flight took the others' results with it: all of them again.
+      if (pending_stage_ == stage::params_in_flight) pending_stage_ = stage::params_back;
+      detail::fail("step ", groups_.front()->step_, " is committed on every rank but unfinished: ", e.what(),
+                   "; the parameters are not all updated yet: step(), save() or finish_step() finishes it");
+    }
+  }
 
   /// The step's tensors, state and partial sums, reading the gradients as they are.
   detail::step_data<Precision> data() {
@@ -373,7 +368,7 @@ class optimizer
   }
 
   /// What the partition's exchange works with in this call.
-  exchange_context context() { return {backend_, comm_, options_, data(), micro_step_, send_scale()}; }
+  exchange_context context() { return {backend_, comm_, options_, data(), micro_step_, send_scale(), compressing()}; }
   /// What the rule's driver works with: the committed step's gradients and scalars besides.
   rule_context update_context() { return {context(), exchange_, gradients_, coefficients_.data(), groups_}; }
 
@@ -460,7 +455,7 @@ class optimizer
     auto c = update_context();
     driver_.begin(c);
     pending_stage_ = stage::rule;
-    finish_step();
+    complete_step(leave_in_flight);
   }
 
   [[no_unique_address]] Backend backend_;  // first in, last out: its stream outlives the state
@@ -486,8 +481,8 @@ class optimizer
   /// finish_step() runs: an update stage may read them too (LARS).
   detail::step_data<Precision> gradients_;
   driver driver_;
-  /// What a committed step has left to do (finish_step): the driver's stages, then the parameters' way back.
-  enum class stage : std::uint8_t { none, rule, params_back };
+  /// What a committed step has left (finish_step): the driver's stages, the parameters' way back, its gathers.
+  enum class stage : std::uint8_t { none, rule, params_back, params_in_flight };
   stage pending_stage_ = stage::none;
 
   exchange exchange_;

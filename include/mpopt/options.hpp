@@ -56,8 +56,9 @@ struct load_options {
 };
 
 namespace detail {
-/// o, checked (`unscaled`: the loss scaler is mpopt::no_scaling); throws naming the first bad field.
-inline optimizer_options validated(optimizer_options o, bool unscaled) {
+/// o, checked (`unscaled`: the loss scaler is mpopt::no_scaling; `nonblocking`: the communicator
+/// can leave collectives in flight); throws naming the first bad field.
+inline optimizer_options validated(optimizer_options o, bool unscaled, bool nonblocking = true) {
   require_non_negative("clip_grad", o.clip_grad);
   if (o.accumulation_steps < 1) fail("accumulation_steps must be >= 1, got ", o.accumulation_steps);
   if (o.bucket_elements < 1 || o.bucket_elements > (std::size_t{1} << 30))
@@ -65,6 +66,9 @@ inline optimizer_options validated(optimizer_options o, bool unscaled) {
   require_float_scale("gradient_predivide", o.gradient_predivide);
   if (o.buckets_in_flight < 1 || o.buckets_in_flight > 64)
     fail("buckets_in_flight must be in [1, 64], got ", o.buckets_in_flight);
+  if (o.overlap_comm && !nonblocking)
+    fail("overlap_comm needs a communicator with nonblocking collectives (mpopt::nonblocking_communicator: "
+         "start_all_reduce, start_reduce_scatter, start_all_gather), as mpopt::mpi and mpopt::nccl have");
   if (!o.skip_nonfinite && !unscaled)
     fail("skip_nonfinite = false needs mpopt::no_scaling: a loss-scaled step must skip on overflow");
   return o;

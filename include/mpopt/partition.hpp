@@ -44,6 +44,7 @@ struct zero1 {
 
 /// ZeRO stage 2: as zero1, but every micro-step's gradients are reduce-scattered into the shard, bucket
 /// by bucket as optimizer::grad_ready reports tensors done, so no full-size gradient copy persists.
+/// Under overlap_comm (every partition) those collectives run while backward goes on.
 struct zero2 {
   static constexpr std::string_view name = "zero2";
   static constexpr bool sharded = true;
@@ -64,7 +65,8 @@ struct zero2 {
 ///   e.boundary(c, local)        the window's last backward: where the update reads its gradients
 ///                               (`local`: they stay on this rank, for a compressing rule)
 ///   e.sum_partials(c, sums)     how the partial sums of the norms combine across ranks
-///   e.params_back(c)            the updated parameters reach every rank
+///   e.params_back(c)            the updated parameters reach every rank (may leave some in flight)
+///   e.wait_params(c, i)         ... and tensor i's have arrived (i = -1: every tensor's)
 ///   e.keeps_window(world), e.restart_window()  what a failed collective leaves of the window
 ///   e.list_memory(report)       its buffers; returns its bookkeeping bytes
 template <class E>
@@ -80,6 +82,7 @@ concept partition_exchange =
       { e.boundary(c, bool{}) } -> std::same_as<detail::step_data<typename E::context::precision>>;
       e.sum_partials(c, std::span<double>{});
       e.params_back(c);
+      e.wait_params(c, std::size_t{});
       { ce.keeps_window(int{}) } -> std::same_as<bool>;
       e.restart_window();
       { ce.list_memory(r) } -> std::same_as<std::size_t>;

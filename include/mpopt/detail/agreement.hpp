@@ -1,7 +1,7 @@
 // mpopt — agreement across ranks: an outcome every rank shares (agree), each step's overflow test
-// and global norm (agree_on_backend, decide_on_host), and the settings every rank must hold alike
-// before any gradient moves (check_same_settings). The optimizer derives from agreement<itself,
-// its policies>.
+// and global norm (agree_on_backend, decide_on_host, decide_and_update_on_backend), and the
+// settings every rank must hold alike before any gradient moves (check_same_settings). The
+// optimizer derives from agreement<itself, its policies>.
 #pragma once
 
 #include <algorithm>
@@ -87,6 +87,38 @@ class agreement {
     auto c = o.context();
     o.exchange_.sum_partials(c, std::span<double>(&decided.sumsq, 1));
     rule.decide(decided);
+    return decided;
+  }
+
+  /// The step decided where the gradients are (a device's memory, or one rank's whole state): the
+  /// overflow flag and norm stay there, agreed across ranks, and the update runs behind them.
+  step_decision decide_and_update_on_backend(step_data<Precision>& d, const step_rule& rule) {
+    Opt& o = self();
+    step_decision decided;
+    o.backend_.gradient_norm(d);
+    o.backend_.step_sums(o.chunk_sums_.data(), o.chunk_nonfinite_.data(), o.work_.size(), o.decision_sums_.data());
+    agree_on_backend();
+    o.backend_.decide_step(rule, o.decision_sums_.data(), o.decision_.data());
+    if (o.layout_->sharded()) {
+      // A sharded update has collectives (the norms of a reducing rule, the parameters' way back),
+      // which may fail once the moments changed: the host learns the decision first (the one copy
+      // a step makes, which the status needs anyway).
+      wait_for_collectives(o.comm_);
+      o.backend_.to_host(&decided, o.decision_.data(), 1);
+      if (!decided.skip) o.commit_and_update(d);
+    } else {
+      // The update runs behind the decision (a skipped step's passes change nothing), with the
+      // group counters advanced for its coefficients; the host reads the decision once, after it.
+      for (auto& g : o.groups_) ++g->step_;
+      o.update(d, o.counts_.applied + 1);
+      wait_for_collectives(o.comm_);
+      o.backend_.to_host(&decided, o.decision_.data(), 1);  // waits: the parameters are updated on return
+      if (decided.skip) {
+        for (auto& g : o.groups_) --g->step_;
+      } else {
+        o.count_applied();
+      }
+    }
     return decided;
   }
 

@@ -118,6 +118,7 @@ class checkpointing {
     });
     check_same_checkpoint(saved);
     o.finalize();
+    o.wait_params();  // no gather in flight may land on what is read
     std::vector<std::byte> staged;  // a tensor for device memory, read on the host first
     auto read = [&]<class T>(const std::string& key, std::size_t first, T* dst, std::size_t count, bool on_device) {
       if (!on_device) return file->read(key, first, std::span(dst, count));

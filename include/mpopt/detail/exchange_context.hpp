@@ -48,8 +48,17 @@ struct exchange_context {
   int micro_step = 0;
   /// What gradients are multiplied by before they are summed across ranks (gradient_predivide).
   float send_scale = 1.0f;
+  /// This window's gradients stay on their rank (the rule's driver says so: 1-bit LAMB's compression).
+  bool local = false;
 
   void wait() const { wait_for_all(backend, comm); }
+  /// Before a collective reads what the backend's passes wrote: a communicator on the backend's
+  /// stream gets it in order; any other waits for the passes.
+  void before_send() const {
+    if constexpr (!stream_communicator<Communicator>) backend.synchronize();
+  }
+  /// Whether this backward is the window's last.
+  bool at_boundary() const { return micro_step + 1 == options.accumulation_steps; }
 };
 
 }  // namespace mpopt::detail

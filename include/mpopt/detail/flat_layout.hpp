@@ -33,6 +33,15 @@ struct bucket {
   std::size_t my_count(int rank) const { return counts[std::size_t(rank)]; }
 };
 
+/// Heap bytes of a list of buckets.
+inline std::size_t heap_bytes(const std::vector<bucket>& buckets) {
+  std::size_t bytes = buckets.capacity() * sizeof(bucket);
+  for (const auto& k : buckets)
+    bytes += k.pieces.bytes() + k.mine.bytes() + k.counts.capacity() * sizeof(std::size_t) +
+             k.gaps.capacity() * sizeof(k.gaps[0]);
+  return bytes;
+}
+
 class flat_layout {
  public:
   static constexpr std::size_t align = 16;  // floats per 64 bytes

@@ -74,14 +74,80 @@ class metered {
     named([&] { inner_.barrier(); });
   }
 
+  /// A collective in flight, whose failure names the call and step that started it. start_X(...,
+  /// false), or over a communicator without nonblocking collectives (the optimizer refuses
+  /// overlap_comm there), runs the blocking X: its request is complete when it is returned.
+  class request {
+   public:
+    request() = default;
+    bool test() {
+      return named_as([&] { return inner_.test(); });
+    }
+    void wait() {
+      named_as([&] { inner_.wait(); });
+    }
+
+   private:
+    friend metered;
+    struct complete {
+      bool test() { return true; }
+      void wait() {}
+    };
+    using inner_request = decltype([] {
+      if constexpr (nonblocking_communicator<C>) return typename C::request{};
+      else return complete{};
+    }());
+    request(inner_request r, const metered& m)
+        : inner_(std::move(r)), call_(m.call_), step_(m.step_), rank_(m.rank()), size_(m.size()) {}
+    template <class F>
+    auto named_as(F&& f) {
+      return name_failure(f, call_, step_, rank_, size_);
+    }
+    inner_request inner_;
+    std::string_view call_;
+    std::uint64_t step_ = 0;
+    int rank_ = 0, size_ = 1;
+  };
+
+  template <class T>
+  request start_all_reduce(std::span<T> data, reduce_op op, bool in_flight = true) {
+    bytes_ += data.size_bytes();
+    return started(in_flight, [&](auto& c) { return c.start_all_reduce(data, op); }, [&](auto& c) { c.all_reduce(data, op); });
+  }
+  template <class T>
+  request start_reduce_scatter(std::span<const T> in, std::span<T> out, std::span<const std::size_t> counts,
+                               reduce_op op, bool in_flight = true) {
+    bytes_ += in.size_bytes();
+    return started(in_flight, [&](auto& c) { return c.start_reduce_scatter(in, out, counts, op); },
+                   [&](auto& c) { c.reduce_scatter(in, out, counts, op); });
+  }
+  template <class T>
+  request start_all_gather(std::span<T> data, std::span<const std::size_t> counts, bool in_flight = true) {
+    bytes_ += counts[std::size_t(rank())] * sizeof(T);
+    return started(in_flight, [&](auto& c) { return c.start_all_gather(data, counts); },
+                   [&](auto& c) { c.all_gather(data, counts); });
+  }
+
  private:
   template <class F>
-  void named(F&& f) {
+  static auto name_failure(F&& f, std::string_view call, std::uint64_t step, int rank, int size) {
     try {
-      f();
+      return f();
     } catch (const error& e) {
-      fail(e.message(), " (rank ", rank(), " of ", size(), ", in ", call_, " at step ", step_, ")");
+      fail(e.message(), " (rank ", rank, " of ", size, ", in ", call, " at step ", step, ")");
     }
+  }
+  template <class F>
+  void named(F&& f) {
+    name_failure(f, call_, step_, rank(), size());
+  }
+  /// Starts a collective: start(inner) in flight where C can, blocking(inner) otherwise.
+  template <class Start, class Blocking>
+  request started(bool in_flight, Start&& start, Blocking&& blocking) {
+    if constexpr (nonblocking_communicator<C>)
+      if (in_flight) return request(name_failure([&] { return start(inner_); }, call_, step_, rank(), size()), *this);
+    named([&] { blocking(inner_); });
+    return request({}, *this);
   }
 
   C inner_;

@@ -16,10 +16,13 @@
 #include "../precision.hpp"
 #include "exchange_context.hpp"
 #include "flat_layout.hpp"
+#include "in_flight.hpp"
+#include "metered.hpp"
 
 namespace mpopt::detail {
 
-/// What zero1 and zero2 share: the buckets, the shard's gradient and the two collectives.
+/// What zero1 and zero2 share: the buckets, the shard's gradient, the two collectives and the
+/// slots they run in (in_flight.hpp: one, or buckets_in_flight under overlap_comm).
 /// ShardInGrads: my reduced shard is written back into the gradient tensors, as DeepSpeed's zero1
 /// does when gradients accumulate in their own type (no shard buffer: 4P + 12P/N for fp16 Adam).
 template <class Precision, class Backend, class Communicator, bool ShardInGrads>
@@ -30,6 +33,7 @@ class sharded_exchange {
   using accumulate_type = typename Precision::accumulate_type;
   using communicate_type = typename Precision::communicate_type;
   static constexpr bool sharded = true;
+  static constexpr bool shard_in_grads = ShardInGrads;
 
   /// Shard r of every group is rank r's.
   static flat_layout lay_out(const std::vector<std::uint32_t>& tensor_groups, const std::vector<std::size_t>& sizes,
@@ -46,15 +50,28 @@ class sharded_exchange {
   /// Across ranks the reduced gradients replaced each rank's own: a failed step loses the window.
   bool keeps_window(int) const { return false; }
 
-  /// After an update each rank holds the new parameters of its shard: all-gather them, bucket by bucket.
+  /// After an update each rank holds the new parameters of its shard: all-gather them, bucket by
+  /// bucket, first bucket first (the order of the next forward). Under overlap_comm the last
+  /// buckets' gathers are left in flight for wait_params.
   void params_back(context& c) {
-    auto* packed = staging<param_type>();
-    for (const auto& k : buckets_) {
+    for (std::uint32_t b = 0; b < buckets_.size(); ++b) {
+      const bucket& k = buckets_[b];
+      const std::size_t s = flights_.free_slot(finisher(c));
+      auto* packed = staging<param_type>(s);
       c.backend.pack_params(c.tensors, k.mine, packed);
-      c.wait();
-      c.comm.all_gather(std::span<param_type>(packed, k.size()), std::span<const std::size_t>(k.counts));
-      c.backend.unpack_params(c.tensors, k.pieces, packed);
+      c.before_send();
+      flights_.hold(s,
+                    c.comm.start_all_gather(std::span<param_type>(packed, k.size()),
+                                            std::span<const std::size_t>(k.counts), c.options.overlap_comm),
+                    {b, job::params}, finisher(c));
     }
+  }
+  /// The parameters of tensor i (every tensor: i = -1) are all gathered when this returns. If a
+  /// gather fails the others are dropped, and params_back must run again.
+  void wait_params(context& c, std::size_t i = std::size_t(-1)) {
+    flights_.drain(finisher(c), [&](const job&) {
+      return flights_.any([&](const job& j) { return j.what == job::params && holds(j.bucket, i); });
+    });
   }
 
  protected:
@@ -62,19 +79,56 @@ class sharded_exchange {
   using buffer = typename Backend::template buffer<T>;
   static constexpr bool same_types = std::is_same_v<accumulate_type, communicate_type>;
 
+  /// What a slot's collective leaves to do once it completes.
+  struct job {
+    std::uint32_t bucket = 0;
+    enum kind : std::uint8_t { into_shard, assign, add, params } what = into_shard;
+  };
+
   /// `added`: reduced pieces are added into the shard (zero2 over several micro-steps).
   void allocate_buckets(const flat_layout& layout, const context& c, bool added) {
+    added_ = added;
     if (!ShardInGrads) shard_ = buffer<accumulate_type>::zeroed(layout.local_elements());
     buckets_ = layout.buckets(c.options.bucket_elements);
+    ready_.assign(buckets_, c.tensors.tensor_count);
     std::size_t widest = 0, mine = 0;
     for (const auto& k : buckets_) {
       widest = std::max(widest, k.size());
       mine = std::max(mine, k.my_count(c.comm.rank()));
     }
-    staging_ = buffer<std::byte>::zeroed(widest * std::max(sizeof(communicate_type), sizeof(param_type)));
+    flights_.resize(c.options.overlap_comm ? std::size_t(c.options.buckets_in_flight) : 1);
+    staging_width_ = widest * std::max(sizeof(communicate_type), sizeof(param_type));
+    staging_ = buffer<std::byte>::zeroed(flights_.slots() * staging_width_);
     // A reduced piece lands in the shard directly only if it is the shard's type and not added in.
-    if (!same_types || ShardInGrads || added) received_ = buffer<communicate_type>::zeroed(mine);
+    received_width_ = !same_types || ShardInGrads || added ? mine : 0;
+    received_ = buffer<communicate_type>::zeroed(flights_.slots() * received_width_);
   }
+
+  /// Tensor i is done: under overlap_comm (and always for zero2, `now`), starts the reduction of
+  /// every bucket that is complete with all buckets after it. False if i was reported already.
+  bool report_ready(context& c, std::size_t i, bool now, const accumulate_type* flat) {
+    if (!ready_.report(i)) return false;
+    while (now && ready_.next_complete()) reduce_bucket(c, ready_.take(), flat);
+    flights_.progress(finisher(c));
+    return true;
+  }
+
+  /// Reduces the buckets not reduced yet in this micro-step, waits for every one in flight and
+  /// opens the next micro-step.
+  void reduce_remaining(context& c, const accumulate_type* flat) {
+    while (ready_.any_left()) reduce_bucket(c, ready_.take(), flat);
+    flights_.drain(finisher(c));
+    ready_.restart();
+  }
+
+  /// The window starts over: nothing reported, nothing in flight.
+  void restart() {
+    flights_.abandon();
+    ready_.restart();
+  }
+
+  /// Whether every bucket of this tensor went out in this micro-step (its memory may be reused).
+  bool reduced(std::size_t tensor) const { return ready_.taken(tensor); }
 
   /// Where the boundary step reads its gradients: my reduced shard.
   step_data<Precision> shard_gradients(const context& c) {
@@ -88,64 +142,94 @@ class sharded_exchange {
     }
   }
 
-  /// Packs bucket k's gradients (plus the flat accumulator, if given) in the communication type,
-  /// reduce-scatters them and folds my piece into the shard (assigned when `first`, added
-  /// otherwise) or, under ShardInGrads, writes it back into the gradient tensors.
-  void reduce_bucket(context& c, const bucket& k, const accumulate_type* flat, bool first) {
-    auto* packed = staging<communicate_type>();
-    c.backend.pack_gradients(c.tensors, k.pieces, packed, flat ? flat + k.begin : nullptr, c.send_scale);
-    for (const auto& [at, n] : k.gaps) c.backend.zero(packed + at, n);
-    c.wait();  // the packed bucket is complete
-    const std::size_t mine = k.my_count(c.comm.rank());
-    communicate_type* out = received_.data();
-    bool into_shard = false;  // straight into the shard: no conversion, nothing to add to
-    if constexpr (same_types && !ShardInGrads) {
-      into_shard = first;
-      if (first) out = shard_.data() + k.my_state;
-    }
-    c.comm.reduce_scatter(std::span<const communicate_type>(packed, k.size()), std::span<communicate_type>(out, mine),
-                          std::span<const std::size_t>(k.counts), reduce_op::sum);
-    if (into_shard) return;
-    if constexpr (ShardInGrads) c.backend.unpack_gradients(c.tensors, k.mine, out, k.my_offset);
-    else c.backend.fold(shard_.data() + k.my_state, out, mine, !first);
-  }
-
   void list_shard(memory_report& r) const {
     if (shard_.size())
       r.buffers.push_back({"gradient shard",
                            std::string(type_name<accumulate_type>) + " gradients of my shard, reduced over ranks (and micro-steps)",
                            shard_.size() * sizeof(accumulate_type), true});
   }
-  /// Lists the bucket and the received piece; returns the buckets' bookkeeping bytes.
+  /// Lists the buckets' staging and received pieces; returns the buckets' bookkeeping bytes.
   std::size_t list_buckets(memory_report& r) const {
-    const std::string sent(type_name<communicate_type>);
+    const std::string sent(type_name<communicate_type>), slots(flights_.slots() > 1 ? "s" : "");
+    const std::string each = flights_.slots() > 1 ? ", one per bucket in flight (overlap_comm)" : "";
     if (staging_.size())
-      r.buffers.push_back({"bucket", "one packed bucket for reduce-scatter (" + sent + ") and all-gather",
+      r.buffers.push_back({"bucket" + slots, "packed bucket" + slots + " for reduce-scatter (" + sent + ") and all-gather" + each,
                            staging_.size(), true});
     if (received_.size())
-      r.buffers.push_back({"received piece", "my piece of a reduced bucket (" + sent + ") before it joins the " +
-                                                 (ShardInGrads ? "gradient tensors" : "gradient shard"),
+      r.buffers.push_back({"received piece" + slots, "my piece of a reduced bucket (" + sent + ") before it joins the " +
+                                                 (ShardInGrads ? "gradient tensors" : "gradient shard") + each,
                            received_.size() * sizeof(communicate_type), true});
-    std::size_t bytes = buckets_.capacity() * sizeof(bucket);
-    for (const auto& k : buckets_)
-      bytes += k.pieces.bytes() + k.mine.bytes() + k.counts.capacity() * sizeof(std::size_t) +
-               k.gaps.capacity() * sizeof(k.gaps[0]);
-    return bytes;
+    return heap_bytes(buckets_) + ready_.bytes() + flights_.bytes();
+  }
+
+  std::vector<bucket> buckets_;  // in flat order
+  buffer<accumulate_type> shard_;  // my shard's reduced gradients, unless ShardInGrads
+
+ private:
+  using request = typename metered<Communicator>::request;
+
+  /// Packs bucket b's gradients (plus the flat accumulator, if given) in the communication type and
+  /// starts their reduce-scatter; my piece is folded into the shard (assigned in the window's first
+  /// micro-step, added after) or, under ShardInGrads, written back into the gradient tensors.
+  void reduce_bucket(context& c, std::size_t b, const accumulate_type* flat) {
+    const bucket& k = buckets_[b];
+    const std::size_t s = flights_.free_slot(finisher(c));
+    auto* packed = staging<communicate_type>(s);
+    c.backend.pack_gradients(c.tensors, k.pieces, packed, flat ? flat + k.begin : nullptr, c.send_scale);
+    for (const auto& [at, n] : k.gaps) c.backend.zero(packed + at, n);
+    c.before_send();  // the packed bucket is complete
+    const bool first = !added_ || c.micro_step == 0;
+    job j{std::uint32_t(b), first ? job::assign : job::add};
+    communicate_type* out = received_.data() + s * received_width_;
+    if constexpr (same_types && !ShardInGrads) {  // straight into the shard: no conversion, nothing to add to
+      if (first) {
+        j.what = job::into_shard;
+        out = shard_.data() + k.my_state;
+      }
+    }
+    flights_.hold(s,
+                  c.comm.start_reduce_scatter(std::span<const communicate_type>(packed, k.size()),
+                                              std::span<communicate_type>(out, k.my_count(c.comm.rank())),
+                                              std::span<const std::size_t>(k.counts), reduce_op::sum,
+                                              c.options.overlap_comm),
+                  j, finisher(c));
+  }
+
+  /// Takes a completed collective's result out of slot s.
+  auto finisher(context& c) {
+    return [this, &c](const job& j, std::size_t s) {
+      const bucket& k = buckets_[j.bucket];
+      const communicate_type* piece = received_.data() + s * received_width_;
+      switch (j.what) {
+        case job::into_shard: break;
+        case job::params: c.backend.unpack_params(c.tensors, k.pieces, staging<param_type>(s)); break;
+        case job::assign:
+        case job::add:
+          if constexpr (ShardInGrads) c.backend.unpack_gradients(c.tensors, k.mine, piece, k.my_offset);
+          else c.backend.fold(shard_.data() + k.my_state, piece, k.my_count(c.comm.rank()), j.what == job::add);
+      }
+    };
+  }
+  /// Whether bucket b holds elements of tensor i (every bucket does of tensor -1).
+  bool holds(std::size_t b, std::size_t i) const {
+    return i == std::size_t(-1) || (buckets_[b].first_tensor <= i && i < buckets_[b].last_tensor);
   }
 
   template <class T>
-  T* staging() {
-    return reinterpret_cast<T*>(staging_.data());
+  T* staging(std::size_t slot) {
+    return reinterpret_cast<T*>(staging_.data() + slot * staging_width_);
   }
 
-  std::vector<bucket> buckets_;         // in flat order
-  buffer<accumulate_type> shard_;       // my shard's reduced gradients, unless ShardInGrads
-  buffer<std::byte> staging_;           // one packed bucket (gradients, or parameters to gather)
-  buffer<communicate_type> received_;   // my piece of a bucket, before it joins the shard
+  ready_buckets ready_;               // which buckets backward completed
+  in_flight<request, job> flights_;   // the collectives running, oldest first
+  buffer<std::byte> staging_;         // per slot: one packed bucket (gradients, or parameters to gather)
+  buffer<communicate_type> received_;  // per slot: my piece of a bucket, before it joins the shard
+  std::size_t staging_width_ = 0, received_width_ = 0;  // bytes, elements per slot
+  bool added_ = false;  // micro-steps' reduced pieces add up in the shard (zero2)
 };
 
-/// zero1: micro-steps accumulate locally over all elements, in flat order; the boundary
-/// reduce-scatters every bucket once.
+/// zero1: micro-steps accumulate locally over all elements, in flat order; the window's last
+/// backward reduce-scatters every bucket once (under overlap_comm as grad_ready completes them).
 template <class Precision, class Backend, class Communicator>
 class zero1_exchange
     : public sharded_exchange<Precision, Backend, Communicator,
@@ -167,18 +251,24 @@ class zero1_exchange
     this->allocate_buckets(layout, c, false);
   }
 
-  bool grad_ready(context&, std::size_t) { return true; }
-  bool grad_consumed(std::size_t) const { return false; }
+  bool grad_ready(context& c, std::size_t i) {
+    return this->report_ready(c, i, c.options.overlap_comm && c.at_boundary(), folded(c));
+  }
+  /// Gradients are read at the boundary, under overlap_comm as their buckets go out; unless my
+  /// reduced shard is then written back into them.
+  bool grad_consumed(std::size_t i) const { return !base::shard_in_grads && this->reduced(i); }
 
-  void micro_step(context& c) { c.backend.accumulate(flat(c), c.micro_step == 0); }
+  void micro_step(context& c) {
+    c.backend.accumulate(flat(c), c.micro_step == 0);
+    this->restart();
+  }
 
   step_data<Precision> boundary(context& c, bool) {
-    const accumulate_type* folded = c.micro_step > 0 ? flat_accum_.data() : nullptr;
-    for (const auto& k : this->buckets_) this->reduce_bucket(c, k, folded, true);
+    this->reduce_remaining(c, folded(c));
     return this->shard_gradients(c);
   }
 
-  void restart_window() {}
+  void restart_window() { this->restart(); }
 
   std::size_t list_memory(memory_report& r) const {
     this->list_shard(r);
@@ -197,8 +287,10 @@ class zero1_exchange
     d.accum = flat_accum_.data();
     return d;
   }
+  /// The earlier micro-steps' sum, which the boundary adds to its own gradients (none in the first).
+  const accumulate_type* folded(const context& c) const { return c.micro_step > 0 ? flat_accum_.data() : nullptr; }
 
-  work_list flat_work_;                // every element, in flat order
+  work_list flat_work_;                 // every element, in flat order
   buffer<accumulate_type> flat_accum_;  // the window's sum, full size
 };
 
@@ -213,70 +305,28 @@ class zero2_exchange : public sharded_exchange<Precision, Backend, Communicator,
 
   void allocate(const flat_layout& layout, const context& c) {
     this->allocate_buckets(layout, c, c.options.accumulation_steps > 1);
-    const auto& buckets = this->buckets_;
-    const std::size_t tensors = c.tensors.tensor_count;
-    pending_.resize(buckets.size());
-    ready_.resize(tensors);
-    tensor_buckets_.assign(tensors, {std::uint32_t(buckets.size()), 0});
-    for (std::uint32_t b = 0; b < buckets.size(); ++b)
-      for (std::uint32_t t = buckets[b].first_tensor; t < buckets[b].last_tensor; ++t)
-        tensor_buckets_[t] = {std::min(tensor_buckets_[t].first, b), b + 1};
-    restart_window();
   }
 
   /// Tensor i is done: reduce every bucket that is complete, with all buckets after it. False if
   /// tensor i was already reported in this micro-step.
-  bool grad_ready(context& c, std::size_t i) {
-    if (ready_[i]) return false;
-    ready_[i] = 1;
-    for (std::uint32_t b = tensor_buckets_[i].first; b < tensor_buckets_[i].last; ++b) --pending_[b];
-    while (flushed_ < this->buckets_.size() && pending_[next_bucket()] == 0) reduce_next_bucket(c);
-    return true;
-  }
+  bool grad_ready(context& c, std::size_t i) { return this->report_ready(c, i, true, nullptr); }
   /// Buckets go last first, so a tensor is done once it and every later tensor sharing its
-  /// buckets were reported.
-  bool grad_consumed(std::size_t i) const { return tensor_buckets_[i].first + flushed_ >= this->buckets_.size(); }
+  /// buckets were reported (under overlap_comm its bucket was packed, and the copy is in flight).
+  bool grad_consumed(std::size_t i) const { return this->reduced(i); }
 
-  void micro_step(context& c) { reduce_remaining(c); }
+  void micro_step(context& c) { this->reduce_remaining(c, nullptr); }
 
   step_data<Precision> boundary(context& c, bool) {
-    reduce_remaining(c);
+    this->reduce_remaining(c, nullptr);
     return this->shard_gradients(c);
   }
 
-  /// Opens the next micro-step: no tensor reported, no bucket reduced.
-  void restart_window() {
-    flushed_ = 0;
-    std::fill(ready_.begin(), ready_.end(), std::uint8_t(0));
-    for (std::size_t b = 0; b < this->buckets_.size(); ++b)
-      pending_[b] = this->buckets_[b].last_tensor - this->buckets_[b].first_tensor;
-  }
+  void restart_window() { this->restart(); }
 
   std::size_t list_memory(memory_report& r) const {
     this->list_shard(r);
-    return this->list_buckets(r) + tensor_buckets_.capacity() * sizeof(bucket_range) +
-           pending_.capacity() * sizeof(std::uint32_t) + ready_.capacity();
+    return this->list_buckets(r);
   }
-
- private:
-  std::size_t next_bucket() const { return this->buckets_.size() - 1 - flushed_; }
-  void reduce_next_bucket(context& c) {
-    this->reduce_bucket(c, this->buckets_[next_bucket()], nullptr, c.micro_step == 0);
-    ++flushed_;
-  }
-  /// Reduces the buckets grad_ready has not and opens the next micro-step.
-  void reduce_remaining(context& c) {
-    while (flushed_ < this->buckets_.size()) reduce_next_bucket(c);
-    restart_window();
-  }
-
-  struct bucket_range {
-    std::uint32_t first, last;
-  };
-  std::vector<bucket_range> tensor_buckets_;  // the buckets holding each tensor
-  std::vector<std::uint32_t> pending_;        // per bucket: tensors not reported ready
-  std::vector<std::uint8_t> ready_;           // per tensor: reported in this micro-step
-  std::size_t flushed_ = 0;                   // buckets reduced in this micro-step
 };
 
 }  // namespace mpopt::detail

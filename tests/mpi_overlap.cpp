@@ -1,0 +1,267 @@
+// Communication overlapped with backward (optimizer_options::overlap_comm) over MPI: grad_ready
+// starts each completed bucket's reduction and returns, step() waits for what is still running,
+// and under zero1/zero2 the parameters' all-gather is left in flight until wait_params. Against the
+// same run without overlap: the same bits, step by step and tensor by tensor, under every
+// partition, with and without accumulation, with one to three buckets in flight; with a
+// communicator that counts what is in flight, so that the overlap is shown to happen; and with
+// collectives that fail in flight, on every rank.
+#include <doctest/doctest.h>
+
+#include "mpi_harness.hpp"
+
+namespace {
+
+/// mpopt::mpi, counting its collectives in flight. test() says a collective is still running until
+/// it is waited for (as MPI may), so that what overlaps is the same on every run. The n-th reduce-scatter or
+/// all-gather started can fail, on every rank, once it has completed (as a broken network would be
+/// seen by all).
+struct tracking_mpi : mpopt::mpi {
+  using mpopt::mpi::mpi;
+  static constexpr std::string_view name = "tracking_mpi";
+  int running = 0, most_running = 0, reduces = 0, gathers = 0;
+  int fail_reduce_at = -1, fail_gather_at = -1;
+
+  class request {
+   public:
+    request() = default;
+    request(mpopt::mpi::request r, tracking_mpi* owner, bool fails)
+        : inner_(std::move(r)), owner_(owner), fails_(fails) {}
+    request(request&& o) noexcept
+        : inner_(std::move(o.inner_)), owner_(std::exchange(o.owner_, nullptr)), fails_(o.fails_) {}
+    request& operator=(request&& o) noexcept {
+      inner_ = std::move(o.inner_);
+      owner_ = std::exchange(o.owner_, nullptr);
+      fails_ = o.fails_;
+      return *this;
+    }
+    bool test() {
+      if (!owner_) return true;  // complete (or default-constructed)
+      (void)inner_.test();  // moves it along
+      return false;
+    }
+    void wait() {
+      inner_.wait();
+      done();
+      if (std::exchange(fails_, false)) throw mpopt::error("tracking_mpi: a collective failed in flight");
+    }
+
+   private:
+    void done() {
+      if (owner_) std::exchange(owner_, nullptr)->running--;
+    }
+    mpopt::mpi::request inner_;
+    tracking_mpi* owner_ = nullptr;
+    bool fails_ = false;
+  };
+
+  template <class T>
+  request start_all_reduce(std::span<T> data, mpopt::reduce_op op) {
+    return track(mpopt::mpi::start_all_reduce(data, op), false);
+  }
+  template <class T>
+  request start_reduce_scatter(std::span<const T> in, std::span<T> out, std::span<const std::size_t> counts,
+                               mpopt::reduce_op op) {
+    return track(mpopt::mpi::start_reduce_scatter(in, out, counts, op), reduces++ == fail_reduce_at);
+  }
+  template <class T>
+  request start_all_gather(std::span<T> data, std::span<const std::size_t> counts) {
+    return track(mpopt::mpi::start_all_gather(data, counts), gathers++ == fail_gather_at);
+  }
+
+ private:
+  request track(mpopt::mpi::request r, bool fails) {
+    most_running = std::max(most_running, ++running);
+    return {std::move(r), this, fails};
+  }
+};
+static_assert(mpopt::nonblocking_communicator<tracking_mpi>);
+
+template <class C>
+using overlapped = mpopt::optimizer<typename C::precision, typename C::scaler, typename C::partition, typename C::rule,
+                                    test_backend, tracking_mpi>;
+
+/// Small buckets (many per step), tensors several buckets wide; deterministic sums, so that the
+/// nonblocking collectives' algorithms cannot differ from the blocking ones' at any world size.
+mpopt::optimizer_options overlap_options(bool overlap, int in_flight, int accumulation) {
+  return {.accumulation_steps = accumulation, .bucket_elements = 3000, .overlap_comm = overlap,
+          .buckets_in_flight = in_flight};
+}
+tracking_mpi world() { return tracking_mpi{MPI_COMM_WORLD, mpopt::mpi_options{.deterministic = true}}; }
+
+/// A communicator without nonblocking collectives.
+struct blocking_only : mpopt::single_process {
+  static constexpr std::string_view name = "blocking_only";
+  void start_all_reduce() = delete;
+};
+static_assert(mpopt::communicator<blocking_only> && !mpopt::nonblocking_communicator<blocking_only>);
+
+#define OVERLAP_CFGS(Z)                                                        \
+  cfg<mpopt::fp16, mpopt::dynamic_scale, mpopt::adam, layout::unfused, Z>,     \
+      cfg<mpopt::bf16, mpopt::no_scaling, mpopt::lamb, layout::flat, Z>,       \
+      cfg<mpopt::fp32, mpopt::no_scaling, mpopt::adam, layout::flat, Z>
+
+}  // namespace
+
+TEST_SUITE("mpi") {
+  TEST_CASE_TEMPLATE("overlap_comm gives the same bits as without, step by step and tensor by tensor, with "
+                     "collectives left in flight across grad_ready and step",
+                     C, OVERLAP_CFGS(mpopt::zero2), OVERLAP_CFGS(mpopt::zero1), OVERLAP_CFGS(mpopt::replicated)) {
+    using D = overlapped<C>;
+    constexpr bool sharded = !std::is_same_v<typename C::partition, mpopt::replicated>;
+    const int w = world_size(), rank = world_rank();
+    const std::string what = C::describe();
+    CAPTURE(what);
+    CAPTURE(w);
+    for (const auto& [in_flight, accumulation] : {std::pair{2, 1}, std::pair{1, 3}, std::pair{3, 2}}) {
+      CAPTURE(in_flight);
+      CAPTURE(accumulation);
+      const shape sh = random_shape(0x0C + std::uint64_t(w) * 16 + std::uint64_t(in_flight));
+      const dataset ds{0x0C, sh.all(), true};
+      const auto so = C::scaler_options(2);
+      net<D> on(C::lay, sh, 3, world(), overlap_options(true, in_flight, accumulation), so);
+      net<D> off(C::lay, sh, 3, world(), overlap_options(false, in_flight, accumulation), so);
+      for (int s = 0; s < 4; ++s) {
+        CAPTURE(s);
+        const auto st_on = run_boundary(on, ds, s, accumulation, rank);
+        const auto st_off = run_boundary(off, ds, s, accumulation, rank);
+        CHECK(st_on.result == st_off.result);
+        CHECK(st_on.grad_norm == st_off.grad_norm);
+        CHECK(st_on.comm_bytes == st_off.comm_bytes);
+        auto& comm = on.opt.communicator();
+        // Nothing but the gathers may still run: those of the last buckets, which the forward reads last.
+        if (sharded && st_on.applied) CHECK(comm.running > 0);
+        if (!sharded) CHECK(comm.running == 0);
+        // The forward waits for each tensor as it reaches it: then that tensor is the other run's.
+        std::size_t differ = 0;
+        for (std::size_t i = 0; i < on.params.size(); ++i) {
+          on.opt.wait_params(i);
+          differ += std::memcmp(on.params[i].data(), off.params[i].data(), on.params[i].size_bytes()) != 0;
+        }
+        CHECK_MESSAGE(differ == 0, differ << " tensors differ after wait_params(i)");
+        if (s % 2) on.opt.wait_params();  // or left to the next grad_ready
+        else CHECK(comm.running <= in_flight);
+        on.opt.wait_params();
+        CHECK(comm.running == 0);
+        const std::string diff = take(on).difference(take(off));
+        CHECK_MESSAGE(diff.empty(), "overlap_comm differs from a run without: " << diff);
+      }
+      // As many collectives ran at once as there are slots (replicated on one rank sends nothing).
+      if (sharded || w > 1) CHECK(on.opt.communicator().most_running == in_flight);
+      check_same_on_every_rank(on);
+    }
+  }
+
+  TEST_CASE_TEMPLATE("overlap_comm: buckets start in grad_ready, before step(), and a tensor's gradient is free once "
+                     "its buckets went out", P, mpopt::zero2, mpopt::zero1, mpopt::replicated) {
+    using D = mpopt::optimizer<mpopt::bf16, mpopt::no_scaling, P, mpopt::adam, test_backend, tracking_mpi>;
+    const int w = world_size(), rank = world_rank();
+    CAPTURE(w);
+    const shape sh{{5000, 1, 7001}, {3, 9000}};
+    const dataset ds{0x5EE, sh.all(), true};
+    net<D> n(layout::unfused, sh, 1, world(), overlap_options(true, 2, 2));
+    auto& comm = n.opt.communicator();
+    for (int a = 0; a < 2; ++a) {
+      n.write(ds.micro_batch(0, rank * 2 + a));
+      const int before = comm.reduces;
+      for (std::size_t i = n.grads.size(); i-- > 0;) {
+        n.opt.grad_ready(i);
+        // The last tensor's buckets are complete as soon as it is reported.
+        if (i + 1 == n.grads.size()) {
+          const bool starts = std::is_same_v<P, mpopt::zero2> || (std::is_same_v<P, mpopt::zero1> && a == 1);
+          CHECK((comm.reduces > before) == starts);
+          CHECK(n.opt.grad_consumed(i) == starts);
+        }
+      }
+      CHECK(n.opt.step().micro_step == (a == 0 ? 1 : 0));
+    }
+    CHECK_THROWS_AS(n.opt.wait_params(n.params.size()), mpopt::error);  // no such tensor
+    n.opt.wait_params();
+  }
+
+  TEST_CASE_TEMPLATE("a collective failing in flight throws on every rank: a reduction leaves the state as it was, a "
+                     "gather leaves the step for finish_step(); the run then equals one that never failed",
+                     P, mpopt::zero2, mpopt::zero1) {
+    using D = mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, P, mpopt::adam, test_backend, tracking_mpi>;
+    const int w = world_size(), rank = world_rank();
+    CAPTURE(w);
+    const shape sh = random_shape(0xFA11 + w);
+    const dataset ds{0xFA11, sh.all(), true};
+    const auto so = mpopt::dynamic_scale_options{.init_scale = 1024};
+    net<D> n(layout::unfused, sh, 2, world(), overlap_options(true, 2, 1), so);
+    net<D> clean(layout::unfused, sh, 2, world(), overlap_options(true, 2, 1), so);
+    auto step = [&](net<D>& x, int s) { return run_boundary(x, ds, s, 1, rank); };
+    CHECK(step(n, 0).applied);
+    CHECK(step(clean, 0).applied);
+    n.opt.wait_params();
+
+    // A reduce-scatter fails in flight: the step throws, everywhere, and nothing changed.
+    const snapshot before = take(n);
+    auto& comm = n.opt.communicator();
+    comm.fail_reduce_at = comm.reduces + 1;
+    std::string message;
+    try {
+      step(n, 1);
+    } catch (const mpopt::error& e) {
+      message = e.what();
+    }
+    CHECK_MESSAGE(message.find("failed in flight") != std::string::npos, message);
+    CHECK(comm.running == 0);
+    CHECK(take(n).difference(before).empty());
+    const int gathers = comm.gathers;
+    CHECK(step(n, 1).applied);  // the window again
+    CHECK(step(clean, 1).applied);
+    const int buckets = comm.gathers - gathers;
+    CHECK(buckets > 2);
+
+    // The last bucket's all-gather fails in flight: the step is committed; wait_params() throws,
+    // finish_step() completes it.
+    comm.fail_gather_at = comm.gathers + buckets - 1;
+    CHECK(step(n, 2).applied);
+    CHECK(step(clean, 2).applied);
+    message.clear();
+    try {
+      n.opt.wait_params();
+    } catch (const mpopt::error& e) {
+      message = e.what();
+    }
+    CHECK_MESSAGE(message.find("committed on every rank but unfinished") != std::string::npos, message);
+    CHECK_MESSAGE(message.find("failed in flight") != std::string::npos, message);
+    n.opt.finish_step();
+    clean.opt.wait_params();
+    CHECK(comm.running == 0);
+    std::string diff = take(n).difference(take(clean));
+    CHECK_MESSAGE(diff.empty(), "finish_step() differs from a step that never failed: " << diff);
+
+    // Once more, left for the next step() to finish.
+    comm.fail_gather_at = comm.gathers + buckets - 1;
+    for (int s = 3; s < 6; ++s) {
+      CAPTURE(s);
+      if (s == 4) CHECK_THROWS_AS(step(n, s), mpopt::error);  // finishing step 3's gathers fails
+      CHECK(step(n, s).applied);
+      CHECK(step(clean, s).applied);
+    }
+    n.opt.wait_params();
+    clean.opt.wait_params();
+    diff = take(n).difference(take(clean));
+    CHECK_MESSAGE(diff.empty(), "a run with failed collectives in flight differs from a clean one: " << diff);
+    check_same_on_every_rank(n);
+  }
+
+  TEST_CASE("overlap_comm needs a communicator with nonblocking collectives; buckets_in_flight is checked") {
+    using B = mpopt::optimizer<mpopt::fp32, mpopt::no_scaling, mpopt::zero2, mpopt::adam, mpopt::host, blocking_only>;
+    using M = mpopt::optimizer<mpopt::fp32, mpopt::no_scaling, mpopt::zero2, mpopt::adam, mpopt::host, mpopt::mpi>;
+    std::string message;
+    try {
+      B b(mpopt::optimizer_options{.overlap_comm = true});
+    } catch (const mpopt::error& e) {
+      message = e.what();
+    }
+    CHECK_MESSAGE(message.find("overlap_comm needs a communicator with nonblocking collectives") != std::string::npos,
+                  message);
+    B fine(mpopt::optimizer_options{.overlap_comm = false});
+    for (int bad : {0, -1, 65})
+      CHECK_THROWS_WITH_AS(M(mpopt::mpi{MPI_COMM_WORLD}, mpopt::optimizer_options{.overlap_comm = true,
+                                                                                 .buckets_in_flight = bad}),
+                           doctest::Contains("buckets_in_flight must be in [1, 64]"), mpopt::error);
+  }
+}
