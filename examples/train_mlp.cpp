@@ -404,6 +404,7 @@ struct config {
   std::string layout = "fused";    // fused | unfused
   std::string device = with_device ? "cuda" : "host";  // cuda in train_mlp_device, else host
   int zero = -1;                   // -1: one process; 0: replicated over MPI ranks; 1, 2: ZeRO stage
+  bool overlap = false;            // optimizer_options::overlap_comm
   int steps = 600;
   int batch = 64;
   int accumulate = 1;
@@ -466,11 +467,13 @@ run in fp32 without loss scaling for comparison.
                                 train_mlp_device, the device backend built for Thrust's OpenMP system
   --zero 0|1|2                  the MPI build only (under mpirun): 0 replicated, 1 ZeRO-1, 2 ZeRO-2;
                                 each rank trains on its own shard of the data (default 0)
+  --overlap on|off              reduce gradients during backward as layers finish, and gather the
+                                updated parameters during the next forward (overlap_comm; default off)
   --config FILE                 the optimizer from a DeepSpeed JSON configuration (fp16, bf16,
                                 zero_optimization, optimizer, gradient_clipping, ...; see the
                                 README) through mpopt::make_optimizer. It sets what --precision,
                                 --scaler, --loss-scale, --rounding, --rule, --lr, --freeze-step,
-                                --bias-correction, --accumulate, --zero and --device set, so those
+                                --bias-correction, --accumulate, --zero, --overlap and --device set, so those
                                 are refused with it; train_micro_batch_size_per_gpu, when given,
                                 sets --batch. Examples: examples/configs/*.json
   --help                        this text
@@ -535,6 +538,10 @@ bool parse_args(int argc, char** argv, config& c) {
       check_choice(flag, value, {"on", "off"});
       c.bias_correction = value == "on";
     }
+    else if (flag == "--overlap") {
+      check_choice(flag, value, {"on", "off"});
+      c.overlap = value == "on";
+    }
     else if (flag == "--layout") check_choice(flag, c.layout = value, {"fused", "unfused"});
     else if (flag == "--loss-scale") c.loss_scale = parse_number<double>(flag, value, 1);
     else if (flag == "--steps") c.steps = parse_number<int>(flag, value, 0);
@@ -574,6 +581,7 @@ bool parse_args(int argc, char** argv, config& c) {
         {"--bias-correction", "optimizer.params.bias_correction"},
         {"--accumulate", "gradient_accumulation_steps"},
         {"--zero", "zero_optimization.stage"},
+        {"--overlap", "zero_optimization.overlap_comm"},
         {"--device", "nothing: make_optimizer builds host-backend optimizers"}};
     for (const auto& [flag, key] : decided)
       if (std::ranges::find(c.given, flag) != c.given.end())
@@ -718,7 +726,8 @@ run_result train(const config& c, const task& data, bool verbose) {
   // Clip the true gradient to a global L2 norm of 1; give up (mpopt::error) if 100 steps in a row
   // overflow, which no sane loss scale would cause.
   Opt opt(make_communicator(),
-          {.clip_grad = 1.0, .accumulation_steps = c.accumulate, .max_consecutive_skips = 100, .rounding_seed = c.seed},
+          {.clip_grad = 1.0, .accumulation_steps = c.accumulate, .max_consecutive_skips = 100, .rounding_seed = c.seed,
+           .overlap_comm = c.overlap},
           scaler_options<typename Opt::scaler_options>(c));
 
   typename Opt::group_options weights_options{.lr = c.lr, .weight_decay = c.weight_decay};
@@ -795,6 +804,7 @@ run_result train_loop(const config& c, const task& data, bool verbose, Opt& opt,
         std::copy_n(&data.train.x[s * n_inputs], n_inputs, &x[std::size_t(n) * n_inputs]);
         y[n] = data.train.y[s];
       }
+      opt.wait_params();  // --overlap: the last step's parameters may still be on their way
       // Tensors are registered as group 0 = the layers' weights, group 1 = their biases.
       const double loss = model.train_batch(x, y, float(opt.loss_scale()), [&](int l) {
         opt.grad_ready(std::size_t(l));
@@ -832,6 +842,7 @@ run_result train_loop(const config& c, const task& data, bool verbose, Opt& opt,
       last_print = now;
     }
   }
+  opt.wait_params();  // before the evaluation reads them
   if (csv) std::fclose(csv);
   r.seconds = std::chrono::duration<double>(clock::now() - start).count();
   if (!c.save.empty()) {

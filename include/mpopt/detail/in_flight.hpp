@@ -82,6 +82,12 @@ class ready_buckets {
 template <class Request, class Job>
 class in_flight {
  public:
+  in_flight() = default;
+  in_flight(const in_flight&) = delete;
+  in_flight& operator=(const in_flight&) = delete;
+  /// The slots' memory goes with their owner: whatever is still in flight lands first.
+  ~in_flight() { abandon(); }
+
   void resize(std::size_t slots) { slots_.resize(slots); }
   std::size_t slots() const { return slots_.size(); }
   std::size_t bytes() const { return slots_.capacity() * sizeof(slot); }

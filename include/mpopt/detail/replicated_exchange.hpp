@@ -159,10 +159,11 @@ class replicated_exchange {
 
   std::vector<bucket> buckets_;  // in flat order
   ready_buckets ready_;
-  in_flight<request, std::uint32_t> flights_;  // the all-reduces running, oldest first (job: the bucket)
   buffer<accumulate_type> accum_;
   buffer<communicate_type> converted_;  // per slot: a bucket in the communication type
   std::size_t width_ = 0;                // elements per slot
+  // The all-reduces running, oldest first (job: the bucket); last, so that it is destroyed first.
+  in_flight<request, std::uint32_t> flights_;
 };
 
 }  // namespace mpopt::detail

@@ -221,11 +221,11 @@ class sharded_exchange {
   }
 
   ready_buckets ready_;               // which buckets backward completed
-  in_flight<request, job> flights_;   // the collectives running, oldest first
   buffer<std::byte> staging_;         // per slot: one packed bucket (gradients, or parameters to gather)
   buffer<communicate_type> received_;  // per slot: my piece of a bucket, before it joins the shard
   std::size_t staging_width_ = 0, received_width_ = 0;  // bytes, elements per slot
   bool added_ = false;  // micro-steps' reduced pieces add up in the shard (zero2)
+  in_flight<request, job> flights_;   // the collectives running, oldest first; last: it goes first
 };
 
 /// zero1: micro-steps accumulate locally over all elements, in flat order; the window's last
