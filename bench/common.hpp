@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <functional>
 #include <random>
 #include <string>
 #include <string_view>
@@ -195,23 +196,49 @@ struct config {
   bool wants(const std::string& name) const { return filter.empty() || name.find(filter) != std::string::npos; }
 };
 
-[[noreturn]] inline void usage(const char* program, int code) {
-  std::fprintf(code ? stderr : stdout,
-               "usage: %s [--params N] [--repeat R] [--filter SUBSTR] [--quick]\n"
-               "  --params N      parameters per case (default 2^26 = 67108864)\n"
-               "  --repeat R      timed rounds per case (default 11); the median is reported\n"
-               "  --filter SUBSTR run only cases whose \"precision/rule/layout[/noclip]\" contains SUBSTR\n"
-               "  --quick         smoke test: 2^20 parameters, 3 rounds\n",
-               program);
+/// A benchmark's own option, `--flag VALUE`: `set` stores the value and throws std::exception on a
+/// bad one (the usage is printed then).
+struct extra_option {
+  std::string_view flag, value, help;  // "--layers", "N", "layers (default 24)"
+  std::function<void(const std::string&)> set;
+};
+
+/// What a benchmark's command line takes besides --params, --repeat, --filter and --quick.
+struct command_line {
+  config defaults{};
+  std::size_t quick_params = std::size_t{1} << 20;  // what --quick sets
+  int quick_repeat = 3;
+  std::string_view cases = "\"precision/rule/layout[/noclip]\"";  // what --filter matches
+  std::vector<extra_option> extra{};
+};
+
+[[noreturn]] inline void usage(const char* program, int code, const command_line& cl = {}) {
+  std::FILE* out = code ? stderr : stdout;
+  std::string line = std::string("usage: ") + program + " [--params N] [--repeat R] [--filter SUBSTR] [--quick]";
+  int width = 15;  // of "--flag VALUE" in the list below
+  for (const auto& o : cl.extra) {
+    line.append(" [").append(o.flag).append(" ").append(o.value).append("]");
+    width = std::max(width, int(o.flag.size() + 1 + o.value.size()));
+  }
+  auto item = [&](std::string_view flag, std::string_view value, const std::string& help) {
+    const std::string fv = std::string(flag).append(value.empty() ? "" : " ").append(value);
+    std::fprintf(out, "  %-*s %s\n", width, fv.c_str(), help.c_str());
+  };
+  std::fprintf(out, "%s\n", line.c_str());
+  item("--params", "N", "parameters per case (default " + std::to_string(cl.defaults.params) + ")");
+  item("--repeat", "R", "timed rounds per case (default " + std::to_string(cl.defaults.repeat) + "); the median is reported");
+  item("--filter", "SUBSTR", "run only cases whose " + std::string(cl.cases) + " contains SUBSTR");
+  item("--quick", "", "smoke test: " + std::to_string(cl.quick_params) + " parameters, " + std::to_string(cl.quick_repeat) + " rounds");
+  for (const auto& o : cl.extra) item(o.flag, o.value, std::string(o.help));
   std::exit(code);
 }
 
-inline config parse(int argc, char** argv) {
-  config cfg;
+inline config parse(int argc, char** argv, const command_line& cl = {}) {
+  config cfg = cl.defaults;
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
     auto value = [&]() -> std::string {
-      if (i + 1 >= argc) usage(argv[0], 2);
+      if (i + 1 >= argc) usage(argv[0], 2, cl);
       return argv[++i];
     };
     try {
@@ -222,18 +249,20 @@ inline config parse(int argc, char** argv) {
       } else if (a == "--filter") {
         cfg.filter = value();
       } else if (a == "--quick") {
-        cfg.params = std::size_t{1} << 20;
-        cfg.repeat = 3;
+        cfg.params = cl.quick_params;
+        cfg.repeat = cl.quick_repeat;
       } else if (a == "--help" || a == "-h") {
-        usage(argv[0], 0);
+        usage(argv[0], 0, cl);
       } else {
-        usage(argv[0], 2);
+        const auto o = std::find_if(cl.extra.begin(), cl.extra.end(), [&](const extra_option& e) { return a == e.flag; });
+        if (o == cl.extra.end()) usage(argv[0], 2, cl);
+        o->set(value());
       }
     } catch (const std::exception&) {
-      usage(argv[0], 2);
+      usage(argv[0], 2, cl);
     }
   }
-  if (cfg.params == 0 || cfg.repeat < 1) usage(argv[0], 2);
+  if (cfg.params == 0 || cfg.repeat < 1) usage(argv[0], 2, cl);
   return cfg;
 }
 
