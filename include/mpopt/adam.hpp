@@ -31,13 +31,7 @@ struct adam {
 
     void validate(std::string_view group) const {
       const std::string g(group);
-      detail::require_non_negative(g + ".lr", lr);
-      detail::require_float(g + ".lr", lr);
-      detail::require_beta(g + ".beta1", beta1);
-      detail::require_beta(g + ".beta2", beta2);
-      detail::require_float_divisor(g + ".eps", eps);
-      detail::require_non_negative(g + ".weight_decay", weight_decay);
-      detail::require_float(g + ".weight_decay", weight_decay);
+      detail::require_adam_family(g, *this);
     }
   };
 

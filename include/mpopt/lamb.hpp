@@ -35,17 +35,8 @@ struct lamb {
 
     void validate(std::string_view group) const {
       const std::string g(group);
-      detail::require_non_negative(g + ".lr", lr);
-      detail::require_float(g + ".lr", lr);
-      detail::require_beta(g + ".beta1", beta1);
-      detail::require_beta(g + ".beta2", beta2);
-      detail::require_float_divisor(g + ".eps", eps);
-      detail::require_non_negative(g + ".weight_decay", weight_decay);
-      detail::require_float(g + ".weight_decay", weight_decay);
-      detail::require_non_negative(g + ".min_coeff", min_coeff);
-      detail::require_positive(g + ".max_coeff", max_coeff);
-      if (min_coeff > max_coeff)
-        detail::fail(g, ".min_coeff (", min_coeff, ") must be <= max_coeff (", max_coeff, ")");
+      detail::require_adam_family(g, *this);
+      detail::require_coeff_clamp(g, *this);
       // The update's float factor: the step size (largest at step 1 or in the limit, lr) times a ratio.
       const double largest = std::max(step_size(*this, 1), lr) * max_coeff;
       if (!(largest <= FLT_MAX))

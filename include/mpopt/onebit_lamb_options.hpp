@@ -34,16 +34,8 @@ struct onebit_lamb_options {
 
   void validate(std::string_view group) const {
     const std::string g(group);
-    detail::require_non_negative(g + ".lr", lr);
-    detail::require_float(g + ".lr", lr);
-    detail::require_beta(g + ".beta1", beta1);
-    detail::require_beta(g + ".beta2", beta2);
-    detail::require_float_divisor(g + ".eps", eps);
-    detail::require_non_negative(g + ".weight_decay", weight_decay);
-    detail::require_float(g + ".weight_decay", weight_decay);
-    detail::require_non_negative(g + ".min_coeff", min_coeff);
-    detail::require_positive(g + ".max_coeff", max_coeff);
-    if (min_coeff > max_coeff) detail::fail(g, ".min_coeff (", min_coeff, ") must be <= max_coeff (", max_coeff, ")");
+    detail::require_adam_family(g, *this);
+    detail::require_coeff_clamp(g, *this);
     if (freeze_step < 1)
       detail::fail(g, ".freeze_step must be >= 1, got 0: the frozen variance and coefficient come from warm-up");
     detail::require_beta(g + ".coeff_beta", coeff_beta);

@@ -4,6 +4,7 @@
 #include <cfloat>
 #include <cmath>
 #include <sstream>
+#include <string>
 #include <string_view>
 
 #include "../error.hpp"
@@ -56,6 +57,26 @@ inline void require_float_scale(std::string_view field, double x) {
 inline void require_beta(std::string_view field, double x) {
   require_finite(field, x);
   if (!(x >= 0 && x < 1)) fail(field, " must be in [0, 1), got ", x);
+}
+
+/// The options every Adam-family rule has (lr, beta1, beta2, eps, weight_decay) of group g.
+template <class Options>
+void require_adam_family(const std::string& g, const Options& o) {
+  require_non_negative(g + ".lr", o.lr);
+  require_float(g + ".lr", o.lr);
+  require_beta(g + ".beta1", o.beta1);
+  require_beta(g + ".beta2", o.beta2);
+  require_float_divisor(g + ".eps", o.eps);
+  require_non_negative(g + ".weight_decay", o.weight_decay);
+  require_float(g + ".weight_decay", o.weight_decay);
+}
+
+/// A trust-ratio clamp [min_coeff, max_coeff] of group g (LAMB, 1-bit LAMB).
+template <class Options>
+void require_coeff_clamp(const std::string& g, const Options& o) {
+  require_non_negative(g + ".min_coeff", o.min_coeff);
+  require_positive(g + ".max_coeff", o.max_coeff);
+  if (o.min_coeff > o.max_coeff) fail(g, ".min_coeff (", o.min_coeff, ") must be <= max_coeff (", o.max_coeff, ")");
 }
 
 }  // namespace mpopt::detail
