@@ -68,6 +68,7 @@ void check_same_steps(const std::string& json, int calls, int overflow_at) {
   const deepspeed_config c = deepspeed_config::parse_text(json);
   mpopt::any_optimizer a = mpopt::make_optimizer(c);
   REQUIRE(a.target<Opt>() != nullptr);
+  CHECK(a.config().overlap_comm == c.options.overlap_comm);
   Opt b(c.options, scaler_options_of<std::remove_cvref_t<decltype(std::declval<Opt&>().scaler())>>(c));
   auto no_decay = rule_options_of<typename Opt::rule>(c);
   no_decay.weight_decay = 0.0;
@@ -87,7 +88,13 @@ void check_same_steps(const std::string& json, int calls, int overflow_at) {
     REQUIRE(a.loss_scale() == b.loss_scale());
     ma.backward(k, a.loss_scale(), overflow_at);
     mb.backward(k, b.loss_scale(), overflow_at);
+    for (std::size_t t = 3; t-- > 0;) {  // as backward reports them
+      a.grad_ready(t);
+      b.grad_ready(t);
+    }
     const mpopt::step_status sa = a.step(), sb = b.step();
+    a.wait_params();  // overlap_comm: the gathers may still run
+    b.wait_params();
     CHECK(sa.result == sb.result);
     CHECK(sa.scale_after == sb.scale_after);
     CHECK(std::memcmp(&sa.grad_norm, &sb.grad_norm, sizeof(double)) == 0);
@@ -266,6 +273,12 @@ TEST_SUITE("config") {
               "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.01}},
               "gradient_accumulation_steps": 2, "gradient_clipping": 0.1})",
           24, 7);
+    }
+    SUBCASE("bf16, ZeRO-1 with overlap_comm (its reductions start in grad_ready), AdamW") {
+      check_same_steps<typed<mpopt::bf16, mpopt::no_scaling, mpopt::zero1, mpopt::adam>>(
+          R"({"bf16": {"enabled": true}, "zero_optimization": {"stage": 1, "overlap_comm": true, "reduce_bucket_size": 300},
+              "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.01}}})",
+          8, -1);
     }
     SUBCASE("fp16, static scale, no ZeRO, Adam with L2 decay, an overflow") {
       check_same_steps<typed<mpopt::fp16, mpopt::static_scale, mpopt::replicated, mpopt::adam>>(
