@@ -382,20 +382,31 @@ class mpi {
     if (!timed_out_call_.empty())
       detail::fail("mpi: the communicator is unusable after a timeout in ", timed_out_call_, " on rank ", rank_, " of ",
                    size_, "; ", call, " not started: end the job, e.g. MPI_Abort");
+    // Room for as many as an optimizer ever has in flight (optimizer_options::buckets_in_flight),
+    // made at the first: how many run at once varies from step to step, the steps' allocations must not.
+    if (flights_.empty()) add_flights(max_buckets_in_flight);
     flight* f = nullptr;
     for (auto& x : flights_)
       if (!x->busy) f = x.get();
-    if (!f) {
-      flights_.push_back(std::make_unique<flight>());
-      f = flights_.back().get();
-      for (std::vector<int>* v : {&f->counts, &f->displs, &f->ones, &f->steps}) v->resize(std::size_t(size_));
-    }
+    if (!f) f = add_flights(1);
     f->call = call;
     f->then = nullptr;
     f->then_collective = false;
     f->code = MPI_SUCCESS;
     return *f;
   }
+  /// n more flights; returns the last.
+  flight* add_flights(std::size_t n) {
+    for (std::size_t k = 0; k < n; ++k) {
+      flights_.push_back(std::make_unique<flight>());
+      for (std::vector<int>* v : {&flights_.back()->counts, &flights_.back()->displs, &flights_.back()->ones,
+                                  &flights_.back()->steps})
+        v->resize(std::size_t(size_));
+    }
+    return flights_.back().get();
+  }
+  static constexpr std::size_t max_buckets_in_flight = 64;
+
   /// The flight's request, or the error of starting it (then the flight is free again).
   request launched(flight& f) {
     if (f.code != MPI_SUCCESS) {
