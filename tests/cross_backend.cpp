@@ -3,8 +3,8 @@
 // scaling and an overflow on one rank (no clipping: every sum the step makes is then the same on
 // both, so the states must agree bit for bit), the same in bf16 with stochastic rounding, ZeRO-1
 // Adam with clipping, replicated bf16 LAMB and 1-bit LAMB into its compression stage (per-chunk norm
-// sums add in another order on the device: within 1e-5), and a checkpoint saved by the device
-// optimizer and loaded by both.
+// sums add in another order on the device: within 1e-5), zero2 with an expert group over its own
+// communicator, and a checkpoint saved by the device optimizer and loaded by both.
 //
 // Built by nvcc with MPOPT_TEST_NCCL (nccl_optimizer.cu): mpopt::cuda on a GPU per rank over
 // mpopt::nccl; without a GPU on every rank it prints why and exits 77 on every rank (skipped).
@@ -77,15 +77,16 @@ void put(std::span<T> dst, const std::vector<T>& src) {
 
 const std::vector<mpopt::tensor_spec> specs = {{"w", 4097}, {"b", 1}, {"e", 1000}};
 
+/// Group 0, the flat group of `specs`; finalized unless more groups follow.
 template <class Opt>
-void setup(Opt& opt, const typename Opt::group_options& g) {
+void setup(Opt& opt, const typename Opt::group_options& g, bool finalize = true) {
   auto& group = opt.add_flat_group(g, {specs.begin(), specs.end()});
   for (std::size_t t = 0; t < specs.size(); ++t) {
     std::vector<typename Opt::param_type> p(specs[t].size);
     for (std::size_t i = 0; i < p.size(); ++i) p[i] = typename Opt::param_type(float(unit(key(1, t, 0, i))));
     put(group.param(t), p);
   }
-  opt.finalize();
+  if (finalize) opt.finalize();
 }
 
 /// This rank's gradients of step s; `overflow` puts an infinity in one element on the last rank.
@@ -160,6 +161,84 @@ void case_of(const std::string& name, const typename Rule::options& g, mpopt::op
   });
 }
 
+/// An expert group (DeepSpeed's E+D layout: rank r holds set r % E of the experts, E = 2 where the
+/// world is even) beside the dense group, under zero2: its gradients reduced and its state sharded
+/// over the ranks holding the same experts, on the device over its own device communicator (on the
+/// optimizer's stream) as on the host over MPI.
+void experts() {
+  run("zero2 fp16 Adam with an expert group", [&] {
+    using P = mpopt::half;
+    const int sets = world_size % 2 == 0 ? 2 : 1, set = world_rank % sets;
+    MPI_Comm replicas = MPI_COMM_NULL;
+    MPI_Comm_split(MPI_COMM_WORLD, set, world_rank, &replicas);
+    const mpopt::optimizer_options o{.bucket_elements = 300};
+    mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::zero2, mpopt::adam, mpopt::cuda, device_comm> device(
+        device_comm(MPI_COMM_WORLD), o);
+    mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::zero2, mpopt::adam, mpopt::host, mpopt::mpi> host(
+        mpopt::mpi(MPI_COMM_WORLD), o);
+    const mpopt::adam::options g;
+    const std::vector<std::size_t> sizes = {513, 7};
+    std::vector<mpopt::cuda::buffer<P>> dp, dg;  // the device optimizer's expert tensors
+    std::vector<std::vector<P>> hp, hg;          // the host optimizer's
+    setup(device, g, false);
+    setup(host, g, false);
+    dp.reserve(sizes.size());
+    dg.reserve(sizes.size());
+    hp.reserve(sizes.size());
+    hg.reserve(sizes.size());
+#ifdef MPOPT_TEST_NCCL
+    auto& dx = device.add_expert_group(g, device_comm(replicas, device.communicator().stream()));
+#else
+    auto& dx = device.add_expert_group(g, device_comm(replicas));
+#endif
+    auto& hx = host.add_expert_group(g, mpopt::mpi(replicas));
+    for (std::size_t t = 0; t < sizes.size(); ++t) {
+      std::vector<P> init(sizes[t]);
+      for (std::size_t i = 0; i < init.size(); ++i) init[i] = P(float(unit(key(3, std::uint64_t(set), t, i))));
+      dp.emplace_back(sizes[t]);
+      dg.emplace_back(sizes[t]);
+      put(std::span<P>(dp.back().data(), sizes[t]), init);
+      hp.push_back(init);
+      hg.emplace_back(sizes[t]);
+      const std::string name = "expert" + std::to_string(set) + "." + std::to_string(t);
+      dx.add(mpopt::view<P>{dp.back().data(), sizes[t], mpopt::memory_space::device},
+             mpopt::view<P>{dg.back().data(), sizes[t], mpopt::memory_space::device}, name);
+      hx.add(hp.back(), hg.back(), name);
+    }
+    device.finalize();
+    host.finalize();
+    for (int s = 0; s < 4; ++s) {
+      feed(device, s, 0.5, s == 2);
+      feed(host, s, 0.5, s == 2);
+      for (std::size_t t = 0; t < sizes.size(); ++t) {
+        std::vector<P> grad(sizes[t]);
+        for (std::size_t i = 0; i < grad.size(); ++i)
+          grad[i] = P(float(0.5 * unit(key(5 + std::uint64_t(world_rank), std::uint64_t(s), t, i))));
+        put(std::span<P>(dg[t].data(), sizes[t]), grad);
+        std::copy(grad.begin(), grad.end(), hg[t].begin());
+      }
+      const auto a = device.step(), b = host.step();
+      expect(a.result == b.result && a.scale_after == b.scale_after,
+             "experts: step " + std::to_string(s) + ": " + std::string(a.reason()) + " vs " + std::string(b.reason()));
+      expect(std::abs(a.grad_norm - b.grad_norm) <= 1e-5 * b.grad_norm || !std::isfinite(b.grad_norm),
+             "experts: step " + std::to_string(s) + ": norms " + std::to_string(a.grad_norm) + " vs " +
+                 std::to_string(b.grad_norm));
+    }
+    compare("experts: the dense group", device, host, 1e-5);
+    for (std::size_t t = 0; t < sizes.size(); ++t) {
+      const auto dm = fetch(device.master(specs.size() + t)), hm = fetch(host.master(specs.size() + t));
+      const auto params = fetch<P>(std::span<const P>(dp[t].data(), sizes[t]));
+      std::size_t bad = dm.size() == hm.size() ? 0 : 1;
+      for (std::size_t i = 0; i < dm.size() && i < hm.size(); ++i)
+        bad += std::abs(dm[i] - hm[i]) > 1e-5 * (std::abs(hm[i]) + 1e-3);
+      for (std::size_t i = 0; i < params.size(); ++i)
+        bad += std::abs(float(params[i]) - float(hp[t][i])) > 0x1p-10 * (std::abs(float(hp[t][i])) + 1e-3);
+      expect(bad == 0, "experts: expert tensor " + std::to_string(t) + ": " + std::to_string(bad) + " elements differ");
+    }
+    MPI_Comm_free(&replicas);
+  });
+}
+
 void checkpoint() {
   using P = mpopt::fp16;
   using S = mpopt::dynamic_scale;
@@ -224,6 +303,7 @@ int main(int argc, char** argv) {
       "zero2 bf16 Adam, stochastic rounding, no clipping", adam, {.clip_grad = 0, .rounding_seed = 77}, 5, -1, 0);
   case_of<mpopt::bf16, mpopt::no_scaling, mpopt::replicated, mpopt::lamb>("replicated bf16 LAMB", lamb, {}, 4, 2, 1e-5);
   case_of<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, mpopt::onebit_lamb>("1-bit LAMB", onebit, {}, 6, -1, 1e-5);
+  experts();
   checkpoint();
 
   return finish();

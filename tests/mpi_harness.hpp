@@ -329,13 +329,13 @@ struct snapshot {
   }
 };
 
-/// The whole of tensor i's state from the pieces the ranks hold (collective when sharded).
+/// The whole of tensor i's state from the pieces the ranks of `comm` hold (collective when sharded):
+/// the optimizer's communicator, or the data-parallel one of the tensor's group (an expert group's).
 template <class Opt>
-std::vector<float> whole(const Opt& opt, std::size_t i, std::span<const float> piece) {
+std::vector<float> whole(const Opt& opt, std::size_t i, std::span<const float> piece, MPI_Comm comm) {
   if constexpr (!Opt::partition::sharded) {
     return {piece.begin(), piece.end()};
   } else {
-    const MPI_Comm comm = opt.communicator().native();
     int w = 1;
     MPI_Comm_size(comm, &w);
     const auto o = opt.owned(i);
@@ -353,7 +353,16 @@ std::vector<float> whole(const Opt& opt, std::size_t i, std::span<const float> p
     return out;
   }
 }
-/// Tensor i's master and moments, whole on every rank.
+template <class Opt>
+std::vector<float> whole(const Opt& opt, std::size_t i, std::span<const float> piece) {
+  if constexpr (!Opt::partition::sharded) return {piece.begin(), piece.end()};  // any communicator
+  else return whole(opt, i, piece, opt.communicator().native());
+}
+/// Tensor i's master and moments, whole on every rank of `comm`.
+template <class Opt>
+std::array<std::vector<float>, 3> state_of(const Opt& opt, std::size_t i, MPI_Comm comm) {
+  return {whole(opt, i, opt.master(i), comm), whole(opt, i, opt.moment(0, i), comm), whole(opt, i, opt.moment(1, i), comm)};
+}
 template <class Opt>
 std::array<std::vector<float>, 3> state_of(const Opt& opt, std::size_t i) {
   return {whole(opt, i, opt.master(i)), whole(opt, i, opt.moment(0, i)), whole(opt, i, opt.moment(1, i))};

@@ -12,11 +12,13 @@
 #include <optional>
 #include <span>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "communicator.hpp"
 #include "detail/agreement.hpp"
 #include "detail/checkpoint.hpp"
+#include "detail/expert_placement.hpp"
 #include "detail/flat_layout.hpp"
 #include "detail/memory_listing.hpp"
 #include "detail/metered.hpp"
@@ -147,6 +149,26 @@ class optimizer
   optimizer(const optimizer&) = delete;
   optimizer& operator=(const optimizer&) = delete;
 
+  /// A group of experts (mixture of experts), data-parallel over `replicas`: the ranks holding
+  /// replicas of the same experts (DeepSpeed's expert-data-parallel group; a sub-communicator of the
+  /// optimizer's, D of its W ranks). Its gradients are summed over those ranks only, still averaged
+  /// over all W (DeepSpeed's convention), its state is sharded among them under ZeRO, and every
+  /// element counts once in the global norm. Name its tensors by their global expert id: a
+  /// checkpoint holds every expert of every rank.
+  param_group& add_expert_group(const group_options& o, Communicator replicas) {
+    const int w = comm_.size(), d = replicas.size();
+    if (d < 1 || w % d != 0)
+      detail::fail("add_expert_group: its communicator has ", d, " ranks, which does not divide the optimizer's ", w);
+    if constexpr (detail::stream_communicator<Communicator>)
+      if (replicas.stream() != comm_.inner().stream())
+        detail::fail("add_expert_group: its communicator runs on another stream than the optimizer's; create it on ",
+                     "the same stream, so that its collectives keep the order of the step's passes");
+    param_group& g = registry::new_group(o);
+    expert_comms_.push_back(std::make_unique<detail::metered<Communicator>>(std::move(replicas), &comm_));
+    g.comm_ = std::uint32_t(expert_comms_.size());
+    return g;
+  }
+
   /// The factor the loss must be multiplied by before backward.
   double loss_scale() const { return scaler_.scale(); }
   const LossScaler& scaler() const { return scaler_; }
@@ -167,7 +189,10 @@ class optimizer
         if (g->entries_.empty()) detail::fail(g->label_, " has no parameters");
       driver::check_groups(groups_);
     });
+    group_comms_.clear();
+    for (const auto& g : groups_) group_comms_.push_back(g->comm_ ? expert_comms_[g->comm_ - 1].get() : &comm_);
     check_same_settings();
+    experts_ = detail::place_experts(comm_, groups_, std::span<detail::metered<Communicator>* const>(group_comms_));
     std::vector<std::uint32_t> tensor_groups;
     std::vector<std::size_t> sizes;
     for (std::uint32_t gi = 0; gi < groups_.size(); ++gi)
@@ -184,6 +209,7 @@ class optimizer
         first += e.size;
       }
     work_ = layout.local_work();
+    uncounted_ = layout.uncounted(work_);
     state_elements_ = layout.local_elements();
     if constexpr (Precision::has_master) master_ = buffer<float>(state_elements_);
     for (auto& b : state_) b = buffer<float>(state_elements_);
@@ -368,7 +394,9 @@ class optimizer
   }
 
   /// What the partition's exchange works with in this call.
-  exchange_context context() { return {backend_, comm_, options_, data(), micro_step_, send_scale(), compressing()}; }
+  exchange_context context() {
+    return {backend_, comm_, group_comms_, options_, data(), micro_step_, send_scale(), compressing()};
+  }
   /// What the rule's driver works with: the committed step's gradients and scalars besides.
   rule_context update_context() { return {context(), exchange_, gradients_, coefficients_.data(), groups_}; }
 
@@ -405,7 +433,10 @@ class optimizer
   }
 
   /// Waits for the passes and collectives issued so far.
-  void wait() { detail::wait_for_all(backend_, comm_); }
+  void wait() {
+    for (auto& c : expert_comms_) detail::wait_for_collectives(*c);
+    detail::wait_for_all(backend_, comm_);
+  }
 
   /// Whether the backend decides the step (step_decision.hpp): one rank owning every element, always;
   /// a device backend also across ranks and shards, keeping the overflow flag and norm in device
@@ -462,11 +493,16 @@ class optimizer
   options options_;
   LossScaler scaler_;
   detail::metered<Communicator> comm_;
+  /// Expert groups' communicators, metered under comm_; before exchange_, whose collectives use them.
+  std::vector<std::unique_ptr<detail::metered<Communicator>>> expert_comms_;
 
   // Fixed at finalize().
+  std::vector<detail::metered<Communicator>*> group_comms_;  // per group: comm_ or its expert communicator
+  std::vector<detail::expert_placement> experts_;            // per expert group: which ranks hold which experts
   std::vector<detail::tensor_slot<param_type, grad_type>> tensors_;
   std::optional<detail::flat_layout> layout_;
   detail::work_list work_;                                // my elements, addressing the local state
+  std::vector<std::pair<std::size_t, std::size_t>> uncounted_;  // chunks of work_ another rank counts in the norm
   std::size_t state_elements_ = 0;
   buffer<float> master_;
   std::array<buffer<float>, state_count> state_;  // the rule's, in the order of UpdateRule::state

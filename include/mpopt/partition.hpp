@@ -55,8 +55,9 @@ struct zero2 {
 
 /// What the optimizer asks of a partition's exchange E, in the order of a step:
 ///   E::lay_out(groups, sizes, n, c)  which elements I own: the flat layout (detail/flat_layout.hpp),
-///                               one shard of each group (then the norms' partial sums are added
-///                               over ranks) or all of them
+///                               one shard of each group over its communicator (c.comm_of(g)) or
+///                               all of them, and how the ranks' sums of squares make the global
+///                               norm (each element counted once: summed over ranks or not)
 ///   E::sharded                  the same at compile time, for rules that need every element
 ///   e.allocate(layout, c)       its buffers, at finalize()
 ///   e.grad_ready(c, t)          backward finished tensor t; false if it was reported already
@@ -64,7 +65,7 @@ struct zero2 {
 ///   e.micro_step(c)             a backward inside the accumulation window
 ///   e.boundary(c, local)        the window's last backward: where the update reads its gradients
 ///                               (`local`: they stay on this rank, for a compressing rule)
-///   e.sum_partials(c, sums)     how the partial sums of the norms combine across ranks
+///   e.sum_partials(c, sums)     how per-tensor partial sums of squares combine across ranks
 ///   e.params_back(c)            the updated parameters reach every rank (may leave some in flight)
 ///   e.wait_params(c, i)         ... and tensor i's have arrived (i = -1: every tensor's)
 ///   e.keeps_window(world), e.restart_window()  what a failed collective leaves of the window

@@ -39,15 +39,30 @@ class agreement {
   }
 
   /// Across ranks, the backend's step sums are agreed where they are: the non-finite chunks (one
-  /// rank's overflow skips the step on all) and, sharded, the squared norm of each shard. Unsharded,
-  /// every rank's norm is already that of the same all-reduced gradients.
+  /// rank's overflow skips the step on all) and, where the layout says they add up (a shard each,
+  /// or expert groups), the squared norms. Otherwise every rank's norm is already that of the same
+  /// all-reduced gradients.
   void agree_on_backend() {
     Opt& o = self();
     if (o.comm_.size() == 1) return;
     if constexpr (!stream_communicator<Communicator>) o.backend_.synchronize();  // the sums are done
     double* sums = o.decision_sums_.data();
-    if (o.layout_->sharded()) o.comm_.all_reduce(std::span<double>(sums, 2), reduce_op::sum);
+    if (o.layout_->summed()) o.comm_.all_reduce(std::span<double>(sums, 2), reduce_op::sum);
     else o.comm_.all_reduce(std::span<double>(sums + 1, 1), reduce_op::sum);
+  }
+
+  /// This rank's share of the squared global norm, from per-chunk partial sums the host reads: the
+  /// chunks it counts (each element is counted by one rank), added per owner in rank order.
+  template <class T>
+  double counted_sum(T* partial) {
+    Opt& o = self();
+    for (const auto& [c0, c1] : o.uncounted_) std::fill(partial + c0, partial + c1, T(0));
+    return o.rank_ordered_sum_(o.work_, partial, 0, o.work_.size());  // the same for any thread count
+  }
+  /// The squared global norm from every rank's share, where the shares add up.
+  void sum_norm(double& sumsq) {
+    Opt& o = self();
+    if (o.layout_->summed()) o.comm_.all_reduce(std::span<double>(&sumsq, 1), reduce_op::sum);
   }
 
   /// The element-wise overflow test and the squared global norm, agreed by every rank, and the
@@ -57,14 +72,10 @@ class agreement {
     o.backend_.gradient_norm(d);
     o.wait();
     std::uint8_t nonfinite = std::any_of(o.chunk_nonfinite_.begin(), o.chunk_nonfinite_.end(), [](auto b) { return b != 0; });
-    double sumsq = o.rank_ordered_sum_(o.work_, o.chunk_sums_.data(), 0, o.work_.size());  // the same for any thread count
+    double sumsq = counted_sum(o.chunk_sums_.data());
     o.comm_.all_reduce(std::span<std::uint8_t>(&nonfinite, 1), reduce_op::max);
-    if (o.compressing()) {
-      o.comm_.all_reduce(std::span<double>(&sumsq, 1), reduce_op::sum);
-    } else {
-      auto c = o.context();
-      o.exchange_.sum_partials(c, std::span<double>(&sumsq, 1));
-    }
+    if (o.compressing()) o.comm_.all_reduce(std::span<double>(&sumsq, 1), reduce_op::sum);
+    else sum_norm(sumsq);
     step_decision decided;
     decided.sumsq = sumsq;
     decided.nonfinite = nonfinite;
@@ -83,9 +94,8 @@ class agreement {
     o.backend_.to_device(o.decision_.data(), &decided, 1);
     d.chunk_grad_sum = o.chunk_grad_sums_.data();
     o.commit_and_update(d);  // waits: the sums are done
-    decided.sumsq = o.rank_ordered_sum_(o.work_, o.chunk_grad_sums_.data(), 0, o.work_.size());
-    auto c = o.context();
-    o.exchange_.sum_partials(c, std::span<double>(&decided.sumsq, 1));
+    decided.sumsq = counted_sum(o.chunk_grad_sums_.data());
+    sum_norm(decided.sumsq);
     rule.decide(decided);
     return decided;
   }
@@ -96,6 +106,7 @@ class agreement {
     Opt& o = self();
     step_decision decided;
     o.backend_.gradient_norm(d);
+    for (const auto& [c0, c1] : o.uncounted_) o.backend_.zero(o.chunk_sums_.data() + c0, c1 - c0);  // counted once
     o.backend_.step_sums(o.chunk_sums_.data(), o.chunk_nonfinite_.data(), o.work_.size(), o.decision_sums_.data());
     agree_on_backend();
     o.backend_.decide_step(rule, o.decision_sums_.data(), o.decision_.data());
@@ -163,14 +174,19 @@ class agreement {
     add_each(std::string(LossScaler::name) + " state.", o.scaler_.save());
     if constexpr (requires { o.comm_.inner().options().deterministic; })
       add(std::string(Communicator::name) + ".deterministic", o.comm_.inner().options().deterministic);
-    for (const auto& g : o.groups_) {
+    for (std::size_t gi = 0; gi < o.groups_.size(); ++gi) {
+      const auto& g = o.groups_[gi];
       add_each(g->label_ + ".", UpdateRule::to_json(g->options_));
+      // An expert group's communicator; its tensors' names differ between sets of experts
+      // (expert_placement.hpp checks them).
+      add(g->label_ + " data-parallel over",
+          g->expert_parallel() ? std::to_string(o.group_comms_[gi]->size()) + " ranks (expert group)" : "every rank");
       // The tensors as a short summary whose hash covers every name, size and shape, in order
       // (rank 0's shapes are what save() writes).
       std::string names;
       std::size_t elements = 0;
       for (const auto& e : g->entries_) {
-        names += e.name + ":" + std::to_string(e.size);
+        names += (g->expert_parallel() ? std::string() : e.name) + ":" + std::to_string(e.size);
         for (const std::int64_t d : e.shape.dims()) {
           names += ',';  // not "," + to_string(d): g++ 12 warns -Wrestrict on that (a false positive)
           names += std::to_string(d);

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <span>
 #include <string>
@@ -23,6 +24,7 @@
 #include "../precision.hpp"
 #include "../rule.hpp"
 #include "../tensor.hpp"
+#include "expert_placement.hpp"
 #include "flat_layout.hpp"
 #include "json_fields.hpp"
 #include "same_settings.hpp"
@@ -44,9 +46,9 @@ class checkpointing {
 
  public:
   /// Writes every parameter, master and moment by tensor name, with the scaler, counters and group
-  /// options, to a safetensors file (format: README, "Checkpoints"). Every rank calls it; rank 0
-  /// writes, tensor by tensor as the sharded ones are gathered (one at a time), and a
-  /// failure there throws on every rank.
+  /// options, to a safetensors file (format: README, "Checkpoints"); of expert groups, every rank's
+  /// experts. Every rank calls it; rank 0 writes, tensor by tensor as those held elsewhere are
+  /// gathered (one at a time), and a failure there throws on every rank.
   void save(const std::filesystem::path& path) {
     Opt& o = self();
     if (!o.finalized_) fail("save(): nothing to save before the first step (or finalize())");
@@ -60,9 +62,9 @@ class checkpointing {
     o.agree("save", [&] {
       if (!writer) return;
       std::vector<state_stream::tensor> header;
-      for_each_saved_tensor(o, [&](std::string key, const saved_range& r, const auto* data) {
+      for_each_file_tensor(o, [&](std::string key, const saved_range& r, const auto* data, const auto&) {
         using T = std::remove_cv_t<std::remove_pointer_t<decltype(data)>>;
-        header.push_back({std::move(key), std::string(state_dtype<T>::value), r.file_shape()});
+        if (!r.run || r.first == 0) header.push_back({std::move(key), std::string(state_dtype<T>::value), r.file_shape()});
       });
       o.driver_.for_each_extra(o.comm_.size(), [&](std::string key, std::size_t elements) {
         header.push_back({std::move(key), "F32", {std::int64_t(elements)}});
@@ -80,22 +82,20 @@ class checkpointing {
         failed = e;
       }
     };
-    std::vector<float> whole_tensor, gathered;
-    std::vector<std::byte> copied;  // a tensor in device memory, brought to the host
-    for_each_saved_tensor(o, [&](const std::string&, const saved_range& r, const auto* data) {
+    std::vector<std::byte> copied, whole, aside, runs;  // a tensor brought to the host; gathered; runs so far
+    for_each_file_tensor(o, [&](const std::string&, const saved_range& r, const auto* data, const auto& senders) {
       using T = std::remove_cv_t<std::remove_pointer_t<decltype(data)>>;
-      if (r.on_device) {
+      if (data && r.on_device) {
         copied.resize(r.count * sizeof(T));
         o.backend_.to_host(reinterpret_cast<T*>(copied.data()), data, r.count);
         data = reinterpret_cast<const T*>(copied.data());
       }
-      std::span<const T> whole(data, r.count);
-      if constexpr (std::is_same_v<T, float>)
-        if (r.sharded) {
-          gather_tensor(o, r.tensor, std::span<const float>(data, r.count), whole_tensor, gathered);
-          whole = whole_tensor;
-        }
-      write(std::as_bytes(whole));
+      const std::span<const T> mine(data, data ? r.count : 0);
+      const auto bytes = std::as_bytes(assemble(o, senders, mine, whole, aside));
+      if (!r.run) return write(bytes);
+      if (r.first == 0) runs.clear();
+      runs.insert(runs.end(), bytes.begin(), bytes.end());
+      if (r.first + r.count == r.elements) write(runs);
     });
     o.driver_.save_extra(o.comm_, o.backend_, write);  // what the rule's driver keeps besides (1-bit LAMB's errors)
     o.agree("save", [&] {
@@ -128,8 +128,9 @@ class checkpointing {
       o.backend_.to_device(dst, host, count);
       o.wait();  // before `staged` is reused
     };
-    for_each_saved_tensor(o, [&](const std::string& key, const saved_range& r, auto* dst) {
-      read(key, r.first, dst, r.count, r.on_device);
+    for_each_saved_tensor(o, saved.kept_at, saved.file_tensors, [&](const std::string& key, const saved_range& r, auto* dst) {
+      if (!r.kept_at) return read(key, r.first, dst, r.count, r.on_device);
+      for (std::size_t t = 0; t < r.count; ++t) read(key, (*r.kept_at)[t], dst + t, 1, false);
     });
     o.driver_.restore(saved.driver, o.comm_, read);
     o.comm_.take_bytes();
@@ -156,7 +157,30 @@ class checkpointing {
     std::uint64_t applied = 0, skipped = 0, consecutive = 0;
     std::optional<std::uint64_t> rounding_seed;  // saved under stochastic rounding
     typename Opt::driver::saved driver;  // what the rule's driver keeps besides
+    /// Where each of my tensors is among the file's (per-tensor values are saved in that order).
+    std::vector<std::size_t> kept_at;
+    std::size_t file_tensors = 0;
+    std::vector<std::uint64_t> group_tensors;  // per group: the tensors the file holds of it
   };
+
+  /// An expert group's tensors among those a file holds of it (`saved`: names and sizes, every
+  /// expert of the run that saved it): each of mine is there with its size, and kept_at gets its
+  /// position (the group's start at `first`). That the sets of experts together hold them all is
+  /// checked across ranks (check_same_checkpoint).
+  template <class Group>
+  static void find_experts(const Group& g, const nlohmann::json& saved, std::size_t first,
+                           std::vector<std::size_t>& kept_at, const std::string& where) {
+    std::map<std::string, std::pair<std::size_t, std::size_t>> at;  // name -> (position, size)
+    for (std::size_t i = 0; i < saved.size(); ++i)
+      at[saved[i].at("name").template get<std::string>()] = {i, saved[i].at("size").template get<std::size_t>()};
+    for (const auto& e : g.entries_) {
+      const auto it = at.find(e.name);
+      if (it == at.end()) fail(where, "tensor '", e.name, "' is not in the file");
+      if (it->second.second != e.size)
+        fail(where, "tensor '", e.name, "' has ", it->second.second, " elements in the file, ", e.size, " here");
+      kept_at.push_back(first + it->second.first);
+    }
+  }
 
   /// Checks a state file against this optimizer (policies, groups, tensor names, sizes, dtypes) and
   /// parses its header, changing nothing.
@@ -173,11 +197,21 @@ class checkpointing {
       const auto& groups = meta.at("groups");
       if (groups.size() != o.groups_.size())
         fail(where, "saved with ", groups.size(), " groups, this optimizer has ", o.groups_.size());
+      std::size_t file_tensors = 0;
       for (std::size_t g = 0; g < groups.size(); ++g) {
-        if (groups[g].at("tensors") != mine["groups"][g]["tensors"])
-          fail(where, "group ", g, " holds different tensors: saved ", groups[g].at("tensors").dump(),
-               ", this optimizer has ", mine["groups"][g]["tensors"].dump());
+        const nlohmann::json& saved = groups[g].at("tensors");
+        if (o.groups_[g]->expert_parallel()) {
+          find_experts(*o.groups_[g], saved, file_tensors, h.kept_at, where + "expert group " + std::to_string(g) + ": ");
+        } else if (saved != mine["groups"][g]["tensors"]) {
+          fail(where, "group ", g, " holds different tensors: saved ", saved.dump(), ", this optimizer has ",
+               mine["groups"][g]["tensors"].dump());
+        } else {
+          for (std::size_t i = 0; i < saved.size(); ++i) h.kept_at.push_back(file_tensors + i);
+        }
+        file_tensors += saved.size();
+        h.group_tensors.push_back(saved.size());
       }
+      h.file_tensors = file_tensors;
       // Every number through an exact type and range check (json_fields.hpp), then the checks the
       // options get from the constructor: nothing in the file reaches a conversion or a step unchecked.
       using detail::json_count;
@@ -211,7 +245,7 @@ class checkpointing {
       if (e.message().starts_with(where)) throw;
       fail(where, e.message());
     }
-    for_each_saved_tensor(o, [&](const std::string& key, const saved_range& sr, auto* dst) {
+    for_each_saved_tensor(o, h.kept_at, h.file_tensors, [&](const std::string& key, const saved_range& sr, auto* dst) {
       using T = std::remove_pointer_t<decltype(dst)>;
       if (!r.contains(key)) fail(where, "tensor '", key, "' is missing");
       const std::vector<std::int64_t>& shape = r.shape(key);
@@ -238,6 +272,22 @@ class checkpointing {
       read.push_back({"the checkpoint's group " + std::to_string(g), "step " + std::to_string(h.group_steps[g]) + ", " +
                                                                          UpdateRule::to_json(h.groups[g]).dump()});
     require_same_settings(o.comm_, std::span<const setting>(read), advice);
+    // Each rank found its experts in the file; together the sets of experts (counted once, at
+    // their communicators' rank 0) must hold all of the file's, or some would be dropped. (Every
+    // rank has the file's number of groups: check_saved.)
+    std::vector<std::uint64_t> held(o.groups_.size(), 0);
+    for (std::size_t g = 0; g < held.size(); ++g)
+      if (o.groups_[g]->expert_parallel())
+        held[g] = o.expert_comms_[o.groups_[g]->comm_ - 1]->rank() == 0 ? o.groups_[g]->size() : 0;
+      else
+        held[g] = o.comm_.rank() == 0 ? o.groups_[g]->size() : 0;
+    o.comm_.all_reduce(std::span<std::uint64_t>(held), reduce_op::sum);
+    o.agree("load", [&] {
+      for (std::size_t g = 0; g < held.size(); ++g)
+        if (held[g] != h.group_tensors[g])
+          fail("load(): the file holds ", h.group_tensors[g], " tensors of group ", g, ", the ranks hold ", held[g],
+               " of them: each must have a place (expert groups: the sets of experts together hold the file's)");
+    });
   }
 
   /// Policies, scaler, counters and group layout: the metadata of a saved state.
@@ -246,7 +296,10 @@ class checkpointing {
     nlohmann::json groups = nlohmann::json::array();
     for (const auto& g : o.groups_) {
       nlohmann::json tensors = nlohmann::json::array();
-      for (const auto& e : g->entries_) tensors.push_back({{"name", e.name}, {"size", e.size}});
+      const expert_placement* p = o.finalized_ ? placement_of(o, g->index_) : nullptr;
+      for (std::size_t e = 0; e < (p ? p->size() : 1); ++e)  // an expert group: every set of experts
+        for (std::size_t j = 0; j < g->entries_.size(); ++j)
+          tensors.push_back({{"name", p ? std::string(p->name(e, j)) : g->entries_[j].name}, {"size", g->entries_[j].size}});
       groups.push_back({{"options", UpdateRule::to_json(g->options_)}, {"step", g->step_}, {"tensors", tensors}});
     }
     nlohmann::json d = {{"precision", Precision::name},     {"loss_scaler", LossScaler::name},
@@ -262,28 +315,51 @@ class checkpointing {
     return d;
   }
 
-  /// Tensor t's state, of which this rank holds `mine`, whole on every rank. The all-gather
-  /// concatenates the pieces in rank order: where that is not the tensor's order, the pieces are
-  /// gathered aside and put in place.
-  static void gather_tensor(Opt& o, std::size_t t, std::span<const float> mine, std::vector<float>& whole,
-                            std::vector<float>& aside) {
-    const std::vector<flat_layout::owned_range> pieces = o.layout_->pieces(t);
-    std::vector<std::size_t> counts;
-    std::size_t elements = 0, my_offset = 0;
-    for (std::size_t r = 0; r < pieces.size(); ++r) {
-      if (r < std::size_t(o.comm_.rank())) my_offset += pieces[r].count;
-      counts.push_back(pieces[r].count);
-      elements += pieces[r].count;
+  /// One saved tensor (or a run of per-tensor values) whole, for the writer: rank r sends part
+  /// senders[r] of it, this rank the first of `mine`. What rank 0 holds alone is its own; anything else is
+  /// all-gathered (collective: every rank calls it for every tensor) in rank order: straight into the
+  /// tensor where the parts follow each other so (ZeRO shards), else aside, and each part put in
+  /// place. Floats travel as floats, other types as bytes.
+  template <class T>
+  static std::span<const T> assemble(Opt& o, const std::vector<flat_layout::owned_range>& senders,
+                                     std::span<const T> mine, std::vector<std::byte>& whole, std::vector<std::byte>& aside) {
+    std::size_t elements = 0;
+    bool others = false;
+    for (std::size_t r = 0; r < senders.size(); ++r) {
+      elements = std::max(elements, senders[r].first + senders[r].count);
+      others = others || (r != 0 && senders[r].count);
     }
-    const bool in_place = o.layout_->shards_in_rank_order();
-    std::vector<float>& into = in_place ? whole : aside;
-    into.assign(elements, 0.0f);
-    std::copy(mine.begin(), mine.end(), into.begin() + std::ptrdiff_t(my_offset));
-    o.comm_.all_gather(std::span<float>(into), std::span<const std::size_t>(counts));
-    if (in_place) return;
-    whole.resize(elements);
-    for (std::size_t r = 0, at = 0; r < pieces.size(); at += pieces[r++].count)
-      std::copy_n(aside.begin() + std::ptrdiff_t(at), pieces[r].count, whole.begin() + std::ptrdiff_t(pieces[r].first));
+    if (!others) return mine;  // the writer's own (a null span elsewhere)
+    using word = std::conditional_t<std::is_same_v<T, float>, float, std::uint8_t>;
+    constexpr std::size_t words = sizeof(T) / sizeof(word);
+    std::vector<std::size_t> counts;
+    std::size_t at = 0, my_offset = 0;
+    bool in_place = true;  // the parts follow each other in rank order: gathered, they are the tensor
+    for (std::size_t r = 0; r < senders.size(); ++r) {
+      if (r == std::size_t(o.comm_.rank())) my_offset = at;
+      in_place = in_place && (senders[r].count == 0 || senders[r].first == at);
+      counts.push_back(senders[r].count * words);
+      at += senders[r].count;
+    }
+    in_place = in_place && at == elements;
+    std::vector<std::byte>& into = in_place ? whole : aside;
+    into.resize(at * sizeof(T));
+    const auto sent = std::as_bytes(mine.first(senders[std::size_t(o.comm_.rank())].count));  // replicas: one sends
+    std::copy(sent.begin(), sent.end(), into.begin() + std::ptrdiff_t(my_offset * sizeof(T)));
+    o.comm_.all_gather(std::span<word>(reinterpret_cast<word*>(into.data()), at * words), std::span<const std::size_t>(counts));
+    if (in_place) return {reinterpret_cast<const T*>(whole.data()), elements};
+    whole.assign(elements * sizeof(T), std::byte{0});
+    for (std::size_t r = 0, from = 0; r < senders.size(); from += senders[r++].count)
+      std::copy_n(aside.begin() + std::ptrdiff_t(from * sizeof(T)), senders[r].count * sizeof(T),
+                  whole.begin() + std::ptrdiff_t(senders[r].first * sizeof(T)));
+    return {reinterpret_cast<const T*>(whole.data()), elements};
+  }
+
+  /// The placement of expert group g; null for any other group.
+  static const expert_placement* placement_of(const Opt& o, std::size_t g) {
+    for (const auto& p : o.experts_)
+      if (p.group == g) return &p;
+    return nullptr;
   }
 
   /// Which part of a saved tensor a pointer holds: elements [first, first + count) of `elements`.
@@ -294,6 +370,10 @@ class checkpointing {
     /// A parameter's tensor (param, master, rule state): its registered shape, null when none was
     /// given. Null for anything else (per-tensor values), which the file holds as [elements].
     const tensor_shape* shape = nullptr;
+    /// Per-tensor values on load: where each of mine is among the file's (count of them).
+    const std::vector<std::size_t>* kept_at = nullptr;
+    /// Per-tensor values on save, a set at a time: [first, first + count) of the key's elements.
+    bool run = false;
 
     /// The shape save() writes: the registered one, else [elements].
     std::vector<std::int64_t> file_shape() const {
@@ -319,20 +399,21 @@ class checkpointing {
     }
   };
 
-  /// Calls f(key, range, pointer) for every tensor a state file holds, in file order: parameters
-  /// whole, optimizer state as far as this rank holds it; pointers are const when self is. Before
-  /// finalize() the state pointers are typed nulls: enough to check a file against this optimizer
-  /// without committing to a layout.
+  /// Calls f(key, range, pointer) for every tensor of this rank a state file holds: parameters
+  /// whole, optimizer state as far as this rank holds it, and the per-tensor values of the rule's
+  /// driver (found in the file at kept_at, each tensor's position among its file_tensors); pointers are const when
+  /// self is. Before finalize() the state pointers are typed nulls: enough to check a file against
+  /// this optimizer without committing to a layout.
   template <class Self, class F>
-  static void for_each_saved_tensor(Self& self, F&& f) {
+  static void for_each_saved_tensor(Self& self, const std::vector<std::size_t>& kept_at, std::size_t file_tensors,
+                                    F&& f) {
     std::size_t t = 0;
     for (const auto& g : self.groups_)
       for (const auto& e : g->entries_) {
-        constexpr bool device = Backend::space == memory_space::device;
-        const saved_range whole{t, e.size, 0, e.size, false, device, &e.shape};
+        const saved_range whole{t, e.size, 0, e.size, false, on_device, &e.shape};
         const auto o = self.finalized_ ? self.layout_->owned(t) : flat_layout::owned_range{};
         const saved_range held =
-            self.finalized_ ? saved_range{t, e.size, o.first, o.count, self.layout_->sharded(), device, &e.shape} : whole;
+            self.finalized_ ? saved_range{t, e.size, o.first, o.count, self.layout_->sharded(), on_device, &e.shape} : whole;
         auto state = [&](auto& buffer) { return self.finalized_ ? buffer.data() + o.state : nullptr; };
         f("param/" + e.name, whole, e.param);
         if constexpr (Precision::has_master) f("master/" + e.name, held, state(self.master_));
@@ -340,12 +421,77 @@ class checkpointing {
           f(std::string(UpdateRule::state[k]) + "/" + e.name, held, state(self.state_[k]));
         ++t;
       }
-    // What the rule's driver keeps per tensor (LAMB's tensor_state), one value each.
-    const saved_range per_tensor{t, t, 0, t};
+    // What the rule's driver keeps per tensor (LAMB's tensor_state), one value each, of the file's
+    // file_tensors.
+    const saved_range per_tensor{t, file_tensors, 0, t, false, false, nullptr, &kept_at};
     Opt::driver::for_each_kept(self.driver_, [&](std::string key, auto* values) {
       f(std::move(key), per_tensor, self.finalized_ ? values : nullptr);
     });
   }
+
+  /// Calls f(key, range, pointer, senders) for every tensor save() writes, in file order: each
+  /// group's tensors, and of an expert group those of every set of experts, set after set (a
+  /// checkpoint holds what one process holding every expert would save); then the per-tensor values
+  /// of the rule's driver, in the same order, a set at a time. The pointer is to this rank's copy,
+  /// null where it holds another set; senders[r] is the part rank r sends to the writer (assemble).
+  static void for_each_file_tensor(Opt& o, auto&& f) {
+    using range = flat_layout::owned_range;
+    const auto w = std::size_t(o.comm_.size());
+    std::vector<range> senders(w);
+    auto from = [&](std::size_t rank, std::size_t n) -> const std::vector<range>& {
+      std::fill(senders.begin(), senders.end(), range{});
+      senders[rank] = {0, n, 0};
+      return senders;
+    };
+    // Group g's tensor t, of set e: where each rank's part of its state is.
+    auto state_senders = [&](const expert_placement* p, std::size_t e, std::size_t t, std::size_t n) -> const std::vector<range>& {
+      if (!o.layout_->sharded()) return from(p ? p->first_replica(e) : 0, n);
+      const auto pieces = o.layout_->pieces(t);
+      for (std::size_t r = 0; r < w; ++r)
+        senders[r] = !p ? pieces[r] : p->ep_of[r] == e ? pieces[p->replica_of[r]] : range{};
+      return senders;
+    };
+    std::size_t first = 0;  // the group's first tensor
+    for (const auto& g : o.groups_) {
+      const expert_placement* p = placement_of(o, g->index_);
+      for (std::size_t e = 0; e < (p ? p->size() : 1); ++e)
+        for (std::size_t j = 0; j < g->entries_.size(); ++j) {
+          const auto& entry = g->entries_[j];
+          const std::size_t t = first + j;
+          const bool mine = !p || e == p->mine;
+          const std::string name = p ? std::string(p->name(e, j)) : entry.name;
+          const auto own = o.layout_->owned(t);
+          const saved_range whole{t, entry.size, 0, entry.size, false, on_device, &entry.shape};
+          const saved_range held{t, entry.size, own.first, own.count, o.layout_->sharded(), on_device, &entry.shape};
+          auto state = [&](auto& buffer) { return mine ? buffer.data() + own.state : nullptr; };
+          f("param/" + name, whole, mine ? entry.param : nullptr, from(p ? p->first_replica(e) : 0, entry.size));
+          if constexpr (Precision::has_master)
+            f("master/" + name, held, state(o.master_), state_senders(p, e, t, entry.size));
+          for (std::size_t k = 0; k < state_count; ++k)
+            f(std::string(UpdateRule::state[k]) + "/" + name, held, state(o.state_[k]), state_senders(p, e, t, entry.size));
+        }
+      first += g->entries_.size();
+    }
+    std::size_t file_tensors = 0;
+    for (const auto& g : o.groups_) {
+      const expert_placement* p = placement_of(o, g->index_);
+      file_tensors += g->entries_.size() * (p ? p->size() : 1);
+    }
+    Opt::driver::for_each_kept(o.driver_, [&](std::string key, auto* values) {
+      std::size_t t = 0, at = 0;
+      for (const auto& g : o.groups_) {
+        const expert_placement* p = placement_of(o, g->index_);
+        const std::size_t n = g->entries_.size();
+        for (std::size_t e = 0; e < (p ? p->size() : 1); ++e, at += n) {
+          const saved_range run{t, file_tensors, at, n, false, false, nullptr, nullptr, true};
+          f(key, run, !p || e == p->mine ? values + t : nullptr, from(p ? p->first_replica(e) : 0, n));
+        }
+        t += n;
+      }
+    });
+  }
+
+  static constexpr bool on_device = Backend::space == memory_space::device;
 };
 
 }  // namespace detail

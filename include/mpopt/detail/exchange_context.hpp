@@ -1,9 +1,11 @@
 // mpopt — what a partition's exchange (partition.hpp) works with during one call of the optimizer:
-// the backend, the communicator, the options, the user's tensors and where the window stands.
+// the backend, the communicators (the optimizer's, and each group's data-parallel one), the
+// options, the user's tensors and where the window stands.
 #pragma once
 
 #include <concepts>
 #include <cstddef>
+#include <span>
 
 #include "../communicator.hpp"
 #include "../options.hpp"
@@ -39,7 +41,11 @@ struct exchange_context {
   using precision = Precision;
 
   Backend& backend;
+  /// The optimizer's communicator: every rank's. Overflow and the global norm are agreed over it.
   metered<Communicator>& comm;
+  /// Each group's data-parallel communicator: the ranks holding the same elements of it (comm, or
+  /// an expert group's own, which the optimizer meters under comm). Empty: comm for every group.
+  std::span<metered<Communicator>* const> group_comms;
   const optimizer_options& options;
   /// The user's tensors and this rank's update work, reading the gradients as they are (no
   /// accumulator): an exchange adds its own buffers to a copy.
@@ -51,7 +57,20 @@ struct exchange_context {
   /// This window's gradients stay on their rank (the rule's driver says so: 1-bit LAMB's compression).
   bool local = false;
 
-  void wait() const { wait_for_all(backend, comm); }
+  /// Group g's data-parallel communicator.
+  metered<Communicator>& comm_of(std::size_t g) const { return group_comms.empty() ? comm : *group_comms[g]; }
+  /// Whether some group is data-parallel over other ranks than the optimizer's communicator.
+  bool has_expert_groups() const {
+    for (auto* c : group_comms)
+      if (c != &comm) return true;
+    return false;
+  }
+
+  void wait() const {
+    for (auto* c : group_comms)
+      if (c != &comm) wait_for_collectives(*c);
+    wait_for_all(backend, comm);
+  }
   /// Before a collective reads what the backend's passes wrote: a communicator on the backend's
   /// stream gets it in order; any other waits for the passes.
   void before_send() const {

@@ -1,10 +1,11 @@
 // mpopt — where every element lives. Each group's tensors lie end to end in one flat space (each
 // start 64-byte aligned), padded so that it splits into `parts` equal shards whose starts are 64-byte
-// aligned too; the groups' spaces follow each other. A sharded rank keeps state for shard `part` of
-// every group, back to back; a replicated rank keeps all of it, in flat order. Either way, work is cut
-// at the shard boundaries of the world size, so that partial sums are formed, and combined in rank
-// order, the same way under every partition policy. Shard r is rank r's unless the partition says
-// otherwise (`shard_ranks`); collectives always see a bucket's pieces in rank order.
+// aligned too; the groups' spaces follow each other. A group's shards are those of its data-parallel
+// communicator (the optimizer's, or an expert group's own: shard_plan). A sharded rank keeps state
+// for its shard of every group, back to back; a replicated rank keeps all of it, in flat order.
+// Either way, work is cut at the shard boundaries, so that partial sums are formed, and combined in
+// rank order, the same way under every partition policy. Shard r is rank r's unless the partition
+// says otherwise (`rank_of`); collectives always see a bucket's pieces in rank order.
 #pragma once
 
 #include <algorithm>
@@ -18,19 +19,33 @@
 
 namespace mpopt::detail {
 
-/// A contiguous range of one group's flat space, reduced or gathered by one collective.
+/// A contiguous range of one group's flat space, reduced or gathered by one collective (over the
+/// group's communicator).
 struct bucket {
   std::size_t begin = 0, end = 0;               ///< flat range
+  std::uint32_t group = 0;                      ///< the group whose space it cuts
   std::uint32_t first_tensor = 0, last_tensor = 0;  ///< tensors [first, last) with elements in it
   work_list pieces;                             ///< those elements; state = offset in the bucket
   work_list mine;                               ///< the ones in my shard
   std::vector<std::size_t> counts;              ///< elements of each rank's shard in the bucket, in rank order
+  std::size_t my_rank = 0;                      ///< my rank in the group's communicator
   std::size_t my_offset = 0;                    ///< where my piece starts in the packed bucket
   std::size_t my_state = 0;                     ///< local state index of my piece's first element
   std::vector<std::pair<std::size_t, std::size_t>> gaps;  ///< padding (offset, count) in the bucket
 
   std::size_t size() const { return end - begin; }
   std::size_t my_count(int rank) const { return counts[std::size_t(rank)]; }
+  std::size_t my_count() const { return counts[my_rank]; }
+};
+
+/// How one group's space splits across the ranks of its data-parallel communicator.
+struct shard_plan {
+  std::size_t parts = 1;             ///< shards: the communicator's size (1: work not cut)
+  std::size_t part = 0;              ///< the shard this rank holds (sharded layouts)
+  std::vector<std::size_t> rank_of;  ///< the rank holding each shard; empty: shard s is rank s's
+  /// Whether this rank's partial sums of squares of the group count in the global norm: each element
+  /// is counted by one rank (replicas of an expert group: the first of them).
+  bool counted = true;
 };
 
 /// Heap bytes of a list of buckets.
@@ -46,52 +61,69 @@ class flat_layout {
  public:
   static constexpr std::size_t align = 16;  // floats per 64 bytes
 
-  /// tensor_groups[t] is the group of tensor t (ascending), tensor_sizes[t] its elements. This rank
-  /// holds shard `part`; shard_ranks[s] is the rank holding shard s (empty: rank s).
+  /// tensor_groups[t] is the group of tensor t (ascending), tensor_sizes[t] its elements; plans[g]
+  /// how group g splits. `summed`: the ranks' partial sums of squares (of counted groups) add up to
+  /// the global ones (sharded, or groups replicated over different communicators).
   flat_layout(const std::vector<std::uint32_t>& tensor_groups, const std::vector<std::size_t>& tensor_sizes,
-              std::size_t groups, int parts, int part, bool sharded, std::vector<std::size_t> shard_ranks = {})
-      : parts_(std::size_t(parts)), part_(std::size_t(part)), sharded_(sharded), rank_of_(std::move(shard_ranks)) {
-    if (rank_of_.empty())
-      for (std::size_t r = 0; r < parts_; ++r) rank_of_.push_back(r);
-    shard_of_.assign(parts_, parts_);
-    for (std::size_t sh = 0; sh < parts_; ++sh)
-      if (rank_of_.size() != parts_ || rank_of_[sh] >= parts_ || shard_of_[rank_of_[sh]] != parts_)
-        fail("flat_layout: shard_ranks must give each of the ", parts_, " shards a rank of its own");
-      else
-        shard_of_[rank_of_[sh]] = sh;
+              std::vector<shard_plan> plans, bool sharded, bool summed)
+      : sharded_(sharded), summed_(summed) {
     std::size_t flat = 0, local = 0;
+    const std::size_t groups = plans.size();
     first_tensor_.assign(groups + 1, tensor_sizes.size());
     for (std::uint32_t g = 0, t = 0; g < groups; ++g) {
       first_tensor_[g] = t;
-      space s{flat, 0, 0, 0};
+      space s{flat, 0, 0, 0, std::move(plans[g]), {}};
+      order_shards(s);
       std::size_t at = flat;
       for (; t < tensor_sizes.size() && tensor_groups[t] == g; ++t) {
         offset_.push_back(at);
         at = round_up(at + tensor_sizes[t], align);
       }
-      s.size = round_up(at - flat, align * parts_);
-      s.shard = s.size / parts_;
+      s.size = round_up(at - flat, align * s.plan.parts);
+      s.shard = s.size / s.plan.parts;
       s.local_begin = sharded ? local : flat;
       local += s.shard;
       flat += s.size;
-      spaces_.push_back(s);
+      spaces_.push_back(std::move(s));
     }
     sizes_ = tensor_sizes;
     groups_ = tensor_groups;
     flat_elements_ = flat;
     local_elements_ = sharded ? local : flat;
   }
+  /// Every group split alike: `parts` shards, this rank's `part`, shard s held by shard_ranks[s].
+  flat_layout(const std::vector<std::uint32_t>& tensor_groups, const std::vector<std::size_t>& tensor_sizes,
+              std::size_t groups, int parts, int part, bool sharded, std::vector<std::size_t> shard_ranks = {})
+      : flat_layout(tensor_groups, tensor_sizes,
+                    std::vector<shard_plan>(groups, {std::size_t(parts), std::size_t(part), std::move(shard_ranks), true}),
+                    sharded, sharded) {}
 
   std::size_t flat_elements() const { return flat_elements_; }
-  /// Shards each group splits into (the world size, or 1 when work is not cut at shards).
-  std::size_t parts() const { return parts_; }
   /// Whether this rank keeps state for its shard only.
   bool sharded() const { return sharded_; }
-  /// Whether shard r is rank r's, for every r.
+  /// Whether the ranks' partial sums of squares of counted groups add up to the global ones.
+  bool summed() const { return summed_; }
+  std::size_t groups() const { return spaces_.size(); }
+  /// Tensors of group g are [first_tensor(g), first_tensor(g + 1)).
+  std::size_t first_tensor(std::size_t g) const { return first_tensor_[g]; }
+  /// How group g splits.
+  const shard_plan& plan(std::size_t g) const { return spaces_[g].plan; }
+  /// Whether shard r of every group is rank r's.
   bool shards_in_rank_order() const {
-    for (std::size_t r = 0; r < parts_; ++r)
-      if (rank_of_[r] != r) return false;
+    for (const space& s : spaces_)
+      for (std::size_t r = 0; r < s.plan.parts; ++r)
+        if (s.plan.rank_of[r] != r) return false;
     return true;
+  }
+  /// The chunk ranges of `w` (this rank's local_work()) whose partial sums of squares this rank
+  /// does not count in the global norm.
+  std::vector<std::pair<std::size_t, std::size_t>> uncounted(const work_list& w) const {
+    std::vector<std::pair<std::size_t, std::size_t>> out;
+    for (std::size_t g = 0; g < spaces_.size(); ++g) {
+      const std::size_t c0 = w.first_chunk(first_tensor_[g]), c1 = w.first_chunk(first_tensor_[g + 1]);
+      if (!spaces_[g].plan.counted && c0 < c1) out.push_back({c0, c1});
+    }
+    return out;
   }
   /// Elements of all tensors, without padding.
   std::size_t parameters() const {
@@ -103,9 +135,11 @@ class flat_layout {
   std::size_t local_elements() const { return local_elements_; }
   /// Heap bytes the layout holds.
   std::size_t bytes() const {
-    return spaces_.capacity() * sizeof(space) + (offset_.capacity() + sizes_.capacity() + first_tensor_.capacity()) *
-                                                    sizeof(std::size_t) +
-           groups_.capacity() * sizeof(std::uint32_t) + (rank_of_.capacity() + shard_of_.capacity()) * sizeof(std::size_t);
+    std::size_t bytes = spaces_.capacity() * sizeof(space) +
+                        (offset_.capacity() + sizes_.capacity() + first_tensor_.capacity()) * sizeof(std::size_t) +
+                        groups_.capacity() * sizeof(std::uint32_t);
+    for (const space& s : spaces_) bytes += (s.plan.rank_of.capacity() + s.shard_of.capacity()) * sizeof(std::size_t);
+    return bytes;
   }
 
   /// This rank's elements of a tensor: [first, first + count) of it, at local state index `state`.
@@ -114,15 +148,16 @@ class flat_layout {
   };
   owned_range owned(std::size_t t) const {
     if (!sharded_) return {0, sizes_[t], offset_[t]};
-    const auto [lo, hi] = in_shard(t, part_);
+    const auto [lo, hi] = in_shard(t, spaces_[groups_[t]].plan.part);
     return lo < hi ? owned_range{lo - offset_[t], hi - lo, local_index(lo)} : owned_range{};
   }
-  /// Tensor t's elements in each rank's shard, in rank order: [first, first + count) of the tensor
-  /// (state unused). In rank order, they follow each other in the tensor.
+  /// Tensor t's elements in the shard of each rank of its group's communicator, in rank order:
+  /// [first, first + count) of the tensor (state unused).
   std::vector<owned_range> pieces(std::size_t t) const {
     std::vector<owned_range> out;
-    for (std::size_t r = 0; r < parts_; ++r) {
-      const auto [lo, hi] = in_shard(t, shard_of_[r]);
+    const space& s = spaces_[groups_[t]];
+    for (std::size_t r = 0; r < s.plan.parts; ++r) {
+      const auto [lo, hi] = in_shard(t, s.shard_of[r]);
       out.push_back(lo < hi ? owned_range{lo - offset_[t], hi - lo, 0} : owned_range{});
     }
     return out;
@@ -132,7 +167,8 @@ class flat_layout {
   work_list local_work() const {
     work_list w;
     for_each_owned_range(0, flat_elements_, [&](std::uint32_t t, std::size_t a, std::size_t b, std::size_t owner) {
-      if (!sharded_ || owner == part_) w.add(t, a - offset_[t], b - offset_[t], local_index(a), std::uint32_t(owner));
+      if (!sharded_ || owner == spaces_[groups_[t]].plan.part)
+        w.add(t, a - offset_[t], b - offset_[t], local_index(a), std::uint32_t(owner));
     });
     return w;
   }
@@ -173,7 +209,24 @@ class flat_layout {
     std::size_t size;         ///< padded elements
     std::size_t shard;        ///< elements per rank
     std::size_t local_begin;  ///< where the group starts in the local state
+    shard_plan plan;
+    std::vector<std::size_t> shard_of;  ///< the shard each rank holds
   };
+
+  /// Completes s.plan.rank_of (identity when empty) and its inverse, refusing a plan that does not
+  /// give each shard a rank of its own.
+  static void order_shards(space& s) {
+    const std::size_t parts = s.plan.parts;
+    if (parts == 0) fail("flat_layout: a group needs at least one shard");
+    if (s.plan.rank_of.empty())
+      for (std::size_t r = 0; r < parts; ++r) s.plan.rank_of.push_back(r);
+    s.shard_of.assign(parts, parts);
+    for (std::size_t sh = 0; sh < parts; ++sh)
+      if (s.plan.rank_of.size() != parts || s.plan.rank_of[sh] >= parts || s.shard_of[s.plan.rank_of[sh]] != parts)
+        fail("flat_layout: shard_ranks must give each of the ", parts, " shards a rank of its own");
+      else
+        s.shard_of[s.plan.rank_of[sh]] = sh;
+  }
 
   static std::size_t round_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
 
@@ -202,7 +255,7 @@ class flat_layout {
   std::size_t local_index(std::size_t x) const {
     if (!sharded_) return x;
     const space& s = spaces_[group_of_flat(x)];
-    return s.local_begin + (x - s.begin - part_ * s.shard);
+    return s.local_begin + (x - s.begin - s.plan.part * s.shard);
   }
 
   /// Calls f(tensor, a, b, owner) for every maximal flat range [a, b) of tensor elements within
@@ -224,16 +277,19 @@ class flat_layout {
 
   bucket make_bucket(std::size_t g, std::size_t begin, std::size_t end) const {
     const space& s = spaces_[g];
+    const std::size_t parts = s.plan.parts, part = s.plan.part;
     bucket k;
     k.begin = begin;
     k.end = end;
+    k.group = std::uint32_t(g);
+    k.my_rank = s.plan.rank_of[part];
     // The packed bucket holds each rank's piece in rank order: block[sh] is where shard sh's starts.
-    std::vector<std::size_t> block(parts_);
-    for (std::size_t r = 0, at = 0; r < parts_; ++r) {
-      const auto [lo, hi] = shard_in_range(s, shard_of_[r], begin, end);
+    std::vector<std::size_t> block(parts);
+    for (std::size_t r = 0, at = 0; r < parts; ++r) {
+      const auto [lo, hi] = shard_in_range(s, s.shard_of[r], begin, end);
       k.counts.push_back(lo < hi ? hi - lo : 0);
-      block[shard_of_[r]] = at;
-      if (r < rank_of_[part_]) k.my_offset += k.counts.back();
+      block[s.shard_of[r]] = at;
+      if (r < k.my_rank) k.my_offset += k.counts.back();
       at += k.counts.back();
     }
     auto packed = [&](std::size_t x) {  // where flat position x goes in the packed bucket
@@ -263,17 +319,15 @@ class flat_layout {
         begin, end,
         [&](std::uint32_t t, std::size_t a, std::size_t b, std::size_t owner) {
           k.pieces.add(t, a - offset_[t], b - offset_[t], packed(a), std::uint32_t(owner));
-          if (owner == part_) k.mine.add(t, a - offset_[t], b - offset_[t], packed(a), std::uint32_t(owner));
+          if (owner == part) k.mine.add(t, a - offset_[t], b - offset_[t], packed(a), std::uint32_t(owner));
         },
         first_tensor_[g], first_tensor_[g + 1]);
-    const auto [mine, mine_end] = shard_in_range(s, part_, begin, end);
+    const auto [mine, mine_end] = shard_in_range(s, part, begin, end);
     if (mine < mine_end) k.my_state = local_index(mine);
     return k;
   }
 
-  std::size_t parts_, part_;
-  bool sharded_;
-  std::vector<std::size_t> rank_of_, shard_of_;  ///< the rank holding each shard; the shard each rank holds
+  bool sharded_, summed_;
   std::vector<space> spaces_;
   std::vector<std::size_t> offset_, sizes_;
   std::vector<std::uint32_t> groups_;

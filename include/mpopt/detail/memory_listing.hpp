@@ -47,19 +47,26 @@ class memory_listing {
       r.buffers.push_back({std::string(name), std::string(UpdateRule::name) + " state (fp32)", state, true});
     const std::size_t driver_bookkeeping = o.driver_.list_memory(r);
     const std::size_t exchange_bookkeeping = o.exchange_.list_memory(r);
-    const std::size_t bookkeeping =
+    std::size_t bookkeeping =
         o.work_.bytes() + o.tensors_.capacity() * sizeof(o.tensors_[0]) +
         o.layout_->bytes() + o.chunk_sums_.capacity() * sizeof(float) + o.chunk_nonfinite_.capacity() +
         o.chunk_grad_sums_.capacity() * sizeof(double) +
         o.rank_ordered_sum_.bytes() + o.decision_.size() * sizeof(step_decision) +
         o.decision_sums_.size() * sizeof(double) + o.coefficients_.capacity() * sizeof(o.coefficients_[0]) +
+        o.uncounted_.capacity() * sizeof(o.uncounted_[0]) + o.group_comms_.capacity() * sizeof(void*) +
         exchange_bookkeeping + driver_bookkeeping;
+    bookkeeping += o.experts_.capacity() * sizeof(o.experts_[0]);
+    for (const auto& p : o.experts_) bookkeeping += p.bytes();
     r.buffers.push_back({"work list", "tensor table, layout, chunks, buckets, partial sums, per-group scalars", bookkeeping, true});
     if constexpr (requires { o.comm_.inner().workspace_bytes(); }) {
       std::string purpose = "the communicator's own buffers";
       if constexpr (requires { Communicator::workspace_purpose; }) purpose = Communicator::workspace_purpose;
       if (o.comm_.inner().workspace_bytes())
         r.buffers.push_back({"communicator workspace", purpose, o.comm_.inner().workspace_bytes(), true});
+      for (std::size_t k = 0; k < o.expert_comms_.size(); ++k)
+        if (o.expert_comms_[k]->inner().workspace_bytes())
+          r.buffers.push_back({"expert communicator " + std::to_string(k) + " workspace", purpose,
+                               o.expert_comms_[k]->inner().workspace_bytes(), true});
     }
     return r;
   }

@@ -15,13 +15,15 @@ namespace mpopt::detail {
 /// Forwards every collective to C and adds up the bytes this rank contributes: the whole input of
 /// an all-reduce, reduce-scatter or all-to-all, its own piece of an all-gather, a broadcast's data
 /// at the root. An fp32 all-reduce of P parameters counts 4P. A collective that fails says which
-/// call of the optimizer it was part of (at()), so a timeout names the step a rank missed.
+/// call of the optimizer it was part of (at()), so a timeout names the step a rank missed. One
+/// metered `under` another (an expert group's communicator, under the optimizer's) adds its bytes
+/// to that one's and names its failures by that one's call and step.
 template <communicator C>
 class metered {
  public:
   static constexpr std::string_view name = C::name;
 
-  explicit metered(C inner) : inner_(std::move(inner)) {}
+  explicit metered(C inner, metered* under = nullptr) : inner_(std::move(inner)), under_(under) {}
 
   C& inner() { return inner_; }
   const C& inner() const { return inner_; }
@@ -38,37 +40,37 @@ class metered {
   template <class T>
   void all_reduce(std::span<T> data, reduce_op op) {
     named([&] { inner_.all_reduce(data, op); });
-    bytes_ += data.size_bytes();
+    meter().bytes_ += data.size_bytes();
   }
   template <class T>
   void reduce_scatter(std::span<const T> in, std::span<T> out, reduce_op op) {
     named([&] { inner_.reduce_scatter(in, out, op); });
-    bytes_ += in.size_bytes();
+    meter().bytes_ += in.size_bytes();
   }
   template <class T>
   void reduce_scatter(std::span<const T> in, std::span<T> out, std::span<const std::size_t> counts, reduce_op op) {
     named([&] { inner_.reduce_scatter(in, out, counts, op); });
-    bytes_ += in.size_bytes();
+    meter().bytes_ += in.size_bytes();
   }
   template <class T>
   void all_gather(std::span<T> data, std::span<const std::size_t> counts) {
     named([&] { inner_.all_gather(data, counts); });
-    bytes_ += counts[std::size_t(rank())] * sizeof(T);
+    meter().bytes_ += counts[std::size_t(rank())] * sizeof(T);
   }
   template <class T>
   void all_gather(std::span<const T> in, std::span<T> out) {
     named([&] { inner_.all_gather(in, out); });
-    bytes_ += in.size_bytes();
+    meter().bytes_ += in.size_bytes();
   }
   template <class T>
   void all_to_all(std::span<const T> in, std::span<T> out) {
     named([&] { inner_.all_to_all(in, out); });
-    bytes_ += in.size_bytes();
+    meter().bytes_ += in.size_bytes();
   }
   template <class T>
   void broadcast(std::span<T> data, int root) {
     named([&] { inner_.broadcast(data, root); });
-    if (rank() == root) bytes_ += data.size_bytes();
+    if (rank() == root) meter().bytes_ += data.size_bytes();
   }
   void barrier() {
     named([&] { inner_.barrier(); });
@@ -97,8 +99,8 @@ class metered {
       if constexpr (nonblocking_communicator<C>) return typename C::request{};
       else return complete{};
     }());
-    request(inner_request r, const metered& m)
-        : inner_(std::move(r)), call_(m.call_), step_(m.step_), rank_(m.rank()), size_(m.size()) {}
+    request(inner_request r, metered& m)
+        : inner_(std::move(r)), call_(m.meter().call_), step_(m.meter().step_), rank_(m.rank()), size_(m.size()) {}
     template <class F>
     auto named_as(F&& f) {
       return name_failure(f, call_, step_, rank_, size_);
@@ -111,19 +113,19 @@ class metered {
 
   template <class T>
   request start_all_reduce(std::span<T> data, reduce_op op, bool in_flight = true) {
-    bytes_ += data.size_bytes();
+    meter().bytes_ += data.size_bytes();
     return started(in_flight, [&](auto& c) { return c.start_all_reduce(data, op); }, [&](auto& c) { c.all_reduce(data, op); });
   }
   template <class T>
   request start_reduce_scatter(std::span<const T> in, std::span<T> out, std::span<const std::size_t> counts,
                                reduce_op op, bool in_flight = true) {
-    bytes_ += in.size_bytes();
+    meter().bytes_ += in.size_bytes();
     return started(in_flight, [&](auto& c) { return c.start_reduce_scatter(in, out, counts, op); },
                    [&](auto& c) { c.reduce_scatter(in, out, counts, op); });
   }
   template <class T>
   request start_all_gather(std::span<T> data, std::span<const std::size_t> counts, bool in_flight = true) {
-    bytes_ += counts[std::size_t(rank())] * sizeof(T);
+    meter().bytes_ += counts[std::size_t(rank())] * sizeof(T);
     return started(in_flight, [&](auto& c) { return c.start_all_gather(data, counts); },
                    [&](auto& c) { c.all_gather(data, counts); });
   }
@@ -139,18 +141,21 @@ class metered {
   }
   template <class F>
   void named(F&& f) {
-    name_failure(f, call_, step_, rank(), size());
+    name_failure(f, meter().call_, meter().step_, rank(), size());
   }
+  /// Where bytes and names are kept: here, or in the communicator this one is metered under.
+  metered& meter() { return under_ ? *under_ : *this; }
   /// Starts a collective: start(inner) in flight where C can, blocking(inner) otherwise.
   template <class Start, class Blocking>
   request started(bool in_flight, Start&& start, Blocking&& blocking) {
     if constexpr (nonblocking_communicator<C>)
-      if (in_flight) return request(name_failure([&] { return start(inner_); }, call_, step_, rank(), size()), *this);
+      if (in_flight) return request(name_failure([&] { return start(inner_); }, meter().call_, meter().step_, rank(), size()), *this);
     named([&] { blocking(inner_); });
     return request({}, *this);
   }
 
   C inner_;
+  metered* under_ = nullptr;
   std::uint64_t bytes_ = 0;
   std::string_view call_ = "finalize()";
   std::uint64_t step_ = 0;

@@ -57,7 +57,10 @@ class onebit_driver : public staged_driver<Rule, Precision, Backend, Communicato
   static void check_groups(const Groups& groups) {
     const auto freeze = groups.front()->options().freeze_step;
     for (std::size_t g = 0; g < groups.size(); ++g)
-      if (groups[g]->options().freeze_step != freeze)
+      if (groups[g]->expert_parallel())
+        fail("group ", g, " is an expert group: 1-bit LAMB compresses one momentum over every rank, so it has no "
+             "expert groups (neither has DeepSpeed's); use lamb or adam");
+      else if (groups[g]->options().freeze_step != freeze)
         fail("group ", g, ".freeze_step (", groups[g]->options().freeze_step, ") differs from group 0's (", freeze,
              "): the compression stage starts for every group at once");
   }

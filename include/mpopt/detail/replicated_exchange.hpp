@@ -1,5 +1,6 @@
 // mpopt — the exchange of mpopt::replicated: every rank owns every element, and micro-steps fold
-// into one fp32 accumulator that is summed over ranks at the boundary.
+// into one fp32 accumulator that is summed at the boundary over each group's data-parallel ranks
+// (every rank, or an expert group's replicas).
 #pragma once
 
 #include <algorithm>
@@ -27,10 +28,18 @@ class replicated_exchange {
   using communicate_type = typename Precision::communicate_type;
   static constexpr bool sharded = false;
 
-  /// Every element is mine; with sum_by_shard, work is still cut at the would-be shards of the world.
+  /// Every element is mine; with sum_by_shard, work is still cut at the would-be shards of each
+  /// group's communicator. Where groups are replicated over different ranks (expert groups), the
+  /// global norm is a sum over every rank, in which the first replica of each element counts it.
   static flat_layout lay_out(const std::vector<std::uint32_t>& tensor_groups, const std::vector<std::size_t>& sizes,
                              std::size_t groups, const context& c) {
-    return flat_layout(tensor_groups, sizes, groups, c.options.sum_by_shard ? c.comm.size() : 1, 0, false);
+    const bool summed = c.comm.size() > 1 && c.has_expert_groups();
+    std::vector<shard_plan> plans;
+    for (std::size_t g = 0; g < groups; ++g) {
+      const auto& comm = c.comm_of(g);
+      plans.push_back({c.options.sum_by_shard ? std::size_t(comm.size()) : 1, 0, {}, !summed || comm.rank() == 0});
+    }
+    return flat_layout(tensor_groups, sizes, std::move(plans), false, summed);
   }
 
   /// The accumulator holds the sum over micro-steps and ranks (zeroed: padding is sent too),
@@ -89,7 +98,7 @@ class replicated_exchange {
     ready_.restart();
   }
 
-  /// Every rank's sums are over all elements already.
+  /// Every rank's per-tensor sums are over all of the tensor's elements already.
   void sum_partials(context&, std::span<double>) {}
 
   /// The parameters are updated in place on every rank.
@@ -139,8 +148,8 @@ class replicated_exchange {
     }
     c.backend.pack_gradients(c.tensors, k.pieces, sent, earlier, c.send_scale);
     c.before_send();
-    auto r = c.comm.start_all_reduce(std::span<communicate_type>(sent, k.size()), reduce_op::sum,
-                                     c.options.overlap_comm);
+    auto r = c.comm_of(k.group).start_all_reduce(std::span<communicate_type>(sent, k.size()), reduce_op::sum,
+                                                 c.options.overlap_comm);
     flights_.hold(s, std::move(r), std::uint32_t(b), finisher(c));
   }
 

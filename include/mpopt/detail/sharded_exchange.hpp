@@ -1,6 +1,7 @@
 // mpopt — the exchanges of mpopt::zero1 and mpopt::zero2: each rank owns one shard of every
-// group's flat space; gradients are reduce-scattered bucket by bucket into the shard and the updated
-// parameters all-gathered back. zero1 reduces once per window, zero2 every micro-step, as backward
+// group's flat space, cut among the ranks of the group's data-parallel communicator (every rank, or
+// an expert group's replicas); gradients are reduce-scattered bucket by bucket into the shard and
+// the updated parameters all-gathered back. zero1 reduces once per window, zero2 every micro-step, as backward
 // reports tensors done.
 #pragma once
 
@@ -35,16 +36,24 @@ class sharded_exchange {
   static constexpr bool sharded = true;
   static constexpr bool shard_in_grads = ShardInGrads;
 
-  /// Shard r of every group is rank r's.
+  /// Shard r of every group is rank r's of the group's communicator.
   static flat_layout lay_out(const std::vector<std::uint32_t>& tensor_groups, const std::vector<std::size_t>& sizes,
                              std::size_t groups, const context& c) {
-    return flat_layout(tensor_groups, sizes, groups, c.comm.size(), c.comm.rank(), true);
+    std::vector<shard_plan> plans;
+    for (std::size_t g = 0; g < groups; ++g)
+      plans.push_back({std::size_t(c.comm_of(g).size()), std::size_t(c.comm_of(g).rank()), {}, true});
+    return flat_layout(tensor_groups, sizes, std::move(plans), true, true);
   }
 
-  /// Each rank's partial sums cover its shard: they add up over ranks.
+  /// Each rank's per-tensor partial sums (sums: [one per tensor | one per tensor]) cover its shard:
+  /// they add up over the ranks of the tensor's group's communicator.
   void sum_partials(context& c, std::span<double> sums) {
     c.wait();  // the passes wrote the sums
-    c.comm.all_reduce(sums, reduce_op::sum);
+    if (runs_.size() == 1) return c.comm_of(runs_[0].group).all_reduce(sums, reduce_op::sum);
+    const std::size_t tensors = sums.size() / 2;
+    for (const auto& run : runs_)
+      for (std::size_t half : {std::size_t{0}, tensors})
+        c.comm_of(run.group).all_reduce(sums.subspan(half + run.first, run.last - run.first), reduce_op::sum);
   }
 
   /// Across ranks the reduced gradients replaced each rank's own: a failed step loses the window.
@@ -61,8 +70,8 @@ class sharded_exchange {
       c.backend.pack_params(c.tensors, k.mine, packed);
       c.before_send();
       flights_.hold(s,
-                    c.comm.start_all_gather(std::span<param_type>(packed, k.size()),
-                                            std::span<const std::size_t>(k.counts), c.options.overlap_comm),
+                    c.comm_of(k.group).start_all_gather(std::span<param_type>(packed, k.size()),
+                                                        std::span<const std::size_t>(k.counts), c.options.overlap_comm),
                     {b, job::params}, finisher(c));
     }
   }
@@ -79,6 +88,11 @@ class sharded_exchange {
   using buffer = typename Backend::template buffer<T>;
   static constexpr bool same_types = std::is_same_v<accumulate_type, communicate_type>;
 
+  /// Groups that follow each other over one communicator: their tensors [first, last).
+  struct tensor_run {
+    std::size_t group, first, last;
+  };
+
   /// What a slot's collective leaves to do once it completes.
   struct job {
     std::uint32_t bucket = 0;
@@ -91,10 +105,15 @@ class sharded_exchange {
     if (!ShardInGrads) shard_ = buffer<accumulate_type>::zeroed(layout.local_elements());
     buckets_ = layout.buckets(c.options.bucket_elements);
     ready_.assign(buckets_, c.tensors.tensor_count);
+    for (std::size_t g = 0; g < layout.groups(); ++g)
+      if (runs_.empty() || &c.comm_of(g) != &c.comm_of(runs_.back().group))
+        runs_.push_back({g, layout.first_tensor(g), layout.first_tensor(g + 1)});
+      else
+        runs_.back().last = layout.first_tensor(g + 1);
     std::size_t widest = 0, mine = 0;
     for (const auto& k : buckets_) {
       widest = std::max(widest, k.size());
-      mine = std::max(mine, k.my_count(c.comm.rank()));
+      mine = std::max(mine, k.my_count());
     }
     flights_.resize(c.options.overlap_comm ? std::size_t(c.options.buckets_in_flight) : 1);
     staging_width_ = widest * std::max(sizeof(communicate_type), sizeof(param_type));
@@ -159,10 +178,11 @@ class sharded_exchange {
       r.buffers.push_back({"received piece" + slots, "my piece of a reduced bucket (" + sent + ") before it joins the " +
                                                  (ShardInGrads ? "gradient tensors" : "gradient shard") + each,
                            received_.size() * sizeof(communicate_type), true});
-    return heap_bytes(buckets_) + ready_.bytes() + flights_.bytes();
+    return heap_bytes(buckets_) + ready_.bytes() + flights_.bytes() + runs_.capacity() * sizeof(tensor_run);
   }
 
   std::vector<bucket> buckets_;  // in flat order
+  std::vector<tensor_run> runs_;  // the groups by communicator, for the per-tensor sums
   buffer<accumulate_type> shard_;  // my shard's reduced gradients, unless ShardInGrads
 
  private:
@@ -188,10 +208,10 @@ class sharded_exchange {
       }
     }
     flights_.hold(s,
-                  c.comm.start_reduce_scatter(std::span<const communicate_type>(packed, k.size()),
-                                              std::span<communicate_type>(out, k.my_count(c.comm.rank())),
-                                              std::span<const std::size_t>(k.counts), reduce_op::sum,
-                                              c.options.overlap_comm),
+                  c.comm_of(k.group).start_reduce_scatter(std::span<const communicate_type>(packed, k.size()),
+                                                          std::span<communicate_type>(out, k.my_count()),
+                                                          std::span<const std::size_t>(k.counts), reduce_op::sum,
+                                                          c.options.overlap_comm),
                   j, finisher(c));
   }
 
@@ -206,7 +226,7 @@ class sharded_exchange {
         case job::assign:
         case job::add:
           if constexpr (ShardInGrads) c.backend.unpack_gradients(c.tensors, k.mine, piece, k.my_offset);
-          else c.backend.fold(shard_.data() + k.my_state, piece, k.my_count(c.comm.rank()), j.what == job::add);
+          else c.backend.fold(shard_.data() + k.my_state, piece, k.my_count(), j.what == job::add);
       }
     };
   }

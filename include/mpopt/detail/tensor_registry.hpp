@@ -99,6 +99,9 @@ class tensor_registry {
     }
     /// Applied steps of this group (the t of bias correction is step() + 1 on the next update).
     std::uint64_t step() const { return step_; }
+    /// Whether the group holds experts, data-parallel over a communicator of their own
+    /// (optimizer::add_expert_group).
+    bool expert_parallel() const { return comm_ != 0; }
 
    private:
     friend class tensor_registry;
@@ -144,6 +147,7 @@ class tensor_registry {
     group_options options_;
     std::vector<entry> entries_;
     std::uint64_t step_ = 0;
+    std::uint32_t comm_ = 0;  ///< its data-parallel communicator: 0 the optimizer's, k its k-th expert one
     bool flat_ = false;
     buffer<param_type> flat_param_;
     buffer<grad_type> flat_grad_;

@@ -1,0 +1,146 @@
+// mpopt — where the experts of a mixture-of-experts model live (DeepSpeed's expert and
+// expert-data-parallel groups): each expert group is data-parallel over its own communicator, the
+// ranks holding replicas of the same experts. Across the optimizer's communicator the ranks hold E
+// different sets of experts (E-way expert parallelism), each set on the D ranks of one expert
+// communicator. finalize() checks that, collectively, and keeps every set's tensor names for
+// checkpoints, which hold every expert (checkpoint.hpp).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "../communicator.hpp"
+#include "agree.hpp"
+#include "metered.hpp"
+#include "validate.hpp"
+
+namespace mpopt::detail {
+
+/// Every rank's bytes, gathered over `comm` (collective): the lengths first, then the bytes.
+template <class C>
+std::vector<std::vector<std::uint8_t>> gather_bytes(metered<C>& comm, std::span<const std::uint8_t> mine) {
+  const auto w = std::size_t(comm.size()), me = std::size_t(comm.rank());
+  std::vector<std::uint64_t> lengths(w, 0);
+  lengths[me] = mine.size();
+  comm.all_reduce(std::span<std::uint64_t>(lengths), reduce_op::max);
+  std::vector<std::size_t> counts(lengths.begin(), lengths.end());
+  std::vector<std::uint8_t> all;
+  for (std::size_t r = 0; r < w; ++r) {
+    if (r == me) all.insert(all.end(), mine.begin(), mine.end());
+    else all.resize(all.size() + counts[r]);
+  }
+  comm.all_gather(std::span<std::uint8_t>(all), std::span<const std::size_t>(counts));
+  std::vector<std::vector<std::uint8_t>> out;
+  for (std::size_t r = 0, at = 0; r < w; at += counts[r++])
+    out.emplace_back(all.begin() + std::ptrdiff_t(at), all.begin() + std::ptrdiff_t(at + counts[r]));
+  return out;
+}
+
+/// One expert group across the ranks of the optimizer's communicator.
+struct expert_placement {
+  std::size_t group = 0;                        ///< the optimizer's group number
+  std::vector<std::vector<std::uint8_t>> sets;  ///< per expert-parallel index e (of E): its names, each ended by 0
+  std::vector<std::vector<std::size_t>> starts;  ///< per set: where each name starts
+  std::vector<std::size_t> ep_of;               ///< per rank: the index e of the experts it holds
+  std::vector<std::size_t> replica_of;          ///< per rank: its rank in its expert communicator
+  std::size_t mine = 0;                         ///< my index e
+
+  std::size_t size() const { return sets.size(); }
+  /// The name of tensor j of set e.
+  std::string_view name(std::size_t e, std::size_t j) const {
+    return reinterpret_cast<const char*>(sets[e].data() + starts[e][j]);
+  }
+  /// The rank that holds set e as its expert communicator's rank 0.
+  std::size_t first_replica(std::size_t e) const {
+    for (std::size_t r = 0; r < ep_of.size(); ++r)
+      if (ep_of[r] == e && replica_of[r] == 0) return r;
+    return 0;
+  }
+  /// Heap bytes it holds.
+  std::size_t bytes() const {
+    std::size_t b = sets.capacity() * sizeof(sets[0]) + starts.capacity() * sizeof(starts[0]) +
+                    (ep_of.capacity() + replica_of.capacity()) * sizeof(std::size_t);
+    for (const auto& s : sets) b += s.capacity();
+    for (const auto& s : starts) b += s.capacity() * sizeof(std::size_t);
+    return b;
+  }
+};
+
+/// The placement of every expert group (groups[g]->expert_parallel(), over *group_comms[g]), checked
+/// on every rank: the ranks of one expert communicator hold the same tensor names, and different
+/// sets no name in common (expert tensors are named by their global expert id, so that a
+/// checkpoint holds each expert once). Collective over comm and every expert communicator; throws
+/// on every rank if the placement is wrong.
+template <class C, class Groups>
+std::vector<expert_placement> place_experts(metered<C>& comm, const Groups& groups,
+                                            std::span<metered<C>* const> group_comms) {
+  std::vector<expert_placement> out;
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    if (!groups[g]->expert_parallel()) continue;
+    metered<C>& replicas = *group_comms[g];
+    std::vector<std::uint8_t> joined;  // the names, each ended by a zero byte
+    for (std::size_t i = 0; i < groups[g]->size(); ++i) {
+      const std::string& n = groups[g]->name(i);
+      joined.insert(joined.end(), n.begin(), n.end());
+      joined.push_back(0);
+    }
+    const auto everyone = gather_bytes(comm, joined);
+    const auto mine_too = gather_bytes(replicas, joined);
+    std::vector<std::uint64_t> replica(std::size_t(comm.size()), 0);
+    replica[std::size_t(comm.rank())] = std::uint64_t(replicas.rank());
+    comm.all_reduce(std::span<std::uint64_t>(replica), reduce_op::max);
+
+    expert_placement p;
+    p.group = g;
+    p.replica_of.assign(replica.begin(), replica.end());
+    agree(comm, "finalize", [&] {
+      const std::string label = "expert group " + std::to_string(g);
+      for (std::size_t r = 0; r < mine_too.size(); ++r)
+        if (mine_too[r] != joined)
+          fail(label, ": ranks ", replicas.rank(), " and ", r, " of its expert communicator hold different tensors; an "
+               "expert group's communicator joins the ranks holding the same experts (DeepSpeed's expert-data-parallel group)");
+      std::vector<std::size_t> holders, first;  // per set: how many ranks hold it, the first of them
+      for (const auto& list : everyone) {
+        std::size_t e = 0;
+        while (e < p.sets.size() && p.sets[e] != list) ++e;
+        if (e == p.sets.size()) {
+          p.sets.push_back(list);
+          holders.push_back(0);
+          first.push_back(p.ep_of.size());
+        }
+        ++holders[e];
+        p.ep_of.push_back(e);
+      }
+      for (std::size_t e = 0; e < p.sets.size(); ++e)
+        if (holders[e] != std::size_t(replicas.size()))
+          fail(label, ": ", holders[e], " of the ", comm.size(), " ranks register the expert names of rank ",
+               first[e], ", but its expert communicator has ", replicas.size(), " ranks: each set of "
+               "experts is held by exactly the ranks of one expert communicator, and ranks holding different "
+               "experts must name them apart (by global expert id)");
+      std::map<std::string_view, std::size_t> set_of;  // name -> the set holding it
+      for (std::size_t e = 0; e < p.sets.size(); ++e) {
+        p.starts.emplace_back();
+        for (std::size_t at = 0; at < p.sets[e].size();) {
+          p.starts[e].push_back(at);
+          const std::string_view name = p.name(e, p.starts[e].size() - 1);
+          const auto [it, fresh] = set_of.emplace(name, e);
+          if (!fresh)
+            fail(label, ": tensor name '", name, "' is used on rank ", first[it->second], " and on rank ", first[e],
+                 " for different experts; name expert tensors by their global expert id");
+          at += name.size() + 1;
+        }
+      }
+    });
+    p.mine = p.ep_of[std::size_t(comm.rank())];
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+}  // namespace mpopt::detail
