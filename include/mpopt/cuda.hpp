@@ -3,10 +3,11 @@
 // (the build CI runs, with no GPU). It owns no formula: each kernel thread runs a pass's body on
 // four lanes (detail/quad_lanes.hpp), like the host backend runs it on 16 or 1.
 //
-// Layout: a chunk of up to 64 Ki elements is taken by 64 threads; thread t owns the 4-element
-// vectors t, t + 64, t + 128, ... (a warp reads 512 contiguous bytes per load). Per-chunk sums go
-// through fixed lanes (element i of a chunk to lane i % 256) and one pairwise tree, so they depend
-// neither on the launch nor on the device.
+// Layout: a chunk of up to 64 Ki elements is taken by 256 threads; thread t owns the 4-element
+// vectors t, t + 256, t + 512, ... (a warp reads 512 contiguous bytes per load). Per-chunk sums go
+// through fixed lanes (element i of a chunk to lane i % 1024) and one pairwise tree, so they depend
+// neither on the launch nor on the device. On a GPU a chunk is one block, which sums its lanes in
+// shared memory; Thrust's OpenMP system writes them out and sums them in a second pass.
 //
 // Memory: every pointer handed to it (tensors, state, coefficients, outputs) is device memory (in
 // the OMP build, host memory). Work lists and the tensor table are copied to the device the first
@@ -46,8 +47,13 @@ namespace mpopt {
 
 namespace detail {
 
-constexpr std::size_t device_threads_per_chunk = 64;
+// 256, not fewer: a thread's loads are all it has in flight, and an H200 needs about 200k threads'
+// worth to reach its bandwidth (64 per chunk reached 0.4 of a copy's).
+constexpr std::size_t device_threads_per_chunk = 256;
 constexpr std::size_t device_lanes_per_chunk = 4 * device_threads_per_chunk;
+
+/// Whether a pass sums anything (its kernels then write every kind; see device_sums::write).
+MPOPT_HOST_DEVICE bool sums_anything(const pass_outputs& o) { return o.sum || o.sum2 || o.sum64 || o.nonfinite || o.largest; }
 
 /// Per-lane partial sums of a device pass, device_lanes_per_chunk per chunk.
 struct device_partials {
@@ -99,7 +105,7 @@ struct device_sums {
   /// every kind (the totals kernel reads only its own): one predicate, not one per kind, stays alive
   /// across the element loop (ptxas spilled those).
   MPOPT_HOST_DEVICE void write(const pass_outputs& out, const device_partials& p, std::size_t thread) const {
-    if (!(out.sum || out.sum2 || out.sum64 || out.nonfinite || out.largest)) return;
+    if (!sums_anything(out)) return;
     const std::size_t at = thread * 4;
     for (std::size_t j = 0; j < 4; ++j) {
       p.sum[at + j] = sum[j];
@@ -111,9 +117,28 @@ struct device_sums {
   }
 };
 
-/// Runs one chunk's share of a pass on one thread. Offsets within a chunk (at most chunk_elements)
-/// are 32-bit and the tail vector is taken once, after the loop: few enough live registers that
-/// ptxas spills none (suite 'sass' checks it; 64-bit offsets and the tail inside the loop spilled).
+/// Thread t's share of chunk ci of a pass, and its lanes' sums. Offsets within a chunk (at most
+/// chunk_elements) are 32-bit and the tail vector is taken once, after the loop: few enough live
+/// registers that ptxas spills none (suite 'sass' checks it; 64-bit offsets and the tail inside the
+/// loop spilled).
+template <class L, class Pass>
+MPOPT_HOST_DEVICE device_sums chunk_share(const Pass& pass, std::size_t ci, unsigned t) {
+  constexpr unsigned T = device_threads_per_chunk;
+  const auto s = pass.at(ci);
+  const unsigned n = unsigned(pass.size(ci));
+  device_sums sums;
+  if constexpr (requires { Pass::granule; }) {
+    constexpr unsigned G = Pass::granule;
+    for (unsigned g = t * G; g < n; g += T * G) pass.template apply_granule<L>(s, g, n - g < G ? n - g : G, sums);
+  } else {
+    unsigned i = 4 * t;
+    for (; i + 4 <= n; i += 4 * T) pass.template apply<L>(s, i, full_t{}, sums);
+    if (i < n) pass.template apply<L>(s, i, quad_tail{n - i}, sums);
+  }
+  return sums;
+}
+
+/// Thrust's OpenMP system: one thread of a chunk per index, lanes written out for chunk_totals_kernel.
 template <class Pass, class L>
 struct chunk_kernel {
   Pass pass;
@@ -121,20 +146,7 @@ struct chunk_kernel {
 
   MPOPT_HOST_DEVICE void operator()(std::size_t thread) const {
     constexpr unsigned T = device_threads_per_chunk;
-    const std::size_t ci = thread / T;
-    const unsigned t = unsigned(thread % T);
-    const auto s = pass.at(ci);
-    const unsigned n = unsigned(pass.size(ci));
-    device_sums sums;
-    if constexpr (requires { Pass::granule; }) {
-      constexpr unsigned G = Pass::granule;
-      for (unsigned g = t * G; g < n; g += T * G) pass.template apply_granule<L>(s, g, n - g < G ? n - g : G, sums);
-    } else {
-      unsigned i = 4 * t;
-      for (; i + 4 <= n; i += 4 * T) pass.template apply<L>(s, i, full_t{}, sums);
-      if (i < n) pass.template apply<L>(s, i, quad_tail{n - i}, sums);
-    }
-    sums.write(pass.out, partials, thread);
+    chunk_share<L>(pass, thread / T, unsigned(thread % T)).write(pass.out, partials, thread);
   }
 };
 
@@ -154,6 +166,47 @@ struct chunk_totals_kernel {
     if (out.largest) out.largest[ci] = lane_tree<N>(partials.largest + at, [](float a, float b) { return detail::max(a, b); });
   }
 };
+
+#if MPOPT_DEVICE_IS_GPU
+/// The block's lanes (thread t's at 4t .. 4t + 3, from `lane`) into one value by lane_tree's pairs,
+/// the pairs of each width taken by the threads together: lane_tree's order, so its bits. Written
+/// by thread 0 to *out. `room` is shared memory for the lanes.
+template <class V, class Lane, class Op>
+__device__ void block_lane_tree(void* room, Lane lane, Op op, V* out) {
+  constexpr unsigned N = device_lanes_per_chunk;
+  V* a = static_cast<V*>(room);
+  for (unsigned j = 0; j < 4; ++j) a[4 * threadIdx.x + j] = lane(j);
+  for (unsigned w = N / 2; w > 0; w /= 2) {
+    __syncthreads();
+    for (unsigned j = threadIdx.x; j < w; j += device_threads_per_chunk) a[j] = op(a[j], a[j + w]);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) *out = a[0];
+  __syncthreads();  // before the room is used again
+}
+
+/// On a GPU: chunk blockIdx.x of a pass, one thread per block thread, its sums made in the block.
+/// One block per SM is all the launch bounds promise: with the block size alone ptxas held these
+/// kernels to 64 registers, and three spilled (suite 'sass').
+template <class Pass, class L>
+__global__ void __launch_bounds__(device_threads_per_chunk, 1) chunk_block(Pass pass) {
+  const device_sums s = chunk_share<L>(pass, blockIdx.x, threadIdx.x);
+  const pass_outputs& out = pass.out;
+  if (!sums_anything(out)) return;  // the same for the whole block
+  __shared__ double room[device_lanes_per_chunk];
+  const std::size_t ci = blockIdx.x;
+  const auto add = [](auto a, auto b) { return a + b; };
+  if (out.sum) block_lane_tree(room, [&](unsigned j) { return s.sum[j]; }, add, out.sum + ci);
+  if (out.sum2) block_lane_tree(room, [&](unsigned j) { return s.sum2[j]; }, add, out.sum2 + ci);
+  if (out.sum64) block_lane_tree(room, [&](unsigned j) { return s.sum64[j]; }, add, out.sum64 + ci);
+  if (out.nonfinite)
+    block_lane_tree(room, [&](unsigned) { return std::uint8_t(s.any_nonfinite); },
+                    [](std::uint8_t a, std::uint8_t b) { return std::uint8_t(a | b); }, out.nonfinite + ci);
+  if (out.largest)
+    block_lane_tree(room, [&](unsigned j) { return s.max.x[j]; }, [](float a, float b) { return detail::max(a, b); },
+                    out.largest + ci);
+}
+#endif
 
 }  // namespace detail
 
@@ -282,22 +335,30 @@ class cuda : public detail::backend_passes<cuda> {
     thrust::for_each_n(policy(), thrust::counting_iterator<std::size_t>(0), n, f);
   }
 
-  /// One kernel over chunks x threads, then (if the pass sums anything) one over chunks.
+  /// On a GPU one kernel, a block per chunk; on Thrust's OpenMP system one over chunks x threads,
+  /// then (if the pass sums anything) one over chunks.
   template <class Pass>
   void launch(const Pass& pass, std::size_t chunk_count, bool aligned) {
     if (chunk_count == 0) return;
+    ++launches_;
+#if MPOPT_DEVICE_IS_GPU
+    constexpr unsigned T = detail::device_threads_per_chunk;
+    if (aligned) detail::chunk_block<Pass, detail::quad_lanes<true>><<<chunk_count, T, 0, stream()>>>(pass);
+    else detail::chunk_block<Pass, detail::quad_lanes<false>><<<chunk_count, T, 0, stream()>>>(pass);
+    detail::cuda_check(cudaGetLastError(), "a kernel launch");
+#else
     reserve_partials(chunk_count);
     const detail::device_partials partials{sums_.data(), sums2_.data(), sums64_.data(), flags_.data(), maxima_.data()};
     const std::size_t threads = chunk_count * detail::device_threads_per_chunk;
-    ++launches_;
     auto first = thrust::counting_iterator<std::size_t>(0);
     if (aligned) thrust::for_each_n(policy(), first, threads, detail::chunk_kernel<Pass, detail::quad_lanes<true>>{pass, partials});
     else thrust::for_each_n(policy(), first, threads, detail::chunk_kernel<Pass, detail::quad_lanes<false>>{pass, partials});
     const detail::pass_outputs& o = pass.out;
-    if (o.sum || o.sum2 || o.sum64 || o.nonfinite || o.largest) {
+    if (detail::sums_anything(o)) {
       thrust::for_each_n(policy(), first, chunk_count, detail::chunk_totals_kernel{o, partials});
       ++launches_;
     }
+#endif
   }
 
   /// Lane partials for the largest pass so far (grown only while the optimizer's lists are seen
