@@ -187,6 +187,17 @@ int run_every_case(const char* bench, Run&& run) {
   return 0;
 }
 
+#if defined(MPOPT_DEVICE_IS_GPU) && MPOPT_DEVICE_IS_GPU
+/// The GPU build on a machine without a GPU says so; the benchmark then exits 77 (skipped).
+inline bool no_gpu(const char* program) {
+  int devices = 0;
+  const cudaError_t e = cudaGetDeviceCount(&devices);
+  if (e == cudaSuccess && devices > 0) return false;
+  std::printf("%s: built for the GPU; no GPU here (%s): skipped\n", program, e != cudaSuccess ? cudaGetErrorString(e) : "no device");
+  return true;
+}
+#endif
+
 struct config {
   std::size_t params = std::size_t{1} << 26;
   int repeat = 11;

@@ -129,12 +129,7 @@ void run_case(const config& cfg, std::string_view precision, std::string_view ru
 int main(int argc, char** argv) {
   const config cfg = parse(argc, argv);
 #if MPOPT_DEVICE_IS_GPU
-  int devices = 0;
-  if (const cudaError_t e = cudaGetDeviceCount(&devices); e != cudaSuccess || devices == 0) {
-    std::printf("%s: built for the GPU; no GPU here (%s): skipped\n", argv[0],
-                e != cudaSuccess ? cudaGetErrorString(e) : "no device");
-    return 77;
-  }
+  if (no_gpu(argv[0])) return 77;
 #endif
   // Copy buffers large enough for every case (half of 44 B/param copied).
   const std::size_t words = (cfg.params * largest_bytes_per_param / 2 + 7) / 8;

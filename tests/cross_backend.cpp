@@ -35,8 +35,6 @@
 #include <type_traits>
 #include <vector>
 
-#include <unistd.h>
-
 #include "counter_hash.hpp"
 #include "mpi_checks.hpp"
 
@@ -250,14 +248,8 @@ void checkpoint() {
       feed(device, s, 0.5, false);
       device.step();
     }
-    std::string dir = world_rank == 0 ? std::filesystem::temp_directory_path() / ("cross_backend_" + std::to_string(::getpid())) : "";
-    unsigned length = unsigned(dir.size());
-    MPI_Bcast(&length, 1, MPI_UNSIGNED, 0, MPI_COMM_WORLD);
-    dir.resize(length);
-    MPI_Bcast(dir.data(), int(length), MPI_CHAR, 0, MPI_COMM_WORLD);
-    const std::filesystem::path file = std::filesystem::path(dir) / "state";
-    if (world_rank == 0) std::filesystem::create_directories(dir);
-    MPI_Barrier(MPI_COMM_WORLD);
+    const shared_dir dir("cross_backend_");
+    const std::filesystem::path file = dir / "state";
     device.save(file);  // whole tensors gathered into host memory over NCCL
 
     mpopt::optimizer<P, S, mpopt::zero2, mpopt::adam, mpopt::host, mpopt::mpi> host(mpopt::mpi(MPI_COMM_WORLD));
@@ -272,8 +264,6 @@ void checkpoint() {
     again.step();
     host.step();
     compare("checkpoint: loaded over NCCL, one more step", again, host, 0);
-    MPI_Barrier(MPI_COMM_WORLD);
-    if (world_rank == 0) std::filesystem::remove_all(dir);
   });
 }
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The public headers compile on their own with -Wall -Wextra -Wpedantic -Werror and no CUDA or MPI
-# directory on the include path (mpi.hpp and nccl.hpp get MPI's, nccl.hpp CUDA's, cuda.hpp CCCL's
+# directory on the include path (mpi.hpp and nccl.hpp get MPI's, nccl.hpp CUDA's, cuda.hpp and offload.hpp CCCL's
 # for its Thrust-OMP build, nothing more): mpopt.hpp with every given
 # compiler, with and without -march=native; every other public header with the first compiler.
 set -u
@@ -28,7 +28,7 @@ check() {
         flags+=(-I"$cuda")
       fi
       ;;
-    cuda.hpp)  # the Thrust-OMP build of the device backend
+    cuda.hpp | offload.hpp)  # the Thrust-OMP build of the device backend
       [ -d "$cuda/cccl" ] || { echo "skip: cuda.hpp (no CCCL)"; return 0; }
       flags+=(-fopenmp -DTHRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_OMP -isystem "$cuda/cccl")
       ;;

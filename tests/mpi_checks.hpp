@@ -3,11 +3,14 @@
 #pragma once
 
 #include <mpi.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 #include <functional>
 #include <string>
+#include <system_error>
 
 #include <mpopt/error.hpp>
 
@@ -55,6 +58,31 @@ inline void run(const std::string& name, const std::function<void()>& body) {
     expect(false, name + ": " + e.what());
   }
 }
+
+/// A fresh directory every rank names alike, for files they all read and write: rank 0 makes it
+/// and, once every rank is done with it, removes it.
+struct shared_dir {
+  std::filesystem::path path;
+  explicit shared_dir(const std::string& prefix) {
+    std::string name =
+        world_rank == 0 ? (std::filesystem::temp_directory_path() / (prefix + std::to_string(::getpid()))).string() : "";
+    unsigned length = unsigned(name.size());
+    MPI_Bcast(&length, 1, MPI_UNSIGNED, 0, MPI_COMM_WORLD);
+    name.resize(length);
+    MPI_Bcast(name.data(), int(length), MPI_CHAR, 0, MPI_COMM_WORLD);
+    path = name;
+    if (world_rank == 0) std::filesystem::create_directories(path);
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+  ~shared_dir() {
+    MPI_Barrier(MPI_COMM_WORLD);
+    std::error_code ec;
+    if (world_rank == 0) std::filesystem::remove_all(path, ec);
+  }
+  shared_dir(const shared_dir&) = delete;
+  shared_dir& operator=(const shared_dir&) = delete;
+  std::filesystem::path operator/(const std::string& name) const { return path / name; }
+};
 
 /// Prints this rank's count, then MPI_Finalize; the exit status: 1 if any rank failed a check,
 /// else `ok` (77 for a skip), the same on every rank.

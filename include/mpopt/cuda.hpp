@@ -33,9 +33,6 @@
 #include "detail/config.hpp"
 #include "detail/device_buffer.hpp"
 #include "detail/device_reduce.hpp"
-#if MPOPT_DEVICE_IS_GPU
-#include "detail/cuda_stream.hpp"
-#endif
 #include "detail/passes.hpp"
 #include "detail/quad_lanes.hpp"
 #include "detail/square_sum.hpp"
@@ -225,9 +222,7 @@ class cuda : public detail::backend_passes<cuda> {
 
   cuda() {
 #if MPOPT_DEVICE_IS_GPU
-    cudaStream_t s = nullptr;
-    detail::cuda_check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
-    stream_.reset(s);
+    stream_ = detail::own_stream();
 #endif
   }
 #if MPOPT_DEVICE_IS_GPU

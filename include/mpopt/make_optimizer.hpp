@@ -72,11 +72,11 @@ class erased_optimizer final : public optimizer_interface {
   const std::string& tensor_name(std::size_t g, std::size_t i) const override { return group(g).name(i); }
   erased_tensor param(std::size_t g, std::size_t i) override {
     const auto s = opt_.group(g).param(i);
-    return erase(view<param_t>{s.data(), s.size(), Backend::space});
+    return erase(view<param_t>{s.data(), s.size(), detail::tensor_space_of<Backend>()});
   }
   erased_tensor grad(std::size_t g, std::size_t i) override {
     const auto s = opt_.group(g).grad(i);
-    return erase(view<grad_t>{s.data(), s.size(), Backend::space});
+    return erase(view<grad_t>{s.data(), s.size(), detail::tensor_space_of<Backend>()});
   }
   double lr(std::size_t g) const override { return group(g).lr(); }
   void set_lr(std::size_t g, double lr) override { opt_.group(g).set_lr(lr); }

@@ -87,7 +87,7 @@ class optimizer
   using agreement::agree;
   using agreement::agree_on_backend;
   using agreement::check_same_settings;
-  using agreement::decide_on_host, agreement::update_then_norm, agreement::decide_and_update_on_backend;
+  using agreement::decide_and_update;
   using registry::groups_;
   using registry::finalized_;
   using registry::tensor_name;
@@ -156,13 +156,7 @@ class optimizer
   /// element counts once in the global norm. Name its tensors by their global expert id: a
   /// checkpoint holds every expert of every rank.
   param_group& add_expert_group(const group_options& o, Communicator replicas) {
-    const int w = comm_.size(), d = replicas.size();
-    if (d < 1 || w % d != 0)
-      detail::fail("add_expert_group: its communicator has ", d, " ranks, which does not divide the optimizer's ", w);
-    if constexpr (detail::stream_communicator<Communicator>)
-      if (replicas.stream() != comm_.inner().stream())
-        detail::fail("add_expert_group: its communicator runs on another stream than the optimizer's; create it on ",
-                     "the same stream, so that its collectives keep the order of the step's passes");
+    detail::check_expert_communicator(comm_.inner(), replicas);
     param_group& g = registry::new_group(o);
     expert_comms_.push_back(std::make_unique<detail::metered<Communicator>>(std::move(replicas), &comm_));
     g.comm_ = std::uint32_t(expert_comms_.size());
@@ -193,21 +187,15 @@ class optimizer
     for (const auto& g : groups_) group_comms_.push_back(g->comm_ ? expert_comms_[g->comm_ - 1].get() : &comm_);
     check_same_settings();
     experts_ = detail::place_experts(comm_, groups_, std::span<detail::metered<Communicator>* const>(group_comms_));
+    tensors_ = registry::tensor_table();
     std::vector<std::uint32_t> tensor_groups;
     std::vector<std::size_t> sizes;
-    for (std::uint32_t gi = 0; gi < groups_.size(); ++gi)
-      for (const auto& e : groups_[gi]->entries_) {
-        tensor_groups.push_back(gi);
-        sizes.push_back(e.size);
-      }
+    for (const auto& t : tensors_) {
+      tensor_groups.push_back(t.group);
+      sizes.push_back(t.size);
+    }
     layout_.emplace(exchange::lay_out(tensor_groups, sizes, groups_.size(), context()));
     const detail::flat_layout& layout = *layout_;
-    std::uint64_t first = 0;  // registration order: the same on every rank and layout
-    for (std::uint32_t gi = 0; gi < groups_.size(); ++gi)
-      for (const auto& e : groups_[gi]->entries_) {
-        tensors_.push_back({e.param, e.grad, e.size, gi, first});
-        first += e.size;
-      }
     work_ = layout.local_work();
     uncounted_ = layout.uncounted(work_);
     state_elements_ = layout.local_elements();
@@ -226,6 +214,7 @@ class optimizer
     driver_.allocate(c);
     parameters_ = layout.parameters();
     finalized_ = true;
+    backend_.params_in(data());
     backend_.initialize_state(data());
     wait();
     driver_.started(c);
@@ -243,6 +232,7 @@ class optimizer
     tensor_at(i);
     bool first_report = true;
     abandon_window_on_error([&] {
+      backend_.gradient_ready(data(), i);
       auto c = context();
       first_report = exchange_.grad_ready(c, i);
     });
@@ -269,6 +259,7 @@ class optimizer
     finalize();
     comm_.at("step()", next_step());
     finish_step();
+    backend_.gradients_in(data());
     step_status st;
     st.scale_before = scaler_.scale();
     st.step = groups_.front()->step_;
@@ -297,18 +288,7 @@ class optimizer
     const double unscale = 1.0 / (scale * divisor * double(send_scale()));
     d.grad_scale = float(unscale);
     const detail::step_rule rule{unscale, local, options_.clip_grad, options_.skip_nonfinite};
-    detail::step_decision decided;
-    if (!rule.needs_gradient_first() && detail::sums_gradient_v<driver>) {
-      decided = update_then_norm(d, rule);  // nothing to decide first: no gradient pass
-    } else if (decides_on_backend()) {
-      decided = decide_and_update_on_backend(d, rule);
-    } else {
-      decided = decide_on_host(d, rule);
-      if (!decided.skip) {
-        backend_.to_device(decision_.data(), &decided, 1);
-        commit_and_update(d);
-      }
-    }
+    const detail::step_decision decided = decide_and_update(d, rule);
 
     st.grad_norm = decided.norm;
     if (decided.skip) {
@@ -368,6 +348,7 @@ class optimizer
       }
       if (tensor == leave_in_flight) return;
       exchange_.wait_params(c, tensor);
+      backend_.params_out(data(), tensor);
       if (tensor == every_tensor) pending_stage_ = stage::none;
     } catch (const error& e) {
       // A gather that failed in flight took the others' results with it: all of them again.
@@ -433,20 +414,7 @@ class optimizer
   }
 
   /// Waits for the passes and collectives issued so far.
-  void wait() {
-    for (auto& c : expert_comms_) detail::wait_for_collectives(*c);
-    detail::wait_for_all(backend_, comm_);
-  }
-
-  /// Whether the backend decides the step (step_decision.hpp): one rank owning every element, always;
-  /// a device backend also across ranks and shards, keeping the overflow flag and norm in device
-  /// memory, unless sum_by_shard has the host add the norm by would-be shard in rank order, or the
-  /// driver reads the device mid-step anyway (host_decides: 1-bit LAMB).
-  bool decides_on_backend() const {
-    if (driver::host_decides) return false;
-    if (comm_.size() == 1 && !layout_->sharded()) return true;
-    return Backend::space == memory_space::device && (layout_->sharded() || !options_.sum_by_shard);
-  }
+  void wait() { context().wait(); }
 
   /// An applied step: counters advance now, as the first pass below changes the moments, and a
   /// collective that fails after it leaves the rest for finish_step().
@@ -486,7 +454,7 @@ class optimizer
     auto c = update_context();
     driver_.begin(c);
     pending_stage_ = stage::rule;
-    complete_step(leave_in_flight);
+    complete_step(options_.overlap_comm && exchange::sharded ? leave_in_flight : every_tensor);  // gathers only
   }
 
   [[no_unique_address]] Backend backend_;  // first in, last out: its stream outlives the state

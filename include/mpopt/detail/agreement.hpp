@@ -1,5 +1,5 @@
 // mpopt — agreement across ranks: an outcome every rank shares (agree), each step's overflow test
-// and global norm (agree_on_backend, decide_on_host, decide_and_update_on_backend), and the
+// and global norm (decide_and_update: agree_on_backend, decide_on_host, decide_and_update_on_backend), and the
 // settings every rank must hold alike before any gradient moves (check_same_settings). The
 // optimizer derives from agreement<itself, its policies>.
 #pragma once
@@ -21,6 +21,7 @@
 #include "../precision.hpp"
 #include "agree.hpp"
 #include "exchange_context.hpp"
+#include "rule_driver.hpp"
 #include "step_data.hpp"
 #include "step_decision.hpp"
 #include "same_settings.hpp"
@@ -63,6 +64,32 @@ class agreement {
   void sum_norm(double& sumsq) {
     Opt& o = self();
     if (o.layout_->summed()) o.comm_.all_reduce(std::span<double>(&sumsq, 1), reduce_op::sum);
+  }
+
+  /// Decides the step, agreed by every rank, and applies it unless it is skipped: by the cheapest
+  /// way the rule, driver, backend and layout allow.
+  step_decision decide_and_update(step_data<Precision>& d, const step_rule& rule) {
+    Opt& o = self();
+    using driver = typename Opt::driver;
+    if (!rule.needs_gradient_first() && sums_gradient_v<driver>) return update_then_norm(d, rule);  // no gradient pass
+    if (decides_on_backend()) return decide_and_update_on_backend(d, rule);
+    const step_decision decided = decide_on_host(d, rule);
+    if (!decided.skip) {
+      o.backend_.to_device(o.decision_.data(), &decided, 1);
+      o.commit_and_update(d);
+    }
+    return decided;
+  }
+
+  /// Whether the backend decides the step (step_decision.hpp): one rank owning every element, always;
+  /// a device backend also across ranks and shards, keeping the overflow flag and norm in device
+  /// memory, unless sum_by_shard has the host add the norm by would-be shard in rank order, or the
+  /// driver reads the device mid-step anyway (host_decides: 1-bit LAMB).
+  bool decides_on_backend() const {
+    const Opt& o = self();
+    if (Opt::driver::host_decides) return false;
+    if (o.comm_.size() == 1 && !o.layout_->sharded()) return true;
+    return Backend::space == memory_space::device && (o.layout_->sharded() || !o.options_.sum_by_shard);
   }
 
   /// The element-wise overflow test and the squared global norm, agreed by every rank, and the
@@ -204,6 +231,7 @@ class agreement {
 
  private:
   Opt& self() { return static_cast<Opt&>(*this); }
+  const Opt& self() const { return static_cast<const Opt&>(*this); }
 };
 
 }  // namespace mpopt::detail

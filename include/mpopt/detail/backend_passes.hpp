@@ -9,6 +9,8 @@
 //   for_each_index(n, f)       f(i) for i in [0, n): one thread per index (short loops: per tensor)
 //   sum_segments(x, o, n, s)   segmented_sum below
 //   sum_all(x, n, s)           *s = the sum of x[0, n) in double (step_sums below)
+// A backend whose passes read the model's tensors from copies of its own (offload.hpp) also
+// replaces the hooks below, where the optimizer says the tensors changed hands.
 #pragma once
 
 #include <cstddef>
@@ -77,6 +79,21 @@ class backend_passes {
   void zero_grad(const step_data<P>& d) {
     update(d, zero_grad_pass<P>{{placed(d), chunks(*d.work)}});
   }
+
+  // Hooks: the passes read the tensors where they are, so nothing moves.
+  /// Tensor i's gradient of this micro-step is complete (grad_ready).
+  template <class P>
+  void gradient_ready(const step_data<P>&, std::size_t) {}
+  /// Every gradient of this micro-step is complete (step): the passes may read them now.
+  template <class P>
+  void gradients_in(const step_data<P>&) {}
+  /// The parameters were set outside the passes (finalize, load): the passes read them from now on.
+  template <class P>
+  void params_in(const step_data<P>&) {}
+  /// The committed step's parameters are final (tensor i's, or all of them for size_t(-1)): the
+  /// model reads them from now on.
+  template <class P>
+  void params_out(const step_data<P>&, std::size_t) {}
 
   // Buckets: pieces start anywhere in a bucket, so their vectors are read element by element.
 

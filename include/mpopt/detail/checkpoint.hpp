@@ -132,6 +132,7 @@ class checkpointing {
       if (!r.kept_at) return read(key, r.first, dst, r.count, r.on_device);
       for (std::size_t t = 0; t < r.count; ++t) read(key, (*r.kept_at)[t], dst + t, 1, false);
     });
+    o.backend_.params_in(o.data());  // where the backend's passes read them (offload.hpp)
     o.driver_.restore(saved.driver, o.comm_, read);
     o.comm_.take_bytes();
     o.micro_step_ = 0;  // the saved state sits at an accumulation boundary
@@ -366,7 +367,7 @@ class checkpointing {
   struct saved_range {
     std::size_t tensor, elements, first, count;
     bool sharded = false;    ///< a shard's part: the other parts are on other ranks
-    bool on_device = false;  ///< in the backend's device memory (tensors and state; not per-tensor scalars)
+    bool on_device = false;  ///< in device memory (tensors and state where the backend keeps them; not per-tensor scalars)
     /// A parameter's tensor (param, master, rule state): its registered shape, null when none was
     /// given. Null for anything else (per-tensor values), which the file holds as [elements].
     const tensor_shape* shape = nullptr;
@@ -410,10 +411,10 @@ class checkpointing {
     std::size_t t = 0;
     for (const auto& g : self.groups_)
       for (const auto& e : g->entries_) {
-        const saved_range whole{t, e.size, 0, e.size, false, on_device, &e.shape};
+        const saved_range whole{t, e.size, 0, e.size, false, tensors_on_device, &e.shape};
         const auto o = self.finalized_ ? self.layout_->owned(t) : flat_layout::owned_range{};
         const saved_range held =
-            self.finalized_ ? saved_range{t, e.size, o.first, o.count, self.layout_->sharded(), on_device, &e.shape} : whole;
+            self.finalized_ ? saved_range{t, e.size, o.first, o.count, self.layout_->sharded(), state_on_device, &e.shape} : whole;
         auto state = [&](auto& buffer) { return self.finalized_ ? buffer.data() + o.state : nullptr; };
         f("param/" + e.name, whole, e.param);
         if constexpr (Precision::has_master) f("master/" + e.name, held, state(self.master_));
@@ -461,8 +462,8 @@ class checkpointing {
           const bool mine = !p || e == p->mine;
           const std::string name = p ? std::string(p->name(e, j)) : entry.name;
           const auto own = o.layout_->owned(t);
-          const saved_range whole{t, entry.size, 0, entry.size, false, on_device, &entry.shape};
-          const saved_range held{t, entry.size, own.first, own.count, o.layout_->sharded(), on_device, &entry.shape};
+          const saved_range whole{t, entry.size, 0, entry.size, false, tensors_on_device, &entry.shape};
+          const saved_range held{t, entry.size, own.first, own.count, o.layout_->sharded(), state_on_device, &entry.shape};
           auto state = [&](auto& buffer) { return mine ? buffer.data() + own.state : nullptr; };
           f("param/" + name, whole, mine ? entry.param : nullptr, from(p ? p->first_replica(e) : 0, entry.size));
           if constexpr (Precision::has_master)
@@ -491,7 +492,8 @@ class checkpointing {
     });
   }
 
-  static constexpr bool on_device = Backend::space == memory_space::device;
+  static constexpr bool state_on_device = Backend::space == memory_space::device;
+  static constexpr bool tensors_on_device = tensor_space_of<Backend>() == memory_space::device;
 };
 
 }  // namespace detail

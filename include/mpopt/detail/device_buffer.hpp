@@ -16,6 +16,8 @@
 
 #if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
 #include <cuda_runtime.h>
+
+#include "cuda_stream.hpp"
 #define MPOPT_DEVICE_IS_GPU 1
 #else
 #define MPOPT_DEVICE_IS_GPU 0
@@ -26,6 +28,13 @@ namespace mpopt::detail {
 #if MPOPT_DEVICE_IS_GPU
 inline void cuda_check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) fail("cuda: ", what, " failed: ", cudaGetErrorString(e));
+}
+
+/// A non-blocking stream of the caller's own: it serializes with no other.
+inline stream_holder own_stream() {
+  cudaStream_t s = nullptr;
+  cuda_check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+  return stream_holder(s);
 }
 #endif
 

@@ -17,6 +17,7 @@
 
 #include "../communicator.hpp"
 #include "agree.hpp"
+#include "exchange_context.hpp"
 #include "metered.hpp"
 #include "validate.hpp"
 
@@ -40,6 +41,20 @@ std::vector<std::vector<std::uint8_t>> gather_bytes(metered<C>& comm, std::span<
   for (std::size_t r = 0, at = 0; r < w; at += counts[r++])
     out.emplace_back(all.begin() + std::ptrdiff_t(at), all.begin() + std::ptrdiff_t(at + counts[r]));
   return out;
+}
+
+/// An expert group's communicator `replicas` fits the optimizer's `world`: its size divides the
+/// world's, and a device communicator shares the world's stream, so that its collectives keep the
+/// order of the step's passes.
+template <class C>
+void check_expert_communicator(const C& world, const C& replicas) {
+  const int w = world.size(), d = replicas.size();
+  if (d < 1 || w % d != 0)
+    fail("add_expert_group: its communicator has ", d, " ranks, which does not divide the optimizer's ", w);
+  if constexpr (stream_communicator<C>)
+    if (replicas.stream() != world.stream())
+      fail("add_expert_group: its communicator runs on another stream than the optimizer's; create it on ",
+           "the same stream, so that its collectives keep the order of the step's passes");
 }
 
 /// One expert group across the ranks of the optimizer's communicator.

@@ -55,6 +55,7 @@ class memory_listing {
         o.decision_sums_.size() * sizeof(double) + o.coefficients_.capacity() * sizeof(o.coefficients_[0]) +
         o.uncounted_.capacity() * sizeof(o.uncounted_[0]) + o.group_comms_.capacity() * sizeof(void*) +
         exchange_bookkeeping + driver_bookkeeping;
+    if constexpr (requires { o.backend_.list_memory(r); }) bookkeeping += o.backend_.list_memory(r);  // offload's copies
     bookkeeping += o.experts_.capacity() * sizeof(o.experts_[0]);
     for (const auto& p : o.experts_) bookkeeping += p.bytes();
     r.buffers.push_back({"work list", "tensor table, layout, chunks, buckets, partial sums, per-group scalars", bookkeeping, true});

@@ -22,6 +22,8 @@
 #include "../tensor.hpp"
 #include "../tensor_spec.hpp"
 #include "aligned_buffer.hpp"
+#include "step_data.hpp"
+#include "tensor_side.hpp"
 #include "validate.hpp"
 
 namespace mpopt::detail {
@@ -49,8 +51,10 @@ class tensor_registry {
   using group_options = typename UpdateRule::options;
 
  private:
+  /// Flat groups' tensors live where the backend wants the model's (tensor_side.hpp).
   template <class T>
-  using buffer = typename Backend::template buffer<T>;
+  using buffer = tensor_buffer_t<Backend, T>;
+  static constexpr memory_space tensor_space = tensor_space_of<Backend>();
 
  public:
   /// A parameter group: tensors sharing hyperparameters and a step counter. Either the user owns the
@@ -165,7 +169,7 @@ class tensor_registry {
     std::size_t total = 0;
     for (const auto& t : tensors) {
       names.push_back(t.name.empty() ? label + "." + std::to_string(names.size()) : t.name);
-      check_new_tensor(names.back(), t.size, t.size, Backend::space, Backend::space);
+      check_new_tensor(names.back(), t.size, t.size, tensor_space, tensor_space);
       check_shape(names.back(), t.shape, t.size);
       if (std::find(names.begin(), names.end() - 1, names.back()) != names.end() - 1)
         fail("tensor name '", names.back(), "' is used twice");
@@ -222,7 +226,7 @@ class tensor_registry {
     auto where = [](memory_space s) { return s == memory_space::host ? "host" : "device"; };
     if (!Backend::accepts(param_space) || !Backend::accepts(grad_space))
       fail("tensor '", name, "': parameter in ", where(param_space), " memory, gradient in ", where(grad_space),
-                   " memory; the ", Backend::name, " backend needs ", where(Backend::space), " memory");
+                   " memory; the ", Backend::name, " backend needs ", where(tensor_space), " memory");
     for (const auto& g : groups_)
       for (const auto& e : g->entries_)
         if (e.name == name) fail("tensor name '", name, "' is used twice");
@@ -296,6 +300,19 @@ class tensor_registry {
     std::size_t n = 0;
     for (std::uint32_t k = 0; k < g; ++k) n += groups_[k]->entries_.size();
     return n;
+  }
+
+  /// Every tensor's slot in the step's table, in registration order (the same on every rank and
+  /// layout): its memory, group and first element in the flat order of all tensors.
+  std::vector<tensor_slot<param_type, grad_type>> tensor_table() const {
+    std::vector<tensor_slot<param_type, grad_type>> table;
+    std::uint64_t first = 0;
+    for (std::uint32_t gi = 0; gi < groups_.size(); ++gi)
+      for (const auto& e : groups_[gi]->entries_) {
+        table.push_back({e.param, e.grad, e.size, gi, first});
+        first += e.size;
+      }
+    return table;
   }
 
   std::vector<std::unique_ptr<param_group>> groups_;
