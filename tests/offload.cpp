@@ -4,7 +4,8 @@
 // backend itself, so every sum is made in the same order and the states must agree bit for bit:
 // every precision, scaler, partition and rule, with overlap_comm, accumulation and grad_ready in
 // backward's order. Also the bytes each step moves over the bus, the memory report's pinned
-// buffers, zero_grad, per-tensor wait_params and checkpoints.
+// buffers (what finalize allocates; steps allocate nothing), zero_grad, per-tensor wait_params and
+// checkpoints.
 //
 // Built by g++ with Thrust's OpenMP system (the device is the host: what CI runs), and by nvcc
 // (offload.cu) with the tensors in a GPU's memory; that build exits 77 on every rank without a GPU.
@@ -32,6 +33,9 @@
 #include <vector>
 
 #include "counter_hash.hpp"
+#ifndef MPOPT_TEST_GPU
+#include "counting_new.hpp"
+#endif
 #include "mpi_checks.hpp"
 
 namespace {
@@ -81,13 +85,14 @@ struct trainee {
   memory<P> own_param = memory<P>::zeroed(own_size);
   memory<G> own_grad = memory<G>::zeroed(own_size);
 
-  trainee(const typename Rule::options& g, mpopt::optimizer_options o) : opt(mpopt::mpi(MPI_COMM_WORLD), o) {
+  trainee(const typename Rule::options& g, mpopt::optimizer_options o, bool finalize = true)
+      : opt(mpopt::mpi(MPI_COMM_WORLD), o) {
     auto& flat = opt.add_flat_group(g, {specs.begin(), specs.end()});
     for (std::size_t t = 0; t < specs.size(); ++t) put(flat.param(t), initial(t, specs[t].size));
     put(std::span<P>(own_param.data(), own_size), initial(specs.size(), own_size));
     opt.add_group(g).add(mpopt::view<P>{own_param.data(), own_size, space}, mpopt::view<G>{own_grad.data(), own_size, space},
                          "own");
-    opt.finalize();
+    if (finalize) opt.finalize();
   }
   static std::vector<P> initial(std::size_t t, std::size_t n) {
     std::vector<P> p(n);
@@ -220,6 +225,33 @@ void zero_grad_and_memory() {
   });
 }
 
+#ifndef MPOPT_TEST_GPU
+/// finalize() allocates what memory_report() lists besides the flat group's tensors (the pinned
+/// copies included), and steps allocate nothing. Host memory only: on a GPU the pinned copies and
+/// the tensors are CUDA's allocations, not operator new's.
+void allocations() {
+  run("allocations", [&] {
+    const mpopt::optimizer_options o{.bucket_elements = 700, .overlap_comm = true};
+    trainee<mpopt::fp16, mpopt::dynamic_scale, mpopt::zero2, mpopt::adam, offload> off({}, o, false);
+    const long long added = live_bytes_added_by([&] { off.opt.finalize(); });
+    const auto r = off.opt.memory_report();
+    long long listed = 0;
+    for (const auto& b : r.buffers)
+      if (b.owned && b.name.rfind("group 0 ", 0) != 0) listed += static_cast<long long>(b.bytes);
+    expect(added == listed, "allocations: finalize() allocated " + std::to_string(added) + " bytes, the report lists " +
+                                std::to_string(listed) + ":\n" + r.to_string());
+    for (int s = 0; s < 3; ++s) {
+      off.backward(s, false, true);
+      const long long during = live_bytes_added_by([&] {
+        off.opt.step();
+        off.opt.wait_params();
+      });
+      expect(during == 0, "allocations: step " + std::to_string(s) + " allocated " + std::to_string(during) + " bytes");
+    }
+  });
+}
+#endif
+
 /// A checkpoint saved by the offloaded optimizer loads into a host one and into another offloaded
 /// one (whose device parameters it sets), which then step alike.
 void checkpoint() {
@@ -292,6 +324,9 @@ int main(int argc, char** argv) {
                                                                                      false);
   wait_one();
   zero_grad_and_memory();
+#ifndef MPOPT_TEST_GPU
+  allocations();
+#endif
   checkpoint();
   return finish();
 }

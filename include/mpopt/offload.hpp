@@ -177,7 +177,7 @@ class offload : public detail::backend_passes<offload<StateSide>> {
 
  private:
   /// The optimizer's tensor table with each tensor's memory replaced by its place in the copies
-  /// (each at a multiple of 64 bytes), made at the first pass and fixed after.
+  /// (each at a multiple of 64 elements), made at the first pass and fixed after.
   struct mirrored {
     const void* table = nullptr;
     detail::pinned_vector<std::byte> params, grads;
