@@ -5,7 +5,9 @@
 // every precision, scaler, partition and rule, with overlap_comm, accumulation and grad_ready in
 // backward's order. Also the bytes each step moves over the bus, the memory report's pinned
 // buffers (what finalize allocates; steps allocate nothing), zero_grad, per-tensor wait_params and
-// checkpoints.
+// checkpoints. Then offload over a communicator of device memory (nccl on a GPU; here MPI over the
+// OMP build's device memory, which is the host's): buckets reduced on the tensors' side, only each
+// rank's pieces over the bus, still bit for bit.
 //
 // Built by g++ with Thrust's OpenMP system (the device is the host: what CI runs), and by nvcc
 // (offload.cu) with the tensors in a GPU's memory; that build exits 77 on every rank without a GPU.
@@ -16,6 +18,8 @@
 #include <mpopt/mpopt.hpp>
 #include <mpopt/offload.hpp>
 #ifdef MPOPT_TEST_GPU
+#include <mpopt/nccl.hpp>
+
 #include "cuda_ranks.hpp"
 #endif
 
@@ -42,6 +46,20 @@ namespace {
 
 using namespace mpi_checks;
 using offload = mpopt::offload<mpopt::host>;
+
+#ifdef MPOPT_TEST_GPU
+/// A communicator of device memory: NCCL.
+using device_comm = mpopt::nccl;
+#else
+/// MPI, declared a communicator of device memory: in the OMP build the device's memory is the
+/// host's, so this is offload over a device communicator (as over nccl) where CI can run it.
+struct device_comm : mpopt::mpi {
+  static constexpr mpopt::memory_space space = mpopt::memory_space::device;
+  using mpopt::mpi::mpi;
+};
+#endif
+static_assert(mpopt::detail::collectives_on_tensor_side<offload, device_comm>);
+static_assert(!mpopt::detail::collectives_on_tensor_side<offload, mpopt::mpi>);
 
 /// Host or device memory, either way.
 template <class T>
@@ -72,9 +90,9 @@ constexpr std::size_t own_size = 333;
 constexpr std::size_t tensors = 4, elements = 4097 + 1 + 1000 + own_size;
 
 /// An optimizer and the memory of its caller-owned tensor (device memory under offload).
-template <class Precision, class Scaler, class Partition, class Rule, class Backend>
+template <class Precision, class Scaler, class Partition, class Rule, class Backend, class Comm = mpopt::mpi>
 struct trainee {
-  using opt_type = mpopt::optimizer<Precision, Scaler, Partition, Rule, Backend, mpopt::mpi>;
+  using opt_type = mpopt::optimizer<Precision, Scaler, Partition, Rule, Backend, Comm>;
   using P = typename Precision::param_type;
   using G = typename Precision::grad_type;
   template <class T>
@@ -86,7 +104,7 @@ struct trainee {
   memory<G> own_grad = memory<G>::zeroed(own_size);
 
   trainee(const typename Rule::options& g, mpopt::optimizer_options o, bool finalize = true)
-      : opt(mpopt::mpi(MPI_COMM_WORLD), o) {
+      : opt(o, {}, Comm(MPI_COMM_WORLD)) {
     auto& flat = opt.add_flat_group(g, {specs.begin(), specs.end()});
     for (std::size_t t = 0; t < specs.size(); ++t) put(flat.param(t), initial(t, specs[t].size));
     put(std::span<P>(own_param.data(), own_size), initial(specs.size(), own_size));
@@ -133,6 +151,30 @@ void compare(const std::string& name, A& a, B& b) {
   }
 }
 
+/// Steps both optimizers `steps` times on the same gradients (micro-steps of `o.accumulation_steps`,
+/// an overflow in step `overflow_step`, each tensor reported as backward finishes it if `report`),
+/// checks every status alike, calls stepped(off's status, micro-step) after each, and compares them.
+template <class A, class B, class F>
+void in_lockstep(const std::string& name, A& off, B& host, const mpopt::optimizer_options& o, int steps,
+                 int overflow_step, bool report, const F& stepped) {
+  for (int s = 0; s < steps; ++s) {
+    for (int m = 0; m < o.accumulation_steps; ++m) {
+      const int micro = s * o.accumulation_steps + m;
+      off.backward(micro, s == overflow_step, report);
+      host.backward(micro, s == overflow_step, report);
+      const auto a = off.opt.step(), b = host.opt.step();
+      expect(a.result == b.result && a.scale_after == b.scale_after && a.step == b.step &&
+                 std::memcmp(&a.grad_norm, &b.grad_norm, sizeof(double)) == 0 && a.comm_bytes == b.comm_bytes,
+             name + ": step " + std::to_string(s) + "." + std::to_string(m) + ": " + std::string(a.reason()) + " vs " +
+                 std::string(b.reason()));
+      stepped(a, m);
+    }
+    off.opt.wait_params();
+    host.opt.wait_params();
+  }
+  compare(name, off, host);
+}
+
 /// Steps an offloaded and a host optimizer `steps` times on the same gradients (micro-steps of
 /// `o.accumulation_steps`), compares them, and checks the bytes over the bus: each micro-step's
 /// gradients to the host once, each step's parameters back once.
@@ -145,30 +187,86 @@ void case_of(const std::string& name, const typename Rule::options& g, mpopt::op
     using P = typename Precision::param_type;
     using G = typename Precision::grad_type;
     std::size_t pushed = 0;
-    for (int s = 0; s < steps; ++s) {
-      for (int m = 0; m < o.accumulation_steps; ++m) {
-        const int micro = s * o.accumulation_steps + m;
-        off.backward(micro, s == overflow_step, report);
-        host.backward(micro, s == overflow_step, report);
-        const auto a = off.opt.step(), b = host.opt.step();
-        expect(a.result == b.result && a.scale_after == b.scale_after && a.step == b.step &&
-                   std::memcmp(&a.grad_norm, &b.grad_norm, sizeof(double)) == 0 && a.comm_bytes == b.comm_bytes,
-               name + ": step " + std::to_string(s) + "." + std::to_string(m) + ": " + std::string(a.reason()) +
-                   " vs " + std::string(b.reason()));
-        // At one rank an unsharded step's update runs behind its decision, so a skipped step's
-        // unchanged parameters go back too.
-        const bool one_owner = world_size == 1 && !Partition::sharded;
-        if (a.applied || (one_owner && m + 1 == o.accumulation_steps)) ++pushed;
-      }
-      off.opt.wait_params();
-      host.opt.wait_params();
-    }
-    compare(name, off, host);
+    in_lockstep(name, off, host, o, steps, overflow_step, report, [&](const mpopt::step_status& a, int m) {
+      // At one rank an unsharded step's update runs behind its decision, so a skipped step's
+      // unchanged parameters go back too.
+      const bool one_owner = world_size == 1 && !Partition::sharded;
+      if (a.applied || (one_owner && m + 1 == o.accumulation_steps)) ++pushed;
+    });
     const auto& bus = off.opt.backend();
     expect(bus.bytes_to_host() == std::size_t(steps * o.accumulation_steps) * elements * sizeof(G),
            name + ": " + std::to_string(bus.bytes_to_host()) + " bytes of gradients over the bus");
     expect(bus.bytes_to_device() == pushed * elements * sizeof(P),
            name + ": " + std::to_string(bus.bytes_to_device()) + " bytes of parameters over the bus");
+  });
+}
+
+/// The sum of x over the ranks.
+std::size_t over_ranks(std::size_t x) {
+  unsigned long long sum = x;
+  MPI_Allreduce(MPI_IN_PLACE, &sum, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+  return std::size_t(sum);
+}
+
+/// Offload over a communicator of device memory against the host backend over MPI: bit for bit,
+/// with only each rank's pieces over the bus: my reduced piece of every bucket to the host each
+/// micro-step (my shard, padding included, in the communication type), or under zero1 where my
+/// gradients take it, my gradients; my updated parameters back once per applied step.
+template <class Precision, class Scaler, class Partition, class Rule>
+void device_case_of(const std::string& name, const typename Rule::options& g, mpopt::optimizer_options o, int steps,
+                    int overflow_step, bool report) {
+  run("device communicator: " + name, [&] {
+    trainee<Precision, Scaler, Partition, Rule, offload, device_comm> off(g, o);
+    trainee<Precision, Scaler, Partition, Rule, mpopt::host> host(g, o);
+    using opt_type = typename decltype(off)::opt_type;
+    using P = typename Precision::param_type;
+    using G = typename Precision::grad_type;
+    std::size_t applied = 0;
+    in_lockstep(name, off, host, o, steps, overflow_step, report,
+                [&](const mpopt::step_status& a, int) { applied += a.applied; });
+    const auto& bus = off.opt.backend();
+    const std::size_t reductions = Partition::name == std::string_view("zero1") ? std::size_t(steps)
+                                                                                : std::size_t(steps * o.accumulation_steps);
+    if constexpr (std::is_same_v<typename opt_type::accumulate_type, G> && Partition::name == std::string_view("zero1")) {
+      expect(over_ranks(bus.bytes_to_host()) == reductions * elements * sizeof(G),
+             name + ": " + std::to_string(bus.bytes_to_host()) + " bytes of my gradients to the host");
+    } else {
+      std::size_t shard = 0;
+      for (const auto& b : off.opt.memory_report().buffers)
+        if (b.name == "gradient shard") shard = b.bytes / sizeof(typename opt_type::accumulate_type);
+      expect(shard * std::size_t(world_size) >= elements && shard <= elements / std::size_t(world_size) + 64 * tensors &&
+                 bus.bytes_to_host() == reductions * shard * sizeof(typename opt_type::communicate_type),
+             name + ": " + std::to_string(bus.bytes_to_host()) + " bytes of reduced pieces to the host, shard of " +
+                 std::to_string(shard));
+    }
+    expect(over_ranks(bus.bytes_to_device()) == applied * elements * sizeof(P),
+           name + ": " + std::to_string(bus.bytes_to_device()) + " bytes of my parameters to the device");
+  });
+}
+
+/// Checkpoints move between offload over a device communicator and the host backend.
+void device_checkpoint() {
+  run("device communicator: checkpoint", [&] {
+    using off_t = trainee<mpopt::fp16, mpopt::dynamic_scale, mpopt::zero2, mpopt::adam, offload, device_comm>;
+    using host_t = trainee<mpopt::fp16, mpopt::dynamic_scale, mpopt::zero2, mpopt::adam, mpopt::host>;
+    off_t off({}, {});
+    host_t host({}, {});
+    for (int s = 0; s < 2; ++s) {
+      off.backward(s, false, false);
+      off.opt.step();
+    }
+    const shared_dir dir("offload_device_");
+    const std::filesystem::path file = dir / "state";
+    off.opt.save(file);
+    host.opt.load(file);
+    compare("device communicator: checkpoint loaded on the host", off, host);
+    off_t again({}, {});
+    again.opt.load(file);
+    again.backward(2, false, true);
+    host.backward(2, false, true);
+    again.opt.step();
+    host.opt.step();
+    compare("device communicator: checkpoint loaded, one more step", again, host);
   });
 }
 
@@ -322,6 +420,19 @@ int main(int argc, char** argv) {
       "zero2 bf16 Adam, stochastic rounding", adam, {.rounding_seed = 77}, 3, -1, false);
   case_of<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, mpopt::onebit_lamb>("1-bit LAMB", onebit, {}, 6, -1,
                                                                                      false);
+  device_case_of<mpopt::fp16, mpopt::dynamic_scale, mpopt::zero2, mpopt::adam>(
+      "zero2 fp16 Adam, overflow, clipped, overlap_comm, grad_ready", adam,
+      {.clip_grad = 1.0, .bucket_elements = 700, .overlap_comm = true}, 5, 2, true);
+  device_case_of<mpopt::fp16, mpopt::dynamic_scale, mpopt::zero2, mpopt::lamb>("zero2 fp16 LAMB, accumulation 2", lamb,
+                                                                              {.accumulation_steps = 2}, 3, 1, false);
+  device_case_of<mpopt::bf16, mpopt::no_scaling, mpopt::zero1, mpopt::lamb>(
+      "zero1 bf16 LAMB, accumulation 3, overlap_comm", lamb,
+      {.accumulation_steps = 3, .bucket_elements = 1500, .overlap_comm = true}, 3, -1, true);
+  device_case_of<mpopt::fp32, mpopt::no_scaling, mpopt::zero1, mpopt::adam>(
+      "zero1 fp32 Adam (the reduced shard in the gradients)", adam, {.bucket_elements = 900}, 3, -1, false);
+  device_case_of<mpopt::bf16_stochastic, mpopt::no_scaling, mpopt::zero2, mpopt::adam>(
+      "zero2 bf16 Adam, stochastic rounding", adam, {.rounding_seed = 77}, 3, -1, false);
+  device_checkpoint();
   wait_one();
   zero_grad_and_memory();
 #ifndef MPOPT_TEST_GPU

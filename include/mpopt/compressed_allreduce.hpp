@@ -10,10 +10,11 @@
 //            e_s = c - (±s_c)
 //   phase 2: all-gather of the server sign bits and scales; result element i = ±s_c of its chunk.
 // N is n padded to a multiple of 8 W (each chunk a whole number of bytes); the padding takes part
-// as zeros, as in DeepSpeed. The error buffers e_w (N) and e_s (N / W) persist across calls: that
-// is the error feedback. Sums of squares are formed in double, per 64 Ki-element chunk and then
-// across chunks in a fixed order: the scales do not depend on the thread count, nor (to the float
-// they are rounded to) on how the sum was cut.
+// as zeros at every call (DeepSpeed compresses its buffer in place, so from its second call the
+// padding holds the last result: README, 1-bit LAMB). The error buffers e_w (N) and e_s (N / W)
+// persist across calls: that is the error feedback. Sums of squares are formed in double, per
+// 64 Ki-element chunk and then across chunks in a fixed order: the scales do not depend on the
+// thread count, nor (to the float they are rounded to) on how the sum was cut.
 //
 // The buffers live where the Backend computes (host.hpp, cuda.hpp); every call that runs passes
 // takes that backend object.

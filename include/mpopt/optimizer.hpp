@@ -43,15 +43,19 @@
 namespace mpopt {
 
 namespace detail {
-/// The backend can run on the communicator's stream, or the communicator has none.
+/// The backend can run on the communicator's stream, or the communicator has none, or its
+/// collectives run on the backend's tensors' side (offload), made with the communicator.
 template <class Backend, class C>
-concept runs_on_stream_of = !stream_communicator<C> || requires(const C& c) { Backend(c.stream()); };
+concept runs_on_stream_of = !stream_communicator<C> || requires(const C& c) { Backend(c.stream()); } ||
+                            (collectives_on_tensor_side<Backend, C> &&
+                             requires(const C& c) { Backend(tensor_side_collectives{}, c); });
 
 /// The backend of an optimizer over `comm`: on the communicator's stream when it has one, so that
 /// passes and collectives run in the order the step issues them, with no wait between them.
 template <class Backend, class C>
 Backend backend_for(const C& comm) {
-  if constexpr (stream_communicator<C>) return Backend(comm.stream());
+  if constexpr (collectives_on_tensor_side<Backend, C>) return Backend(tensor_side_collectives{}, comm);
+  else if constexpr (stream_communicator<C>) return Backend(comm.stream());
   else return Backend();
 }
 }  // namespace detail
@@ -100,7 +104,8 @@ class optimizer
   static_assert(update_rule<UpdateRule>,
                 "UpdateRule must model mpopt::update_rule (rule.hpp; README, \"Writing your own rule\")");
   static_assert(detail::runs_on_stream_of<Backend, Communicator>,
-                "a device communicator (mpopt::nccl) needs a backend that runs on its stream: mpopt::cuda");
+                "a device communicator (mpopt::nccl) needs a backend that runs on its stream: mpopt::cuda, or "
+                "mpopt::offload");
 
  public:
   using precision = Precision;

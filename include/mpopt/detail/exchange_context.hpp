@@ -12,6 +12,7 @@
 #include "../tensor.hpp"
 #include "metered.hpp"
 #include "step_data.hpp"
+#include "tensor_side.hpp"
 
 namespace mpopt::detail {
 
@@ -75,6 +76,12 @@ struct exchange_context {
   /// stream gets it in order; any other waits for the passes.
   void before_send() const {
     if constexpr (!stream_communicator<Communicator>) backend.synchronize();
+  }
+  /// The backend's passes over what the collectives read and write (the buckets): the backend
+  /// itself, unless they are on its tensors' side (tensor_side.hpp), whose passes it then gives.
+  decltype(auto) collective_side() const {
+    if constexpr (collectives_on_tensor_side<Backend, Communicator>) return backend.collective_side();
+    else return (backend);
   }
   /// Whether this backward is the window's last.
   bool at_boundary() const { return micro_step + 1 == options.accumulation_steps; }

@@ -17,6 +17,7 @@
 #include "flat_layout.hpp"
 #include "in_flight.hpp"
 #include "metered.hpp"
+#include "tensor_side.hpp"
 
 namespace mpopt::detail {
 
@@ -27,6 +28,9 @@ class replicated_exchange {
   using accumulate_type = typename Precision::accumulate_type;
   using communicate_type = typename Precision::communicate_type;
   static constexpr bool sharded = false;
+  static_assert(!collectives_on_tensor_side<Backend, Communicator>,
+                "the accumulator the step reads is the one summed over ranks, so it lives where the communicator "
+                "works: offload over a device communicator (nccl) needs mpopt::zero1 or mpopt::zero2");
 
   /// Every element is mine; with sum_by_shard, work is still cut at the would-be shards of each
   /// group's communicator. Where groups are replicated over different ranks (expert groups), the

@@ -19,6 +19,7 @@
 #include "flat_layout.hpp"
 #include "in_flight.hpp"
 #include "metered.hpp"
+#include "tensor_side.hpp"
 
 namespace mpopt::detail {
 
@@ -67,7 +68,7 @@ class sharded_exchange {
       const bucket& k = buckets_[b];
       const std::size_t s = flights_.free_slot(finisher(c));
       auto* packed = staging<param_type>(s);
-      c.backend.pack_params(c.tensors, k.mine, packed);
+      c.collective_side().pack_params(c.tensors, k.mine, packed);
       c.before_send();
       flights_.hold(s,
                     c.comm_of(k.group).start_all_gather(std::span<param_type>(packed, k.size()),
@@ -86,7 +87,13 @@ class sharded_exchange {
  protected:
   template <class T>
   using buffer = typename Backend::template buffer<T>;
+  /// What the collectives read and write: the state's memory, or the tensors' (offload over nccl).
+  template <class T>
+  using collective_buffer = collective_buffer_t<Backend, Communicator, T>;
   static constexpr bool same_types = std::is_same_v<accumulate_type, communicate_type>;
+  /// A reduced piece can land in the shard itself: of its type, in memory the collective writes.
+  static constexpr bool lands_in_shard =
+      same_types && !ShardInGrads && !collectives_on_tensor_side<Backend, Communicator>;
 
   /// Groups that follow each other over one communicator: their tensors [first, last).
   struct tensor_run {
@@ -117,10 +124,10 @@ class sharded_exchange {
     }
     flights_.resize(c.options.overlap_comm ? std::size_t(c.options.buckets_in_flight) : 1);
     staging_width_ = widest * std::max(sizeof(communicate_type), sizeof(param_type));
-    staging_ = buffer<std::byte>::zeroed(flights_.slots() * staging_width_);
-    // A reduced piece lands in the shard directly only if it is the shard's type and not added in.
-    received_width_ = !same_types || ShardInGrads || added ? mine : 0;
-    received_ = buffer<communicate_type>::zeroed(flights_.slots() * received_width_);
+    staging_ = collective_buffer<std::byte>::zeroed(flights_.slots() * staging_width_);
+    // A reduced piece lands in the shard directly only where it can and is not added in.
+    received_width_ = !lands_in_shard || added ? mine : 0;
+    received_ = collective_buffer<communicate_type>::zeroed(flights_.slots() * received_width_);
   }
 
   /// Tensor i is done: under overlap_comm (and always for zero2, `now`), starts the reduction of
@@ -195,13 +202,14 @@ class sharded_exchange {
     const bucket& k = buckets_[b];
     const std::size_t s = flights_.free_slot(finisher(c));
     auto* packed = staging<communicate_type>(s);
-    c.backend.pack_gradients(c.tensors, k.pieces, packed, flat ? flat + k.begin : nullptr, c.send_scale);
-    for (const auto& [at, n] : k.gaps) c.backend.zero(packed + at, n);
+    auto&& side = c.collective_side();
+    side.pack_gradients(c.tensors, k.pieces, packed, flat ? flat + k.begin : nullptr, c.send_scale);
+    for (const auto& [at, n] : k.gaps) side.zero(packed + at, n);
     c.before_send();  // the packed bucket is complete
     const bool first = !added_ || c.micro_step == 0;
     job j{std::uint32_t(b), first ? job::assign : job::add};
     communicate_type* out = received_.data() + s * received_width_;
-    if constexpr (same_types && !ShardInGrads) {  // straight into the shard: no conversion, nothing to add to
+    if constexpr (lands_in_shard) {  // straight into the shard: no conversion, nothing to add to
       if (first) {
         j.what = job::into_shard;
         out = shard_.data() + k.my_state;
@@ -222,11 +230,11 @@ class sharded_exchange {
       const communicate_type* piece = received_.data() + s * received_width_;
       switch (j.what) {
         case job::into_shard: break;
-        case job::params: c.backend.unpack_params(c.tensors, k.pieces, staging<param_type>(s)); break;
+        case job::params: c.collective_side().unpack_params(c.tensors, k.pieces, staging<param_type>(s)); break;
         case job::assign:
         case job::add:
-          if constexpr (ShardInGrads) c.backend.unpack_gradients(c.tensors, k.mine, piece, k.my_offset);
-          else c.backend.fold(shard_.data() + k.my_state, piece, k.my_count(), j.what == job::add);
+          if constexpr (ShardInGrads) c.collective_side().unpack_gradients(c.tensors, k.mine, piece, k.my_offset);
+          else c.collective_side().fold(shard_.data() + k.my_state, piece, k.my_count(), j.what == job::add);
       }
     };
   }
@@ -240,9 +248,9 @@ class sharded_exchange {
     return reinterpret_cast<T*>(staging_.data() + slot * staging_width_);
   }
 
-  ready_buckets ready_;               // which buckets backward completed
-  buffer<std::byte> staging_;         // per slot: one packed bucket (gradients, or parameters to gather)
-  buffer<communicate_type> received_;  // per slot: my piece of a bucket, before it joins the shard
+  ready_buckets ready_;                           // which buckets backward completed
+  collective_buffer<std::byte> staging_;          // per slot: a packed bucket (gradients, or parameters)
+  collective_buffer<communicate_type> received_;  // per slot: my piece of a bucket, before the shard
   std::size_t staging_width_ = 0, received_width_ = 0;  // bytes, elements per slot
   bool added_ = false;  // micro-steps' reduced pieces add up in the shard (zero2)
   in_flight<request, job> flights_;   // the collectives running, oldest first; last: it goes first
@@ -258,7 +266,7 @@ class zero1_exchange
                                 std::is_same_v<typename Precision::accumulate_type, typename Precision::grad_type>>;
   using typename base::accumulate_type;
   template <class T>
-  using buffer = typename base::template buffer<T>;
+  using collective_buffer = typename base::template collective_buffer<T>;
 
  public:
   using typename base::context;
@@ -266,7 +274,7 @@ class zero1_exchange
   void allocate(const flat_layout& layout, const context& c) {
     if (c.options.accumulation_steps > 1) {
       flat_work_ = layout.flat_work();
-      flat_accum_ = buffer<accumulate_type>::zeroed(layout.flat_elements());
+      flat_accum_ = collective_buffer<accumulate_type>::zeroed(layout.flat_elements());
     }
     this->allocate_buckets(layout, c, false);
   }
@@ -279,7 +287,7 @@ class zero1_exchange
   bool grad_consumed(std::size_t i) const { return !base::shard_in_grads && this->reduced(i); }
 
   void micro_step(context& c) {
-    c.backend.accumulate(flat(c), c.micro_step == 0);
+    c.collective_side().accumulate(flat(c), c.micro_step == 0);  // packed from, with the gradients
     this->restart();
   }
 
@@ -310,8 +318,8 @@ class zero1_exchange
   /// The earlier micro-steps' sum, which the boundary adds to its own gradients (none in the first).
   const accumulate_type* folded(const context& c) const { return c.micro_step > 0 ? flat_accum_.data() : nullptr; }
 
-  work_list flat_work_;                 // every element, in flat order
-  buffer<accumulate_type> flat_accum_;  // the window's sum, full size
+  work_list flat_work_;                            // every element, in flat order
+  collective_buffer<accumulate_type> flat_accum_;  // the window's sum, full size
 };
 
 /// zero2: every micro-step's gradients are reduce-scattered into the shard, bucket by bucket as

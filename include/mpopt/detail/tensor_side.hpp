@@ -2,6 +2,8 @@
 // says otherwise (offload: the tensors on the device, the state on the host).
 #pragma once
 
+#include <type_traits>
+
 #include "../tensor.hpp"
 
 namespace mpopt::detail {
@@ -25,5 +27,26 @@ struct tensor_buffer_of<B, T> {
 };
 template <class B, class T>
 using tensor_buffer_t = typename tensor_buffer_of<B, T>::type;
+
+/// The memory communicator C's collectives read and write: device where C says so (nccl).
+template <class C>
+constexpr memory_space communicator_space() {
+  if constexpr (requires { C::space; }) return C::space;
+  else return memory_space::host;
+}
+
+/// C's collectives work in the memory of the model's tensors, not in the state's (offload over
+/// nccl): the buckets live, and the passes over them run, on the tensors' side (B::collective_side).
+template <class B, class C>
+concept collectives_on_tensor_side =
+    communicator_space<C>() != B::space && communicator_space<C>() == tensor_space_of<B>();
+
+/// Made with this tag, a backend serves a communicator whose collectives are on its tensors' side.
+struct tensor_side_collectives {};
+
+/// The buffer a collective of C reads or writes under backend B.
+template <class B, class C, class T>
+using collective_buffer_t =
+    std::conditional_t<collectives_on_tensor_side<B, C>, tensor_buffer_t<B, T>, typename B::template buffer<T>>;
 
 }  // namespace mpopt::detail
