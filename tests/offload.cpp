@@ -383,6 +383,7 @@ void checkpoint() {
 
 int main(int argc, char** argv) {
   start(argc, argv, "offload");
+  bool device_comm_runs = true;
 #ifdef MPOPT_TEST_GPU
   const cuda_ranks gpus = cuda_devices_on_every_rank();
   if (gpus.devices == 0) {
@@ -392,6 +393,10 @@ int main(int argc, char** argv) {
   run("device", [&] {
     if (cudaSetDevice(world_rank % gpus.devices) != cudaSuccess) throw std::runtime_error("cudaSetDevice");
   });
+  device_comm_runs = gpus.devices >= world_size;  // NCCL takes a GPU of its own per rank
+  if (!device_comm_runs && world_rank == 0)
+    std::printf("offload: %d GPU(s) for %d ranks: the nccl cases, one GPU per rank, are left out\n", gpus.devices,
+                world_size);
   run("host memory is refused", [&] {
     mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::zero2, mpopt::adam, offload, mpopt::mpi> opt(
         mpopt::mpi(MPI_COMM_WORLD));
@@ -420,19 +425,21 @@ int main(int argc, char** argv) {
       "zero2 bf16 Adam, stochastic rounding", adam, {.rounding_seed = 77}, 3, -1, false);
   case_of<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, mpopt::onebit_lamb>("1-bit LAMB", onebit, {}, 6, -1,
                                                                                      false);
-  device_case_of<mpopt::fp16, mpopt::dynamic_scale, mpopt::zero2, mpopt::adam>(
-      "zero2 fp16 Adam, overflow, clipped, overlap_comm, grad_ready", adam,
-      {.clip_grad = 1.0, .bucket_elements = 700, .overlap_comm = true}, 5, 2, true);
-  device_case_of<mpopt::fp16, mpopt::dynamic_scale, mpopt::zero2, mpopt::lamb>("zero2 fp16 LAMB, accumulation 2", lamb,
-                                                                              {.accumulation_steps = 2}, 3, 1, false);
-  device_case_of<mpopt::bf16, mpopt::no_scaling, mpopt::zero1, mpopt::lamb>(
-      "zero1 bf16 LAMB, accumulation 3, overlap_comm", lamb,
-      {.accumulation_steps = 3, .bucket_elements = 1500, .overlap_comm = true}, 3, -1, true);
-  device_case_of<mpopt::fp32, mpopt::no_scaling, mpopt::zero1, mpopt::adam>(
-      "zero1 fp32 Adam (the reduced shard in the gradients)", adam, {.bucket_elements = 900}, 3, -1, false);
-  device_case_of<mpopt::bf16_stochastic, mpopt::no_scaling, mpopt::zero2, mpopt::adam>(
-      "zero2 bf16 Adam, stochastic rounding", adam, {.rounding_seed = 77}, 3, -1, false);
-  device_checkpoint();
+  if (device_comm_runs) {
+    device_case_of<mpopt::fp16, mpopt::dynamic_scale, mpopt::zero2, mpopt::adam>(
+        "zero2 fp16 Adam, overflow, clipped, overlap_comm, grad_ready", adam,
+        {.clip_grad = 1.0, .bucket_elements = 700, .overlap_comm = true}, 5, 2, true);
+    device_case_of<mpopt::fp16, mpopt::dynamic_scale, mpopt::zero2, mpopt::lamb>("zero2 fp16 LAMB, accumulation 2", lamb,
+                                                                                {.accumulation_steps = 2}, 3, 1, false);
+    device_case_of<mpopt::bf16, mpopt::no_scaling, mpopt::zero1, mpopt::lamb>(
+        "zero1 bf16 LAMB, accumulation 3, overlap_comm", lamb,
+        {.accumulation_steps = 3, .bucket_elements = 1500, .overlap_comm = true}, 3, -1, true);
+    device_case_of<mpopt::fp32, mpopt::no_scaling, mpopt::zero1, mpopt::adam>(
+        "zero1 fp32 Adam (the reduced shard in the gradients)", adam, {.bucket_elements = 900}, 3, -1, false);
+    device_case_of<mpopt::bf16_stochastic, mpopt::no_scaling, mpopt::zero2, mpopt::adam>(
+        "zero2 bf16 Adam, stochastic rounding", adam, {.rounding_seed = 77}, 3, -1, false);
+    device_checkpoint();
+  }
   wait_one();
   zero_grad_and_memory();
 #ifndef MPOPT_TEST_GPU
