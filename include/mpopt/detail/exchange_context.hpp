@@ -30,6 +30,22 @@ void wait_for_collectives(metered<C>& comm) {
   if constexpr (stream_communicator<C> && requires { comm.inner().synchronize(); }) comm.inner().synchronize();
 }
 
+/// The backend can run on the communicator's stream, or the communicator has none, or its
+/// collectives run on the backend's tensors' side (offload), made with the communicator.
+template <class Backend, class C>
+concept runs_on_stream_of = !stream_communicator<C> || requires(const C& c) { Backend(c.stream()); } ||
+                            (collectives_on_tensor_side<Backend, C> &&
+                             requires(const C& c) { Backend(tensor_side_collectives{}, c); });
+
+/// The backend of an optimizer over `comm`: on the communicator's stream when it has one, so that
+/// passes and collectives run in the order the step issues them, with no wait between them.
+template <class Backend, class C>
+Backend backend_for(const C& comm) {
+  if constexpr (collectives_on_tensor_side<Backend, C>) return Backend(tensor_side_collectives{}, comm);
+  else if constexpr (stream_communicator<C>) return Backend(comm.stream());
+  else return Backend();
+}
+
 /// Waits for the passes and collectives issued so far.
 template <class Backend, class C>
 void wait_for_all(Backend& backend, metered<C>& comm) {
