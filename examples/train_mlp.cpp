@@ -7,6 +7,7 @@
 //   build/examples/train_mlp --steps 200 --save mlp.safetensors        # a checkpoint (with [out, in] shapes)
 //   build/examples/train_mlp --load mlp.safetensors --steps 100       # resume it
 //   mpirun -np 4 build/examples/train_mlp --rule onebit_lamb --csv loss.csv  # compressed momentum
+//   mpirun -np 2 build/examples/train_mlp --rule onebit_adam                 # the same over Adam
 //   build/examples/train_mlp --config examples/configs/fp16_adamw.json       # a DeepSpeed configuration
 //   mpirun -np 2 build/examples/train_mlp --config examples/configs/fp16_zero2_adamw.json
 //   build/examples/train_mlp --help
@@ -400,7 +401,7 @@ struct config {
   std::string precision = "fp16";  // fp16 | bf16 | fp32
   std::string scaler;              // dynamic | static | none; default: dynamic for fp16, else none
   std::string rounding = "nearest";  // nearest | stochastic (of the master into 16-bit parameters)
-  std::string rule = "adam";       // adam | lamb | onebit_lamb
+  std::string rule = "adam";       // adam | lamb | onebit_lamb | onebit_adam
   std::string layout = "fused";    // fused | unfused
   std::string device = with_device ? "cuda" : "host";  // cuda in train_mlp_device, else host
   int zero = -1;                   // -1: one process; 0: replicated over MPI ranks; 1, 2: ZeRO stage
@@ -414,7 +415,7 @@ struct config {
   double weight_decay = 0.01;
   std::uint64_t seed = 1;
   std::size_t train_samples = 8192;
-  std::uint64_t freeze_step = 0;  // onebit_lamb; 0: 20% of the steps
+  std::uint64_t freeze_step = 0;  // onebit_lamb, onebit_adam; 0: 20% of the steps
   bool bias_correction = true;    // lamb
   std::string schedule = "constant";  // constant | linear (decay to 0 over the steps)
   std::string csv;                // write "step,loss" here (the batch loss averaged over ranks)
@@ -438,10 +439,13 @@ run in fp32 without loss scaling for comparison.
                                 nearest); stochastic (bf16, or fp16 with dynamic scaling) is
                                 seeded by --seed and gives the same bits on any thread count,
                                 SIMD level or number of ranks
-  --rule adam|lamb|onebit_lamb  update rule (default adam; AdamW-style weight decay). onebit_lamb
-                                (1-bit LAMB) averages the momentum over ranks 1-bit compressed after
-                                --freeze-step warm-up steps of LAMB; replicated only (no --zero 1|2)
-  --freeze-step N               onebit_lamb's warm-up steps (default: 20% of --steps)
+  --rule adam|lamb|onebit_lamb|onebit_adam
+                                update rule (default adam; AdamW-style weight decay). onebit_lamb
+                                (1-bit LAMB) and onebit_adam (1-bit Adam) average the momentum over
+                                ranks 1-bit compressed after --freeze-step warm-up steps of LAMB or
+                                Adam; replicated only (no --zero 1|2)
+  --freeze-step N               onebit_lamb's and onebit_adam's warm-up steps (default: 20% of
+                                --steps)
   --bias-correction on|off      lamb's bias correction of the step size (default on; onebit_lamb
                                 has none, so compare it with off)
   --csv FILE                    write "step,loss" per step, the batch loss averaged over ranks
@@ -458,7 +462,8 @@ run in fp32 without loss scaling for comparison.
                                 [out, in] and [out], fp32 masters, moments, scaler, counters)
   --batch B                     samples per micro-batch (default 64)
   --accumulate K                micro-batches per optimizer step (default 1)
-  --lr X                        learning rate (default 3e-3 for adam, 1e-2 for lamb and onebit_lamb)
+  --lr X                        learning rate (default 3e-3 for adam and onebit_adam, 1e-2 for lamb
+                                and onebit_lamb)
   --seed S                      seed of the data, the initial weights and the batches (default 1)
   --train-samples N             training set size (default 8192: many passes over few samples;
                                 2^18: about one pass in 2000 steps on 4 ranks, like pretraining)
@@ -525,7 +530,7 @@ bool parse_args(int argc, char** argv, config& c) {
     if (flag == "--precision") check_choice(flag, c.precision = value, {"fp16", "bf16", "fp32"});
     else if (flag == "--scaler") check_choice(flag, c.scaler = value, {"dynamic", "static", "none"});
     else if (flag == "--rounding") check_choice(flag, c.rounding = value, {"nearest", "stochastic"});
-    else if (flag == "--rule") check_choice(flag, c.rule = value, {"adam", "lamb", "onebit_lamb"});
+    else if (flag == "--rule") check_choice(flag, c.rule = value, {"adam", "lamb", "onebit_lamb", "onebit_adam"});
     else if (flag == "--freeze-step") c.freeze_step = parse_number<std::uint64_t>(flag, value, 1);
     else if (flag == "--csv") c.csv = value;
     else if (flag == "--config") {
@@ -597,14 +602,15 @@ bool parse_args(int argc, char** argv, config& c) {
   if (c.rounding == "stochastic" && c.precision == "fp16" && c.scaler != "dynamic")
     throw usage_error{"--rounding stochastic with fp16 is built with --scaler dynamic only (this example's choice)"};
   if (c.loss_scale == 0) c.loss_scale = c.scaler == "dynamic" ? 0x1p24 : 1024;
-  if (c.lr < 0) c.lr = c.rule == "adam" ? 3e-3 : 1e-2;
-  if (c.freeze_step != 0 && c.rule != "onebit_lamb") throw usage_error{"--freeze-step needs --rule onebit_lamb"};
+  if (c.lr < 0) c.lr = c.rule.ends_with("adam") ? 3e-3 : 1e-2;
+  if (c.freeze_step != 0 && !c.rule.starts_with("onebit"))
+    throw usage_error{"--freeze-step needs --rule onebit_lamb or onebit_adam"};
   if (!c.bias_correction && c.rule != "lamb") throw usage_error{"--bias-correction needs --rule lamb"};
   if (c.freeze_step == 0) c.freeze_step = std::max(1, c.steps / 5);
   if (c.train_samples < std::size_t(world_size()))
     throw usage_error{"--train-samples must be at least the number of ranks (" + std::to_string(world_size()) + ")"};
-  if (c.rule == "onebit_lamb" && c.zero > 0)
-    throw usage_error{"--rule onebit_lamb keeps the whole momentum on every rank: use --zero 0"};
+  if (c.rule.starts_with("onebit") && c.zero > 0)
+    throw usage_error{"--rule " + c.rule + " keeps the whole momentum on every rank: use --zero 0"};
   return true;
 }
 
@@ -732,7 +738,7 @@ run_result train(const config& c, const task& data, bool verbose) {
 
   typename Opt::group_options weights_options{.lr = c.lr, .weight_decay = c.weight_decay};
   typename Opt::group_options biases_options{.lr = c.lr, .weight_decay = 0.0};
-  if constexpr (std::is_same_v<typename Opt::rule, mpopt::onebit_lamb>)
+  if constexpr (requires { weights_options.freeze_step; })
     weights_options.freeze_step = biases_options.freeze_step = c.freeze_step;
   if constexpr (std::is_same_v<typename Opt::rule, mpopt::lamb>)
     weights_options.bias_correction = biases_options.bias_correction = c.bias_correction;
@@ -780,7 +786,7 @@ run_result train_loop(const config& c, const task& data, bool verbose, Opt& opt,
   std::vector<int> y(c.batch);
   double loss_sum = 0, last_norm = -1;  // mean batch loss since the last progress line; last applied step's norm
   int loss_count = 0;
-  bool compressing = false;  // 1-bit LAMB past its warm-up
+  bool compressing = false;  // 1-bit LAMB or Adam past its warm-up
   std::FILE* csv = nullptr;  // written by rank 0
   if (verbose && !c.csv.empty()) {
     if (world_rank() == 0) csv = std::fopen(c.csv.c_str(), "w");
@@ -822,7 +828,7 @@ run_result train_loop(const config& c, const task& data, bool verbose, Opt& opt,
       if (csv) std::fprintf(csv, "%d,%.6f\n", step, global);
     }
     if (verbose && rank == 0 && status.compression_step > 0 && !compressing)  // counts applied steps only
-      std::printf("step %5d  1-bit LAMB: warm-up done, variance frozen; %s\n", step,
+      std::printf("step %5d  %s: warm-up done, variance frozen; %s\n", step, c.rule == "onebit_lamb" ? "1-bit LAMB" : "1-bit Adam",
                   ranks > 1 ? "the momentum is averaged 1-bit compressed from here" : "one rank: nothing to compress");
     compressing = status.compression_step > 0;
 
@@ -939,9 +945,12 @@ int report(const config& c, const std::string& label, std::string_view partition
 template <class Precision, class Scaler, class Partition, class Backend>
 int run_with_rule(const config& c, const task& data) {
   if (c.rule == "lamb") return run<mpopt::optimizer<Precision, Scaler, Partition, mpopt::lamb, Backend, communicator>>(c, data);
-  if constexpr (std::is_same_v<Partition, mpopt::replicated>)  // parse_args refuses it with ZeRO
+  if constexpr (std::is_same_v<Partition, mpopt::replicated>) {  // parse_args refuses them with ZeRO
     if (c.rule == "onebit_lamb")
       return run<mpopt::optimizer<Precision, Scaler, Partition, mpopt::onebit_lamb, Backend, communicator>>(c, data);
+    if (c.rule == "onebit_adam")
+      return run<mpopt::optimizer<Precision, Scaler, Partition, mpopt::onebit_adam, Backend, communicator>>(c, data);
+  }
   return run<mpopt::optimizer<Precision, Scaler, Partition, mpopt::adam, Backend, communicator>>(c, data);
 }
 

@@ -6,12 +6,10 @@
 // preflight catches a communicator that misdelivers.
 #include <doctest/doctest.h>
 
-#include "mpi_harness.hpp"
+#include "mpi_onebit_model.hpp"
 #include "onebit_reference.hpp"
 
 namespace {
-
-const std::vector<std::size_t> onebit_sizes{1, 13, 70001, 2000};
 
 mpopt::onebit_lamb::options onebit_options(std::uint64_t freeze, double wd = 0.01) {
   mpopt::onebit_lamb::options o;
@@ -26,90 +24,6 @@ ref::onebit_hyper to_ref(const mpopt::onebit_lamb::options& o) {
           .min_coeff = o.min_coeff, .max_coeff = o.max_coeff, .freeze_step = o.freeze_step, .coeff_beta = o.coeff_beta,
           .factor_max = o.factor_max, .factor_min = o.factor_min, .factor_threshold = o.factor_threshold};
 }
-
-/// Rank r's true gradient at step s: a part all ranks share plus noise of their own. With
-/// `silent`, tensor 1's gradient is zero throughout (a frozen layer): its momentum stays zero.
-grads_t local_gradient(int step, int rank, bool silent = false) {
-  grads_t g;
-  for (std::size_t i = 0; i < onebit_sizes.size(); ++i) {
-    g.emplace_back();
-    const double f = silent && i == 1 ? 0.0 : i == 2 ? 0.01 : 0.1;
-    for (std::size_t k = 0; k < onebit_sizes[i]; ++k)
-      g.back().push_back(f * (unit(key(0x1B, std::uint64_t(step), 0, k + 7 * i)) +
-                              0.7 * unit(key(0x1B, std::uint64_t(step), std::uint64_t(rank) + 1, k + 7 * i))));
-  }
-  return g;
-}
-
-/// An optimizer over one group of onebit_sizes tensors, parameters from a fixed seed.
-template <class Opt>
-struct model {
-  using P = typename Opt::param_type;
-  using G = typename Opt::grad_type;
-  Opt opt;
-  std::vector<std::vector<P>> p;
-  std::vector<std::vector<G>> g;
-
-  template <class... A>
-  model(const typename Opt::group_options& o, A&&... args) : opt(std::forward<A>(args)...) {
-    auto& group = opt.add_group(o);
-    for (std::size_t i = 0; i < onebit_sizes.size(); ++i) {
-      p.emplace_back(onebit_sizes[i]);
-      g.emplace_back(onebit_sizes[i]);
-      for (std::size_t k = 0; k < p[i].size(); ++k) p[i][k] = to<P>(0.5 * unit(key(0xA1, i, k, 3)));
-    }
-    for (std::size_t i = 0; i < p.size(); ++i) group.add(p[i], g[i], std::string("t") + std::to_string(i));
-  }
-  /// Writes the gradient (times the loss scale) and returns what the optimizer reads, unscaled.
-  grads_t write(const grads_t& truth) {
-    grads_t seen;
-    const double s = opt.loss_scale();
-    for (std::size_t i = 0; i < truth.size(); ++i) {
-      seen.emplace_back();
-      for (std::size_t k = 0; k < truth[i].size(); ++k) {
-        g[i][k] = to<G>(truth[i][k] * s);
-        seen.back().push_back(double(float(g[i][k])) / s);
-      }
-    }
-    return seen;
-  }
-  std::vector<std::vector<double>> initial() const {
-    std::vector<std::vector<double>> out;
-    for (const auto& t : p) {
-      out.emplace_back();
-      for (auto x : t) out.back().push_back(double(float(x)));
-    }
-    return out;
-  }
-  /// Masters, moments (with the fresh variance), parameters, coefficients and this rank's errors, as bits.
-  std::vector<std::uint32_t> state_bits() const {
-    std::vector<std::uint32_t> out;
-    for (std::size_t i = 0; i < p.size(); ++i) {
-      for (auto x : p[i]) out.push_back(bits(x));
-      for (float x : opt.master(i)) out.push_back(bits(x));
-      for (std::size_t k = 0; k < 3; ++k)
-        for (float x : opt.moment(k, i)) out.push_back(bits(x));
-    }
-    for (double c : opt.lamb_coeffs()) out.push_back(std::uint32_t(std::bit_cast<std::uint64_t>(c) >> 20));
-    if (world_size() > 1) {
-      for (float x : opt.compression().worker_error()) out.push_back(bits(x));
-      for (float x : opt.compression().server_error()) out.push_back(bits(x));
-    }
-    return out;
-  }
-};
-
-/// Delivers the all-to-all's blocks to the wrong ranks (rotated by one).
-struct misdelivering_mpi : mpopt::mpi {
-  using mpopt::mpi::mpi;
-  static constexpr std::string_view name = "misdelivering_mpi";
-  using mpopt::mpi::all_to_all;
-  void all_to_all(std::span<const std::uint8_t> in, std::span<std::uint8_t> out) {
-    mpopt::mpi::all_to_all(in, out);
-    std::rotate(out.begin(), out.begin() + 1, out.end());
-  }
-};
-static_assert(mpopt::communicator<misdelivering_mpi>);
 
 template <class P>
 using onebit_opt = mpopt::optimizer<P, mpopt::no_scaling, mpopt::replicated, mpopt::onebit_lamb, test_backend, mpopt::mpi>;
@@ -216,36 +130,7 @@ TEST_SUITE("mpi") {
   TEST_CASE(
       "in the compression stage the momentum all-reduce hands the communicator at most 1/16 of the bytes of an fp32 "
       "all-reduce of it; step_status reports the ratio and the step compression started") {
-    using opt_t = mpopt::optimizer<mpopt::bf16, mpopt::no_scaling, mpopt::replicated, mpopt::onebit_lamb, test_backend,
-                                   counting_mpi>;
-    const int w = world_size(), rank = world_rank();
-    CAPTURE(w);
-    model<opt_t> m(onebit_options(3), counting_mpi{MPI_COMM_WORLD});
-    m.opt.finalize();  // its own collectives (layout check, preflight) are not a step's
-    std::size_t params = 0;
-    for (std::size_t n : onebit_sizes) params += n;
-    const double fp32_allreduce = 4.0 * double(params);
-    for (int s = 0; s < 6; ++s) {
-      CAPTURE(s);
-      m.write(local_gradient(s, rank));
-      auto& comm = m.opt.communicator();
-      const std::size_t before = comm.bytes;
-      const auto st = m.opt.step();
-      const std::size_t bytes = comm.bytes - before;
-      CHECK(st.comm_bytes == bytes);
-      CHECK(st.comm_ratio == doctest::Approx(double(bytes) / fp32_allreduce));
-      if (s < 3) {
-        CHECK(st.compression_step == 0);
-        if (w > 1) CHECK(double(bytes) >= fp32_allreduce);  // warm-up: the fp32 gradient all-reduce
-      } else {
-        CHECK(st.compression_step == 4);
-        CHECK(double(bytes) <= fp32_allreduce / 16);
-        if (w > 1) CHECK(bytes == m.opt.compression().bytes_per_exchange() + 1 + 8);  // + overflow flag and norm
-        if (rank == 0 && s == 5)
-          MESSAGE("W " << w << ": compression stage hands " << bytes << " bytes per step, " << st.comm_ratio
-                       << " of an fp32 all-reduce (" << fp32_allreduce << " bytes); the bound is 1/16 = 0.0625");
-      }
-    }
+    check_compressed_traffic<mpopt::onebit_lamb>(onebit_options(3));
   }
 
   TEST_CASE_TEMPLATE(
@@ -277,29 +162,7 @@ TEST_SUITE("mpi") {
       CHECK(sa.compression_step == sb.compression_step);
       CHECK(b.state_bits() == a.state_bits());
     }
-    // Half the ranks (when that is still more than one): refused, then accepted with the reset.
-    if (w >= 4) {
-      MPI_Comm sub;
-      MPI_Comm_split(MPI_COMM_WORLD, rank % 2, rank, &sub);
-      {
-        model<onebit_opt<P>> c(o, mpopt::mpi{sub});
-        c.opt.finalize();
-        const auto before = c.state_bits();
-        std::string message;
-        try {
-          c.opt.load(path);
-        } catch (const mpopt::error& e) {
-          message = e.what();
-        }
-        CHECK(message.find("reset_compression_errors") != std::string::npos);
-        CHECK(c.state_bits() == before);
-        c.opt.load(path, {.reset_compression_errors = true});
-        for (float e : c.opt.compression().worker_error()) CHECK(e == 0.0f);
-        c.write(local_gradient(10, rank));
-        CHECK(c.opt.step().applied);
-      }
-      MPI_Comm_free(&sub);
-    }
+    check_other_world<onebit_opt<P>>(path, o, 10);
     // One rank has no compressed communication: nothing of the errors is needed.
     MPI_Comm self;
     MPI_Comm_split(MPI_COMM_WORLD, rank, 0, &self);
@@ -317,28 +180,7 @@ TEST_SUITE("mpi") {
   TEST_CASE(
       "fp16 with the dynamic scaler: an overflow on one rank in the compression stage skips the step on every rank; "
       "parameters, moments and error buffers stay bit-identical") {
-    using opt_t = mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, mpopt::onebit_lamb,
-                                   test_backend, mpopt::mpi>;
-    const int w = world_size(), rank = world_rank();
-    CAPTURE(w);
-    model<opt_t> m(onebit_options(2), mpopt::mpi{MPI_COMM_WORLD}, mpopt::optimizer_options{},
-                   mpopt::dynamic_scale_options{.init_scale = 1024, .hysteresis = 1});
-    for (int s = 0; s < 4; ++s) {
-      m.write(local_gradient(s, rank));
-      CHECK(m.opt.step().applied);
-    }
-    const auto before = m.state_bits();
-    const double scale = m.opt.loss_scale();
-    auto g = local_gradient(4, rank);
-    if (rank == w - 1) g[2][12345] = 1e5 / scale;  // overflows fp16 on this rank only
-    m.write(g);
-    const auto st = m.opt.step();
-    CHECK(st.result == mpopt::step_result::skipped_nonfinite);
-    CHECK(st.compression_step == 3);
-    CHECK(m.opt.loss_scale() == scale / 2);
-    CHECK(m.state_bits() == before);
-    m.write(local_gradient(5, rank));
-    CHECK(m.opt.step().applied);
+    check_overflow_skips<mpopt::onebit_lamb>(onebit_options(2));
   }
 
   TEST_CASE("the preflight: a communicator that delivers all-to-all blocks to the wrong ranks fails construction on "

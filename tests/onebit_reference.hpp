@@ -1,6 +1,6 @@
-// A float64 reference of 1-bit LAMB and its compressed all-reduce, written from
-// reference/deepspeed-semantics.md §7 and DESIGN.md §3 (and the decisions in README), NOT from the
-// library's code. It includes nothing from mpopt. W ranks are simulated in one process.
+// A float64 reference of 1-bit LAMB, 1-bit Adam and their compressed all-reduce, written from
+// reference/deepspeed-semantics.md §7 and §15 and DESIGN.md §3 (and the decisions in README), NOT
+// from the library's code. It includes nothing from mpopt. W ranks are simulated in one process.
 //
 // Arithmetic is double; values are rounded to float only where the algorithm keeps them in fp32
 // buffers and where a sign is taken from them (the worker's compensated vector, the errors, the
@@ -32,6 +32,13 @@ struct compressed_sim {
         server_error(ranks, std::vector<double>(chunk, 0.0)),
         result(padded, 0.0),
         tie(padded, 0) {}
+
+  /// Whether element k of tensor i (of `tensors`, back to back) has had a tied sign.
+  bool tied(const std::vector<std::vector<double>>& tensors, std::size_t i, std::size_t k) const {
+    std::size_t at = k;
+    for (std::size_t j = 0; j < i; ++j) at += tensors[j].size();
+    return tie[at] != 0;
+  }
 
   /// One round: x[r] is rank r's vector (n elements); result = the compressed average.
   void run(const std::vector<std::vector<double>>& x) {
@@ -215,11 +222,60 @@ struct onebit_model {
   double clip_factor() const { return clip_grad > 0 ? std::min(1.0, clip_grad / (grad_norm + 1e-6)) : 1.0; }
 
   /// Whether element k of tensor i has had a sign decided within rounding of zero.
-  bool tied(std::size_t i, std::size_t k) const {
-    if (world == 1) return false;
-    std::size_t at = k;
-    for (std::size_t j = 0; j < i; ++j) at += p[j].size();
-    return sim.tie[at] != 0;
+  bool tied(std::size_t i, std::size_t k) const { return world > 1 && sim.tied(p, i, k); }
+};
+
+/// 1-bit Adam over W ranks (§15), one parameter group, no loss scaling, no clipping. Warm-up
+/// (applied steps 1..freeze_step): gradients averaged over ranks, m and v advanced, uncorrected.
+/// Then v is frozen and each rank's momentum beta1 m + (1 - beta1) g_r goes through the
+/// compressed all-reduce. Both stages: p -= lr (m / (sqrt(v) + eps) + wd p).
+struct onebit_adam_model {
+  struct hyper {
+    double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+    std::uint64_t freeze_step = 100000;
+  };
+  std::size_t world = 1;
+  hyper h;
+  std::vector<std::vector<double>> p, m, v;  // per tensor
+  std::uint64_t t = 0, compression_step = 0;
+  compressed_sim sim;
+
+  onebit_adam_model(std::size_t ranks, const hyper& hy, std::vector<std::vector<double>> init)
+      : world(ranks), h(hy), p(std::move(init)) {
+    std::size_t total = 0;
+    for (const auto& x : p) {
+      m.emplace_back(x.size(), 0.0);
+      v.emplace_back(x.size(), 0.0);
+      total += x.size();
+    }
+    sim = compressed_sim(ranks, total);
+  }
+
+  /// One applied step; g[r][i][k] is rank r's gradient of tensor i.
+  void step(const std::vector<std::vector<std::vector<double>>>& g) {
+    ++t;
+    if (t <= h.freeze_step) {
+      for (std::size_t i = 0; i < p.size(); ++i)
+        for (std::size_t k = 0; k < p[i].size(); ++k) {
+          double avg = 0;
+          for (std::size_t r = 0; r < world; ++r) avg += g[r][i][k] / double(world);
+          m[i][k] = h.beta1 * m[i][k] + (1 - h.beta1) * avg;
+          v[i][k] = h.beta2 * v[i][k] + (1 - h.beta2) * avg * avg;
+        }
+    } else {
+      if (compression_step == 0) compression_step = t;
+      std::vector<std::vector<double>> x(world);
+      for (std::size_t r = 0; r < world; ++r)
+        for (std::size_t i = 0; i < p.size(); ++i)
+          for (std::size_t k = 0; k < p[i].size(); ++k) x[r].push_back(h.beta1 * m[i][k] + (1 - h.beta1) * g[r][i][k]);
+      if (world > 1) sim.run(x);
+      std::size_t at = 0;
+      for (std::size_t i = 0; i < p.size(); ++i)
+        for (std::size_t k = 0; k < p[i].size(); ++k, ++at) m[i][k] = world > 1 ? f32(sim.result[at]) : x[0][at];
+    }
+    for (std::size_t i = 0; i < p.size(); ++i)
+      for (std::size_t k = 0; k < p[i].size(); ++k)
+        p[i][k] -= h.lr * (m[i][k] / (std::sqrt(v[i][k]) + h.eps) + h.weight_decay * p[i][k]);
   }
 };
 

@@ -12,6 +12,7 @@
 #include "loss_scale.hpp"     // IWYU pragma: export
 #include "memory_report.hpp"  // IWYU pragma: export
 #include "numeric.hpp"        // IWYU pragma: export
+#include "onebit_adam.hpp"    // IWYU pragma: export
 #include "onebit_lamb.hpp"    // IWYU pragma: export
 #include "optimizer.hpp"      // IWYU pragma: export
 #include "options.hpp"        // IWYU pragma: export

@@ -21,7 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "detail/json_fields.hpp"
-#include "detail/onebit_driver.hpp"
+#include "detail/onebit_lamb_driver.hpp"
 #include "lamb.hpp"
 #include "onebit_lamb_options.hpp"
 
@@ -32,6 +32,7 @@ struct onebit_lamb {
   using options = onebit_lamb_options;
 
   static constexpr std::string_view name = "onebit_lamb";
+  static constexpr std::string_view title = "1-bit LAMB";  ///< in messages
   /// LAMB's moments, and the fresh variance of the compression stage (zero until freeze_step).
   static constexpr std::array<std::string_view, 3> state = {"exp_avg", "exp_avg_sq", "exp_avg_sq_fresh"};
   static constexpr std::string_view tensor_state = lamb::tensor_state;
@@ -44,9 +45,9 @@ struct onebit_lamb {
             float(o.weight_decay), false, o.lr, o.min_coeff, o.max_coeff};
   }
   /// Warm-up, then compressed exchanges of the momentum: a step that is not a fixed chain of
-  /// passes, so the rule names its own driver (detail/rule_driver.hpp, detail/onebit_driver.hpp).
+  /// passes, so the rule names its own driver (detail/rule_driver.hpp, detail/onebit_lamb_driver.hpp).
   template <class Precision, class Partition, class Backend, class Communicator>
-  using driver = detail::onebit_driver<onebit_lamb, Precision, Partition, Backend, Communicator>;
+  using driver = detail::onebit_lamb_driver<onebit_lamb, Precision, Partition, Backend, Communicator>;
 
   // Warm-up steps are LAMB's stages; the compression stage's passes are in detail/onebit_passes.hpp.
   template <class E>

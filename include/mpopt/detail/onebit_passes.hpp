@@ -1,8 +1,9 @@
-// mpopt — the element passes of 1-bit LAMB's compression stage (onebit_driver.hpp), over the
-// math of onebit_lamb_math.hpp. The compressed vector holds every tensor back to back in
-// registration order, so a slice's `index` (its first element among all registered) is its place
-// there; `scaling[t]` is tensor t's momentum scaling coefficient. They run through
-// backend_passes::tensor_pass, like any pass of a rule's driver.
+// mpopt — the element passes of the compression stage of 1-bit LAMB (onebit_lamb_driver.hpp, over
+// the math of onebit_lamb_math.hpp) and 1-bit Adam (onebit_adam_driver.hpp). The compressed vector
+// holds every tensor back to back in registration order, so a slice's `index` (its first element
+// among all registered) is its place there; `scaling[t]` is tensor t's momentum scaling
+// coefficient (1-bit LAMB; null: 1). They run through backend_passes::tensor_pass, like any pass
+// of a rule's driver.
 #pragma once
 
 #include <cstddef>
@@ -23,12 +24,12 @@ struct onebit_slice : coefficient_slice<P, lamb_coefficients> {
 
 template <class P>
 struct onebit_pass : coefficient_pass<P, lamb_coefficients> {
-  const float* scaling;
+  const float* scaling;  // per tensor; null: 1
   float* v_fresh = nullptr;  // state-indexed, when the pass uses it
   MPOPT_HOST_DEVICE onebit_slice<P> at(std::size_t ci) const {
     const auto s = coefficient_pass<P, lamb_coefficients>::at(ci);
     const chunk& c = this->chunks[ci];
-    return {s, scaling[c.tensor], {v_fresh ? v_fresh + c.state : nullptr}};
+    return {s, scaling ? scaling[c.tensor] : 1.0f, {v_fresh ? v_fresh + c.state : nullptr}};
   }
 };
 
@@ -70,5 +71,20 @@ struct onebit_momentum_pass : onebit_pass<P> {
   }
 };
 
+/// 1-bit Adam's update once the averaged momentum is known: from `code`, or with one rank and no
+/// code from the gradient; m is stored and applied with the frozen variance, p -= lr u.
+template <class P>
+struct onebit_adam_pass : coefficient_pass<P, lamb_coefficients> {
+  sign_code code;  // code.bits null: no code, take the gradient
+  template <class L, class S, class Tail, class R>
+  MPOPT_HOST_DEVICE void apply(const S& s, std::size_t i, Tail tail, R&) const {
+    const auto m = code.bits ? code.template load<L>(s.index + i, tail)
+                             : lamb_first_moment(true_gradient<L>(s, i, tail, typename L::vec(s.scale)),
+                                                 vload<L>(s.state[0] + i, tail), s.c);
+    const auto p = vload<L>(s.master + i, tail);
+    vstore<L>(s.state[0] + i, m, tail);
+    store_param<L>(s, i, lamb_apply(lamb_direction(m, vload<L>(s.state[1] + i, tail), p, s.c), p, float(s.c.step_size)), tail);
+  }
+};
 
 }  // namespace mpopt::detail

@@ -1,0 +1,196 @@
+// mpopt — what the drivers of the compressing rules share (1-bit LAMB, 1-bit Adam; the vocabulary:
+// rule_driver.hpp): warm-up on gradients averaged at full precision until freeze_step, then the
+// gradients stay on their rank and each rank's momentum goes through the error-compensated 1-bit
+// all-reduce (compressed_allreduce.hpp) over every tensor back to back. This keeps that exchange,
+// the step compression began, and the exchange's checkpoint record: its error buffers, saved per
+// rank, so that a resume at the same world size continues the error feedback exactly.
+#pragma once
+
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "../compressed_allreduce.hpp"
+#include "../error.hpp"
+#include "../memory_report.hpp"
+#include "../options.hpp"
+#include "../status.hpp"
+#include "json_fields.hpp"
+#include "metered.hpp"
+#include "staged_driver.hpp"
+#include "state_file.hpp"
+
+namespace mpopt::detail {
+
+template <class Rule, class Precision, class Partition, class Backend, class Communicator>
+class compressing_driver : public staged_driver<Rule, Precision, Backend, Communicator> {
+  using base = staged_driver<Rule, Precision, Backend, Communicator>;
+  static_assert(!Partition::template exchange<Precision, Backend, Communicator>::sharded,
+                "a compressing rule keeps the whole momentum on every rank (its compressed all-reduce averages it): "
+                "use mpopt::replicated");
+
+ public:
+  /// The compression stage reads the device mid-step (the exchange's scales): the host decides.
+  static constexpr bool host_decides = true;
+  /// Past warm-up the first pass feeds the compression, not the status's gradient norm.
+  static constexpr bool sums_gradient = false;
+
+  /// Before anything else, the communicator must deliver what the compressed all-reduce needs.
+  static void preflight(metered<Communicator>& comm) {
+    compressed_allreduce<Backend>::preflight(comm, Rule::title);
+    comm.take_bytes();
+  }
+
+  /// The compression stage starts for every group at once.
+  template <class Groups>
+  static void check_groups(const Groups& groups) {
+    const auto freeze = groups.front()->options().freeze_step;
+    for (std::size_t g = 0; g < groups.size(); ++g)
+      if (groups[g]->expert_parallel())
+        fail("group ", g, " is an expert group: ", Rule::title, " compresses one momentum over every rank, so it has "
+             "no expert groups (neither has DeepSpeed's); use lamb or adam");
+      else if (groups[g]->options().freeze_step != freeze)
+        fail("group ", g, ".freeze_step (", groups[g]->options().freeze_step, ") differs from group 0's (", freeze,
+             "): the compression stage starts for every group at once");
+  }
+
+  template <class Context>
+  void allocate(Context& c) {
+    base::allocate(c);
+    const auto& last = c.tensors.tensors[c.tensors.tensor_count - 1];
+    elements_ = last.first + last.size;  // every tensor, back to back
+    world_ = c.comm.size();
+    if (world_ > 1) exchange_ = compressed_allreduce<Backend>(elements_, world_, c.comm.rank());
+  }
+
+  /// A preflight at the real size: one exchange of zeros leaves the errors at zero.
+  template <class Context>
+  void started(Context& c) {
+    if (world_ == 1) return;
+    try {
+      exchange_.exchange(c.comm, c.backend, 0.0);
+    } catch (const error& e) {
+      exchange_ = compressed_allreduce<Backend>(elements_, world_, c.comm.rank());
+      fail(Rule::title, " preflight: a compressed all-reduce of ", elements_, " elements failed: ", e.what());
+    }
+  }
+
+  /// The compression stage: the step being taken comes after freeze_step.
+  template <class Groups>
+  static bool local_gradients(const Groups& groups) {
+    return groups.front()->step() >= groups.front()->options().freeze_step;
+  }
+
+  void report(step_status& st) const { st.compression_step = compression_step_; }
+
+  /// With more than one rank: the compressed all-reduce, with this rank's error buffers.
+  const compressed_allreduce<Backend>& compression() const { return exchange_; }
+
+  // Checkpoints: whether and when compression began, and once it has on several ranks, the ranks'
+  // error-feedback buffers.
+
+  nlohmann::json describe(int world) const {
+    return {{"compression",
+             {{"compression_step", compression_step_}, {"world_size", world}, {"errors_saved", saves_errors(world)}}}};
+  }
+
+  struct saved {
+    std::uint64_t compression_step = 0;
+    int errors_world = 0;  ///< ranks whose error buffers the file holds and this load reads (0: none)
+  };
+
+  /// The file's compression record, checked against `world` ranks and `elements` parameters.
+  saved check_saved(const nlohmann::json& meta, const state_reader& r, const std::string& where, const load_options& lo,
+                    std::uint64_t applied, int world, std::size_t elements) const {
+    saved h;
+    const auto& c = json_field(meta, "compression");
+    h.compression_step = json_count(c, "compression_step", applied, "compression.compression_step (at most applied_steps)");
+    const int saved_world = int(json_integer(c, "world_size", 1, INT_MAX, "compression.world_size"));
+    h.errors_world = json_flag(c, "errors_saved", "compression.errors_saved") ? saved_world : 0;
+    if (h.errors_world > 1 && h.errors_world != world && world > 1 && !lo.reset_compression_errors)
+      fail(where, "saved by ", h.errors_world, " ranks in ", Rule::title, "'s compression stage, whose error-feedback "
+           "buffers belong to those ranks: load it on ", h.errors_world, " ranks to resume exactly, or pass "
+           "load_options{.reset_compression_errors = true} to continue on ", world, " with zero errors");
+    if (h.errors_world != world) h.errors_world = 0;  // not loaded
+    // The compressed vector: every tensor, padded to a multiple of 8 W.
+    const std::size_t unit = 8 * std::size_t(world), padded = (elements + unit - 1) / unit * unit;
+    for (int k = -1; h.errors_world && k < world; ++k)
+      if (!r.contains(error_key(k)) || r.shape(error_key(k)) != std::vector<std::int64_t>{std::int64_t(padded)})
+        fail(where, "tensor '", error_key(k), "' is missing or not [", padded, "]");
+    return h;
+  }
+
+  /// Calls f(key, elements) for the error tensors save() writes after the per-parameter ones.
+  template <class F>
+  void for_each_extra(int world, F&& f) const {
+    if (!saves_errors(world)) return;
+    for (int k = 0; k < world; ++k) f(error_key(k), exchange_.padded_size());
+    f(error_key(-1), exchange_.padded_size());
+  }
+
+  /// Each rank's worker error in turn, then the server errors gathered: written by rank 0.
+  template <class Comm, class Write>
+  void save_extra(Comm& comm, Backend& backend, Write&& write) const {
+    if (!saves_errors(comm.size())) return;
+    const std::size_t chunk = exchange_.chunk_size();
+    std::vector<float> whole(exchange_.padded_size());
+    for (int k = 0; k < comm.size(); ++k) {
+      if (comm.rank() == k) backend.to_host(whole.data(), exchange_.worker_error().data(), whole.size());
+      comm.broadcast(std::span<float>(whole), k);
+      write(std::as_bytes(std::span<const float>(whole)));
+    }
+    backend.to_host(whole.data() + std::size_t(comm.rank()) * chunk, exchange_.server_error().data(), chunk);
+    const std::vector<std::size_t> counts(std::size_t(comm.size()), chunk);
+    comm.all_gather(std::span<float>(whole), std::span<const std::size_t>(counts));
+    write(std::as_bytes(std::span<const float>(whole)));
+  }
+
+  /// After the per-tensor values were read: the compression record and this rank's errors, or zero
+  /// errors where the file holds none for this world size.
+  template <class Comm, class Read>
+  void restore(const saved& h, Comm& comm, Read&& read) {
+    compression_step_ = h.compression_step;
+    if (comm.size() == 1) return;
+    exchange_.cancel();
+    if (h.errors_world == comm.size()) {
+      constexpr bool device = Backend::space == memory_space::device;
+      const std::size_t rank = std::size_t(comm.rank()), chunk = exchange_.chunk_size();
+      read(error_key(comm.rank()), 0, exchange_.worker_error().data(), exchange_.padded_size(), device);
+      read(error_key(-1), rank * chunk, exchange_.server_error().data(), chunk, device);
+    } else {
+      exchange_.reset_errors();  // none saved (warm-up, one rank), or reset_compression_errors
+    }
+  }
+
+  std::size_t list_memory(memory_report& r) const {
+    std::size_t bookkeeping = base::list_memory(r);
+    if (world_ > 1) {
+      const auto use = exchange_.memory_use();
+      r.buffers.push_back({"worker error", "compression error fed back into this rank's momentum (fp32, padded to 8 W)",
+                           use.worker_error, true});
+      r.buffers.push_back({"server error", "compression error of the chunk this rank averages (fp32)", use.server_error, true});
+      r.buffers.push_back({"sign bits", "the momentum's signs: sent, received, averaged (1 bit each)", use.sign_bits, true});
+      bookkeeping += use.bookkeeping;
+    }
+    return bookkeeping;
+  }
+
+ protected:
+  /// On several ranks, once compression has begun, the error buffers go into checkpoints.
+  bool saves_errors(int world) const { return world > 1 && compression_step_ > 0; }
+  /// The file's name of rank k's worker error, or (k = -1) of the server errors of all ranks.
+  static std::string error_key(int k) {
+    return k < 0 ? "compression/server_error" : "compression/worker_error/" + std::to_string(k);
+  }
+
+  compressed_allreduce<Backend> exchange_;  ///< more than one rank only
+  std::size_t elements_ = 0;
+  int world_ = 1;
+  std::uint64_t compression_step_ = 0;  ///< the first step that compressed (0: still warming up)
+};
+
+}  // namespace mpopt::detail

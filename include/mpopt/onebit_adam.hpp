@@ -1,0 +1,86 @@
+// mpopt — the 1-bit Adam update rule (Tang et al. 2021, arXiv:2102.02888; DeepSpeed OnebitAdam).
+//
+// Warm-up: for the first freeze_step applied steps, Adam on gradients averaged over ranks, without
+// bias correction and with eps outside the square root: u = m / (sqrt(v) + eps) + wd p, p -= lr u.
+// Then the variance is frozen, gradients stay on their rank, and each rank's momentum
+// m = beta1 m + (1 - beta1) g is averaged by the error-compensated 1-bit all-reduce
+// (compressed_allreduce.hpp) before the same update with the frozen variance.
+#pragma once
+
+#include "version.hpp"  // first: C++20, or a clear error
+
+#include <array>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "detail/config.hpp"
+#include "detail/json_fields.hpp"
+#include "detail/lamb_math.hpp"
+#include "detail/onebit_adam_driver.hpp"
+#include "detail/validate.hpp"
+
+namespace mpopt {
+
+struct onebit_adam {
+  /// Per parameter group. Defaults are DeepSpeed's OnebitAdam's. DeepSpeed counts its first call,
+  /// which only sets up state, as a step: its freeze_step F gives F - 1 warm-up updates, ours F.
+  struct options {
+    double lr = 1e-3;
+    double beta1 = 0.9;
+    double beta2 = 0.999;
+    double eps = 1e-8;
+    double weight_decay = 0.0;  ///< added to the update, as AdamW: u += wd p
+    /// Warm-up steps of full Adam before compressed communication starts (DeepSpeed's tutorial:
+    /// 15-25% of training). The same for every group: the compression stage starts for all at once.
+    std::uint64_t freeze_step = 100000;
+
+    void validate(std::string_view group) const {
+      const std::string g(group);
+      detail::require_adam_family(g, *this);
+      if (freeze_step < 1) detail::fail(g, ".freeze_step must be >= 1, got 0: the frozen variance comes from warm-up");
+    }
+  };
+
+  static constexpr std::string_view name = "onebit_adam";
+  static constexpr std::string_view title = "1-bit Adam";  ///< in messages
+  static constexpr std::array<std::string_view, 2> state = {"exp_avg", "exp_avg_sq"};
+  /// DeepSpeed's OnebitAdam moves its moments and direction as FusedLamb does (uncorrected, eps
+  /// outside the root), without the trust ratio: the step size is lr.
+  using scalars = detail::lamb_coefficients;
+
+  static scalars prepare(const options& o, std::uint64_t) {
+    return {float(o.beta1), float(o.beta2), float(1.0 - o.beta1), float(1.0 - o.beta2), float(o.eps),
+            float(o.weight_decay), false, o.lr, 1.0, 1.0};
+  }
+  /// Warm-up, then compressed exchanges of the momentum (detail/onebit_adam_driver.hpp).
+  template <class Precision, class Partition, class Backend, class Communicator>
+  using driver = detail::onebit_adam_driver<onebit_adam, Precision, Partition, Backend, Communicator>;
+
+  /// A warm-up step; the compression stage's passes are in detail/onebit_passes.hpp.
+  template <class E>
+  MPOPT_HOST_DEVICE static void update(const scalars& k, E& e) {
+    auto m = e.state(0), v = e.state(1);
+    const auto p = e.param();
+    const auto u = detail::lamb_moments(e.grad(), m, v, p, k);
+    e.set_state(0, m);
+    e.set_state(1, v);
+    e.set_param(detail::lamb_apply(u, p, float(k.step_size)));
+  }
+
+  static nlohmann::json to_json(const options& o) {
+    return {{"lr", o.lr},   {"beta1", o.beta1},  {"beta2", o.beta2}, {"eps", o.eps}, {"weight_decay", o.weight_decay},
+            {"freeze_step", o.freeze_step}};
+  }
+  static options from_json(const nlohmann::json& j) {
+    using namespace detail;
+    return {json_number(j, "lr"),  json_number(j, "beta1"),        json_number(j, "beta2"),
+            json_number(j, "eps"), json_number(j, "weight_decay"),
+            json_count(j, "freeze_step", std::numeric_limits<std::uint64_t>::max())};
+  }
+};
+
+}  // namespace mpopt
