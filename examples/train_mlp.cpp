@@ -8,6 +8,7 @@
 //   build/examples/train_mlp --load mlp.safetensors --steps 100       # resume it
 //   mpirun -np 4 build/examples/train_mlp --rule onebit_lamb --csv loss.csv  # compressed momentum
 //   mpirun -np 2 build/examples/train_mlp --rule onebit_adam                 # the same over Adam
+//   mpirun -np 2 build/examples/train_mlp --rule zero_one_adam               # and 0/1 Adam's local steps
 //   build/examples/train_mlp --config examples/configs/fp16_adamw.json       # a DeepSpeed configuration
 //   mpirun -np 2 build/examples/train_mlp --config examples/configs/fp16_zero2_adamw.json
 //   build/examples/train_mlp --help
@@ -401,7 +402,7 @@ struct config {
   std::string precision = "fp16";  // fp16 | bf16 | fp32
   std::string scaler;              // dynamic | static | none; default: dynamic for fp16, else none
   std::string rounding = "nearest";  // nearest | stochastic (of the master into 16-bit parameters)
-  std::string rule = "adam";       // adam | lamb | onebit_lamb | onebit_adam
+  std::string rule = "adam";       // adam | lamb | onebit_lamb | onebit_adam | zero_one_adam
   std::string layout = "fused";    // fused | unfused
   std::string device = with_device ? "cuda" : "host";  // cuda in train_mlp_device, else host
   int zero = -1;                   // -1: one process; 0: replicated over MPI ranks; 1, 2: ZeRO stage
@@ -415,8 +416,8 @@ struct config {
   double weight_decay = 0.01;
   std::uint64_t seed = 1;
   std::size_t train_samples = 8192;
-  std::uint64_t freeze_step = 0;  // onebit_lamb, onebit_adam; 0: 20% of the steps
-  bool bias_correction = true;    // lamb
+  std::uint64_t freeze_step = 0;  // the compressing rules; 0: 20% of the steps
+  bool bias_correction = true;    // adam, lamb
   std::string schedule = "constant";  // constant | linear (decay to 0 over the steps)
   std::string csv;                // write "step,loss" here (the batch loss averaged over ranks)
   std::string load;               // resume from this checkpoint before the first step
@@ -439,15 +440,19 @@ run in fp32 without loss scaling for comparison.
                                 nearest); stochastic (bf16, or fp16 with dynamic scaling) is
                                 seeded by --seed and gives the same bits on any thread count,
                                 SIMD level or number of ranks
-  --rule adam|lamb|onebit_lamb|onebit_adam
+  --rule adam|lamb|onebit_lamb|onebit_adam|zero_one_adam
                                 update rule (default adam; AdamW-style weight decay). onebit_lamb
                                 (1-bit LAMB) and onebit_adam (1-bit Adam) average the momentum over
                                 ranks 1-bit compressed after --freeze-step warm-up steps of LAMB or
-                                Adam; replicated only (no --zero 1|2)
-  --freeze-step N               onebit_lamb's and onebit_adam's warm-up steps (default: 20% of
-                                --steps)
-  --bias-correction on|off      lamb's bias correction of the step size (default on; onebit_lamb
-                                has none, so compare it with off)
+                                Adam; zero_one_adam (0/1 Adam) averages gradients 1-bit compressed
+                                between variance steps for --freeze-step steps, then steps locally
+                                and averages the parameters' drift at syncs, up to 16 steps apart
+                                (the interval doubles every --steps / 20 steps); replicated only
+                                (no --zero 1|2)
+  --freeze-step N               the compressing rules' warm-up steps (0/1 Adam: var_freeze_step;
+                                default: 20% of --steps)
+  --bias-correction on|off      adam's and lamb's bias correction (default on; the compressing
+                                rules have none, so compare them with off)
   --csv FILE                    write "step,loss" per step, the batch loss averaged over ranks
   --schedule constant|linear    learning rate over the steps: constant (default) or decaying
                                 linearly to 0 (group.set_lr before each step)
@@ -530,7 +535,7 @@ bool parse_args(int argc, char** argv, config& c) {
     if (flag == "--precision") check_choice(flag, c.precision = value, {"fp16", "bf16", "fp32"});
     else if (flag == "--scaler") check_choice(flag, c.scaler = value, {"dynamic", "static", "none"});
     else if (flag == "--rounding") check_choice(flag, c.rounding = value, {"nearest", "stochastic"});
-    else if (flag == "--rule") check_choice(flag, c.rule = value, {"adam", "lamb", "onebit_lamb", "onebit_adam"});
+    else if (flag == "--rule") check_choice(flag, c.rule = value, {"adam", "lamb", "onebit_lamb", "onebit_adam", "zero_one_adam"});
     else if (flag == "--freeze-step") c.freeze_step = parse_number<std::uint64_t>(flag, value, 1);
     else if (flag == "--csv") c.csv = value;
     else if (flag == "--config") {
@@ -603,13 +608,15 @@ bool parse_args(int argc, char** argv, config& c) {
     throw usage_error{"--rounding stochastic with fp16 is built with --scaler dynamic only (this example's choice)"};
   if (c.loss_scale == 0) c.loss_scale = c.scaler == "dynamic" ? 0x1p24 : 1024;
   if (c.lr < 0) c.lr = c.rule.ends_with("adam") ? 3e-3 : 1e-2;
-  if (c.freeze_step != 0 && !c.rule.starts_with("onebit"))
-    throw usage_error{"--freeze-step needs --rule onebit_lamb or onebit_adam"};
-  if (!c.bias_correction && c.rule != "lamb") throw usage_error{"--bias-correction needs --rule lamb"};
+  const bool compressing = c.rule == "onebit_lamb" || c.rule == "onebit_adam" || c.rule == "zero_one_adam";
+  if (c.freeze_step != 0 && !compressing)
+    throw usage_error{"--freeze-step needs --rule onebit_lamb, onebit_adam or zero_one_adam"};
+  if (!c.bias_correction && c.rule != "lamb" && c.rule != "adam")
+    throw usage_error{"--bias-correction needs --rule adam or lamb"};
   if (c.freeze_step == 0) c.freeze_step = std::max(1, c.steps / 5);
   if (c.train_samples < std::size_t(world_size()))
     throw usage_error{"--train-samples must be at least the number of ranks (" + std::to_string(world_size()) + ")"};
-  if (c.rule.starts_with("onebit") && c.zero > 0)
+  if (compressing && c.zero > 0)
     throw usage_error{"--rule " + c.rule + " keeps the whole momentum on every rank: use --zero 0"};
   return true;
 }
@@ -694,6 +701,7 @@ struct run_result {
   double final_loss = 0;    // on the whole training set, after the last step
   double test_accuracy = 0;
   std::uint64_t skipped = 0;
+  double comm_ratio = 0;  // bytes sent per step over an fp32 all-reduce of the gradients, on average
   double seconds = 0;  // the training loop only
   std::string memory;  // the optimizer's memory report on this rank
   std::size_t memory_total = 0;  // the bytes it holds on this rank
@@ -723,6 +731,14 @@ Scaler scaler_options(const config& c) {
 template <class Opt, class Model>
 run_result train_loop(const config& c, const task& data, bool verbose, Opt& opt, Model& model);
 
+// What a run prints at its first compressed step.
+std::string compression_news(const std::string& rule, std::size_t ranks) {
+  if (ranks == 1) return rule + ": compressing from here (one rank: nothing to compress)";
+  if (rule == "onebit_lamb") return "1-bit LAMB: warm-up done, variance frozen; the momentum is averaged 1-bit compressed from here";
+  if (rule == "onebit_adam") return "1-bit Adam: warm-up done, variance frozen; the momentum is averaged 1-bit compressed from here";
+  return "0/1 Adam: gradients are averaged 1-bit compressed between variance steps from here";
+}
+
 template <class Opt>
 run_result train(const config& c, const task& data, bool verbose) {
   using P = typename Opt::param_type;
@@ -740,8 +756,13 @@ run_result train(const config& c, const task& data, bool verbose) {
   typename Opt::group_options biases_options{.lr = c.lr, .weight_decay = 0.0};
   if constexpr (requires { weights_options.freeze_step; })
     weights_options.freeze_step = biases_options.freeze_step = c.freeze_step;
-  if constexpr (std::is_same_v<typename Opt::rule, mpopt::lamb>)
+  if constexpr (requires { weights_options.bias_correction; })
     weights_options.bias_correction = biases_options.bias_correction = c.bias_correction;
+  if constexpr (std::is_same_v<typename Opt::rule, mpopt::zero_one_adam>)
+    for (auto* o : {&weights_options, &biases_options}) {
+      o->var_freeze_step = c.freeze_step;
+      o->local_step_scaler = std::max(1, c.steps / 20);
+    }
   mlp<P, G> model;
   if (c.layout == "fused") attach_fused(opt, model, weights_options, biases_options);
   else attach_unfused(opt, model, weights_options, biases_options, storage);
@@ -786,7 +807,8 @@ run_result train_loop(const config& c, const task& data, bool verbose, Opt& opt,
   std::vector<int> y(c.batch);
   double loss_sum = 0, last_norm = -1;  // mean batch loss since the last progress line; last applied step's norm
   int loss_count = 0;
-  bool compressing = false;  // 1-bit LAMB or Adam past its warm-up
+  bool compressing = false;  // a compressing rule past its warm-up
+  double comm_sum = 0;       // the steps' comm_ratio
   std::FILE* csv = nullptr;  // written by rank 0
   if (verbose && !c.csv.empty()) {
     if (world_rank() == 0) csv = std::fopen(c.csv.c_str(), "w");
@@ -828,9 +850,9 @@ run_result train_loop(const config& c, const task& data, bool verbose, Opt& opt,
       if (csv) std::fprintf(csv, "%d,%.6f\n", step, global);
     }
     if (verbose && rank == 0 && status.compression_step > 0 && !compressing)  // counts applied steps only
-      std::printf("step %5d  %s: warm-up done, variance frozen; %s\n", step, c.rule == "onebit_lamb" ? "1-bit LAMB" : "1-bit Adam",
-                  ranks > 1 ? "the momentum is averaged 1-bit compressed from here" : "one rank: nothing to compress");
+      std::printf("step %5d  %s\n", step, compression_news(c.rule, ranks).c_str());
     compressing = status.compression_step > 0;
+    comm_sum += status.comm_ratio;
 
     if (verbose && rank == 0 && c.print_every > 0 && (step % c.print_every == 0 || step == c.steps)) {
       const auto now = clock::now();
@@ -857,6 +879,7 @@ run_result train_loop(const config& c, const task& data, bool verbose, Opt& opt,
     if (verbose && rank == 0) std::printf("saved %s\n", c.save.c_str());
   }
   r.skipped = status.skipped_steps;
+  r.comm_ratio = c.steps > 0 ? comm_sum / c.steps : 0;
   r.final_loss = model.evaluate(data.train).loss;
   r.test_accuracy = model.evaluate(data.test).accuracy;
   r.memory = opt.memory_report().to_string();
@@ -922,6 +945,7 @@ int report(const config& c, const std::string& label, std::string_view partition
   if (printer) std::printf("done: train loss %.4f -> %.4f, test accuracy %.1f%% (chance %.0f%%), %llu of %d steps skipped, %.2f s\n",
               r.initial_loss, r.final_loss, 100 * r.test_accuracy, 100.0 / n_classes,
               static_cast<unsigned long long>(r.skipped), c.steps, r.seconds);
+  if (with_mpi && printer) std::printf("communication: comm_ratio %.4f on average (bytes per step over an fp32 all-reduce)\n", r.comm_ratio);
   if (fp32 && printer) print_comparison(label, r, *fp32);
   if (with_mpi) {
     const auto totals = gather_on_rank0(r.memory_total);
@@ -950,6 +974,8 @@ int run_with_rule(const config& c, const task& data) {
       return run<mpopt::optimizer<Precision, Scaler, Partition, mpopt::onebit_lamb, Backend, communicator>>(c, data);
     if (c.rule == "onebit_adam")
       return run<mpopt::optimizer<Precision, Scaler, Partition, mpopt::onebit_adam, Backend, communicator>>(c, data);
+    if (c.rule == "zero_one_adam")
+      return run<mpopt::optimizer<Precision, Scaler, Partition, mpopt::zero_one_adam, Backend, communicator>>(c, data);
   }
   return run<mpopt::optimizer<Precision, Scaler, Partition, mpopt::adam, Backend, communicator>>(c, data);
 }

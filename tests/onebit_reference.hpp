@@ -1,5 +1,5 @@
-// A float64 reference of 1-bit LAMB, 1-bit Adam and their compressed all-reduce, written from
-// reference/deepspeed-semantics.md §7 and §15 and DESIGN.md §3 (and the decisions in README), NOT
+// A float64 reference of 1-bit LAMB, 1-bit Adam, 0/1 Adam and their compressed all-reduce, written
+// from reference/deepspeed-semantics.md §7, §15 and §16 and DESIGN.md §3 (and the decisions in README), NOT
 // from the library's code. It includes nothing from mpopt. W ranks are simulated in one process.
 //
 // Arithmetic is double; values are rounded to float only where the algorithm keeps them in fp32
@@ -276,6 +276,121 @@ struct onebit_adam_model {
     for (std::size_t i = 0; i < p.size(); ++i)
       for (std::size_t k = 0; k < p[i].size(); ++k)
         p[i][k] -= h.lr * (m[i][k] / (std::sqrt(v[i][k]) + h.eps) + h.weight_decay * p[i][k]);
+  }
+};
+
+/// 0/1 Adam over W ranks (§16), one parameter group, no loss scaling, no clipping; the schedule in
+/// DeepSpeed's count s = t + 1 (its set-up call is s = 1). Phase 2 lets the ranks' parameters,
+/// momenta and accumulators part between syncs, so those are kept per rank.
+struct zero_one_adam_model {
+  struct hyper {
+    double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+    std::uint64_t var_freeze_step = 100000, var_update_scaler = 16, local_step_scaler = 32678, local_step_clipper = 16;
+  };
+  using tensors = std::vector<std::vector<double>>;
+  std::size_t world = 1;
+  hyper h;
+  std::vector<tensors> p, m, a;  // per rank, per tensor
+  tensors v;                     // the same on every rank
+  double lr_sum = 0;
+  // DeepSpeed's schedule state, advanced as its code does.
+  std::uint64_t t = 0, var_interval = 1, var_counter = 0, local_interval = 1, local_counter = 0;
+  bool variance = false, exchanged = false;  // what the last step was
+  compressed_sim sim;
+
+  zero_one_adam_model(std::size_t ranks, const hyper& hy, const tensors& init)
+      : world(ranks), h(hy), p(ranks, init), m(ranks), a(ranks) {
+    std::size_t total = 0;
+    for (const auto& x : init) {
+      v.emplace_back(x.size(), 0.0);
+      total += x.size();
+    }
+    for (std::size_t r = 0; r < ranks; ++r)
+      for (const auto& x : init) m[r].emplace_back(x.size(), 0.0), a[r].emplace_back(x.size(), 0.0);
+    sim = compressed_sim(ranks, total);
+  }
+
+  /// One applied step; g[r][i][k] is rank r's gradient of tensor i.
+  void step(const std::vector<tensors>& g) {
+    ++t;
+    const std::uint64_t s = t + 1;
+    exchanged = false;
+    auto update = [&](std::size_t r, std::size_t i, std::size_t k) {
+      const double u = m[r][i][k] / (std::sqrt(v[i][k]) + h.eps) + h.weight_decay * p[r][i][k];
+      p[r][i][k] -= h.lr * u;
+      return u;
+    };
+    if (t <= h.var_freeze_step) {  // phase 1
+      variance = s % var_interval == 0;
+      std::vector<double> avg;  // the gradient every rank's momentum takes
+      if (variance || world == 1) {
+        for (std::size_t i = 0; i < v.size(); ++i)
+          for (std::size_t k = 0; k < v[i].size(); ++k) {
+            double x = 0;
+            for (std::size_t r = 0; r < world; ++r) x += g[r][i][k] / double(world);
+            avg.push_back(x);
+          }
+      } else {
+        std::vector<std::vector<double>> x(world);
+        for (std::size_t r = 0; r < world; ++r)
+          for (const auto& gi : g[r]) x[r].insert(x[r].end(), gi.begin(), gi.end());
+        sim.run(x);
+        avg.assign(sim.result.begin(), sim.result.begin() + std::ptrdiff_t(sim.n));
+        exchanged = true;
+      }
+      std::size_t at = 0;
+      for (std::size_t i = 0; i < v.size(); ++i)
+        for (std::size_t k = 0; k < v[i].size(); ++k, ++at) {
+          if (variance) v[i][k] = h.beta2 * v[i][k] + (1 - h.beta2) * avg[at] * avg[at];
+          for (std::size_t r = 0; r < world; ++r) {
+            m[r][i][k] = h.beta1 * m[r][i][k] + (1 - h.beta1) * avg[at];
+            update(r, i, k);
+          }
+        }
+      if (variance && ++var_counter == h.var_update_scaler) var_counter = 0, var_interval *= 2;
+      if (t == h.var_freeze_step)  // after the step with s > V: the errors restart for phase 2
+        for (std::size_t r = 0; r < world; ++r) {
+          std::fill(sim.worker_error[r].begin(), sim.worker_error[r].end(), 0.0);
+          std::fill(sim.server_error[r].begin(), sim.server_error[r].end(), 0.0);
+        }
+      return;
+    }
+    variance = false;  // phase 2
+    lr_sum += h.lr;
+    for (std::size_t r = 0; r < world; ++r)
+      for (std::size_t i = 0; i < v.size(); ++i)
+        for (std::size_t k = 0; k < v[i].size(); ++k) {
+          m[r][i][k] = h.beta1 * m[r][i][k] + (1 - h.beta1) * g[r][i][k];
+          a[r][i][k] -= h.lr * update(r, i, k);
+        }
+    if (s % local_interval == 0) {  // sync
+      std::vector<std::vector<double>> x(world);
+      for (std::size_t r = 0; r < world; ++r)
+        for (std::size_t i = 0; i < v.size(); ++i)
+          for (std::size_t k = 0; k < v[i].size(); ++k) {
+            p[r][i][k] -= a[r][i][k];
+            a[r][i][k] *= std::sqrt(v[i][k]) + h.eps;
+            x[r].push_back(a[r][i][k]);
+          }
+      std::vector<double> avg = x[0];
+      if (world > 1) {
+        sim.run(x);
+        avg.assign(sim.result.begin(), sim.result.begin() + std::ptrdiff_t(sim.n));
+        exchanged = true;
+      }
+      const double lrs = f32(lr_sum);  // the divisor is an fp32 scalar
+      for (std::size_t r = 0; r < world; ++r) {
+        std::size_t at = 0;
+        for (std::size_t i = 0; i < v.size(); ++i)
+          for (std::size_t k = 0; k < v[i].size(); ++k, ++at) {
+            m[r][i][k] = -avg[at] / lrs;
+            p[r][i][k] += avg[at] / (std::sqrt(v[i][k]) + h.eps);
+            a[r][i][k] = 0;
+          }
+      }
+      lr_sum = 0;
+    }
+    if (++local_counter == h.local_step_scaler) local_counter = 0, local_interval = std::min(h.local_step_clipper, 2 * local_interval);
   }
 };
 

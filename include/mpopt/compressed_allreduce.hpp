@@ -198,6 +198,13 @@ class compressed_allreduce {
                 padding_.capacity() * sizeof(float)};
   }
 
+  /// Zeroes both error buffers in place (a fresh start of the error feedback, allocating nothing).
+  void zero_errors(Backend& backend) {
+    backend.zero(worker_error_.data(), padded_);
+    backend.zero(server_error_.data(), chunk_);
+    backend.synchronize();
+  }
+
   /// Zeroes both error buffers (a fresh start of the error feedback).
   void reset_errors() {
     worker_error_ = buffer<float>::zeroed(padded_);

@@ -21,3 +21,4 @@
 #include "rule.hpp"           // IWYU pragma: export
 #include "status.hpp"         // IWYU pragma: export
 #include "tensor.hpp"         // IWYU pragma: export
+#include "zero_one_adam.hpp"  // IWYU pragma: export

@@ -52,10 +52,7 @@ struct onebit_adam {
   /// outside the root), without the trust ratio: the step size is lr.
   using scalars = detail::lamb_coefficients;
 
-  static scalars prepare(const options& o, std::uint64_t) {
-    return {float(o.beta1), float(o.beta2), float(1.0 - o.beta1), float(1.0 - o.beta2), float(o.eps),
-            float(o.weight_decay), false, o.lr, 1.0, 1.0};
-  }
+  static scalars prepare(const options& o, std::uint64_t) { return detail::uncorrected_adam(o); }
   /// Warm-up, then compressed exchanges of the momentum (detail/onebit_adam_driver.hpp).
   template <class Precision, class Partition, class Backend, class Communicator>
   using driver = detail::onebit_adam_driver<onebit_adam, Precision, Partition, Backend, Communicator>;
@@ -63,12 +60,7 @@ struct onebit_adam {
   /// A warm-up step; the compression stage's passes are in detail/onebit_passes.hpp.
   template <class E>
   MPOPT_HOST_DEVICE static void update(const scalars& k, E& e) {
-    auto m = e.state(0), v = e.state(1);
-    const auto p = e.param();
-    const auto u = detail::lamb_moments(e.grad(), m, v, p, k);
-    e.set_state(0, m);
-    e.set_state(1, v);
-    e.set_param(detail::lamb_apply(u, p, float(k.step_size)));
+    detail::uncorrected_adam_step(k, e);
   }
 
   static nlohmann::json to_json(const options& o) {

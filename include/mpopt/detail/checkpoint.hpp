@@ -66,6 +66,11 @@ class checkpointing {
         using T = std::remove_cv_t<std::remove_pointer_t<decltype(data)>>;
         if (!r.run || r.first == 0) header.push_back({std::move(key), std::string(state_dtype<T>::value), r.file_shape()});
       });
+      for (int r = 1; r < replicas(o); ++r)  // every other rank's copy
+        for_each_file_tensor(o, [&](std::string key, const saved_range& sr, const auto* data, const auto&) {
+          using T = std::remove_cv_t<std::remove_pointer_t<decltype(data)>>;
+          header.push_back({std::move(key), std::string(state_dtype<T>::value), sr.file_shape()});
+        }, r);
       o.driver_.for_each_extra(o.comm_.size(), [&](std::string key, std::size_t elements) {
         header.push_back({std::move(key), "F32", {std::int64_t(elements)}});
       });
@@ -83,7 +88,7 @@ class checkpointing {
       }
     };
     std::vector<std::byte> copied, whole, aside, runs;  // a tensor brought to the host; gathered; runs so far
-    for_each_file_tensor(o, [&](const std::string&, const saved_range& r, const auto* data, const auto& senders) {
+    auto gather = [&](const std::string&, const saved_range& r, const auto* data, const auto& senders) {
       using T = std::remove_cv_t<std::remove_pointer_t<decltype(data)>>;
       if (data && r.on_device) {
         copied.resize(r.count * sizeof(T));
@@ -96,7 +101,8 @@ class checkpointing {
       if (r.first == 0) runs.clear();
       runs.insert(runs.end(), bytes.begin(), bytes.end());
       if (r.first + r.count == r.elements) write(runs);
-    });
+    };
+    for (int r = 0; r < std::max(1, replicas(o)); ++r) for_each_file_tensor(o, gather, r);
     o.driver_.save_extra(o.comm_, o.backend_, write);  // what the rule's driver keeps besides (1-bit LAMB's errors)
     o.agree("save", [&] {
       if (failed) throw *failed;
@@ -129,7 +135,7 @@ class checkpointing {
       o.wait();  // before `staged` is reused
     };
     for_each_saved_tensor(o, saved.kept_at, saved.file_tensors, [&](const std::string& key, const saved_range& r, auto* dst) {
-      if (!r.kept_at) return read(key, r.first, dst, r.count, r.on_device);
+      if (!r.kept_at) return read(replica_key(saved.replica, key), r.first, dst, r.count, r.on_device);
       for (std::size_t t = 0; t < r.count; ++t) read(key, (*r.kept_at)[t], dst + t, 1, false);
     });
     o.backend_.params_in(o.data());  // where the backend's passes read them (offload.hpp)
@@ -162,7 +168,19 @@ class checkpointing {
     std::vector<std::size_t> kept_at;
     std::size_t file_tensors = 0;
     std::vector<std::uint64_t> group_tensors;  // per group: the tensors the file holds of it
+    int replica = 0;  ///< the rank whose copy this rank reads (replicas_differ), else 0
   };
+
+  /// Where the file holds rank r's copy of a parameter's tensor: rank 0's under its name, the
+  /// others' (replicas_differ) under "rank/<r>/" and the name.
+  static std::string replica_key(int r, const std::string& key) {
+    return r == 0 ? key : "rank/" + std::to_string(r) + "/" + key;
+  }
+  /// How many ranks' copies save() writes: every rank's where the rule's driver says the replicas
+  /// differ (0/1 Adam between synchronisations), else 0 (rank 0's alone, as every rank's).
+  static int replicas(const Opt& o) {
+    return o.comm_.size() > 1 && Opt::driver::replicas_differ(o.groups_) ? o.comm_.size() : 0;
+  }
 
   /// An expert group's tensors among those a file holds of it (`saved`: names and sizes, every
   /// expert of the run that saved it): each of mine is there with its size, and kept_at gets its
@@ -240,14 +258,24 @@ class checkpointing {
       for (const auto& g : o.groups_)
         for (const auto& e : g->entries_) elements += e.size;
       h.driver = o.driver_.check_saved(meta, r, where, lo, h.applied, o.comm_.size(), elements);
+      if (meta.contains("replicas")) {  // each rank's own parameters and state (replicas_differ)
+        const int saved_world = int(json_integer(meta, "replicas", 2, INT_MAX, "replicas"));
+        if (saved_world != o.comm_.size() && !lo.reset_compression_errors)
+          fail(where, "saved by ", saved_world, " ranks whose parameters and optimizer state differ (", UpdateRule::name,
+               " steps each rank on its own gradients between synchronisations): load it on ", saved_world,
+               " ranks to resume exactly, or pass load_options{.reset_compression_errors = true} to continue on ",
+               o.comm_.size(), " from rank 0's");
+        if (saved_world == o.comm_.size()) h.replica = o.comm_.rank();
+      }
     } catch (const nlohmann::json::exception& e) {
       fail(where, "malformed optimizer metadata: ", e.what());
     } catch (const error& e) {
       if (e.message().starts_with(where)) throw;
       fail(where, e.message());
     }
-    for_each_saved_tensor(o, h.kept_at, h.file_tensors, [&](const std::string& key, const saved_range& sr, auto* dst) {
+    for_each_saved_tensor(o, h.kept_at, h.file_tensors, [&](const std::string& name, const saved_range& sr, auto* dst) {
       using T = std::remove_pointer_t<decltype(dst)>;
+      const std::string key = sr.kept_at ? name : replica_key(h.replica, name);
       if (!r.contains(key)) fail(where, "tensor '", key, "' is missing");
       const std::vector<std::int64_t>& shape = r.shape(key);
       if (r.dtype(key) != state_dtype<T>::value || !sr.fits(shape))
@@ -311,6 +339,7 @@ class checkpointing {
     // The stochastic rounding's seed: with the applied steps it resumes the same noise.
     if constexpr (std::is_same_v<rounding_of_t<Precision>, stochastic_rounding>)
       d["rounding_seed"] = o.options_.rounding_seed;
+    if (replicas(o)) d["replicas"] = replicas(o);
     const nlohmann::json kept = o.driver_.describe(o.comm_.size());  // what the rule's driver adds
     for (const auto& [key, value] : kept.items()) d[key] = value;
     return d;
@@ -435,7 +464,10 @@ class checkpointing {
   /// checkpoint holds what one process holding every expert would save); then the per-tensor values
   /// of the rule's driver, in the same order, a set at a time. The pointer is to this rank's copy,
   /// null where it holds another set; senders[r] is the part rank r sends to the writer (assemble).
-  static void for_each_file_tensor(Opt& o, auto&& f) {
+  ///
+  /// With replica r > 0: rank r's copy of each parameter, master and state tensor (replica_key), and
+  /// nothing else (replicas differ only where no group is sharded or of experts: replicas_differ).
+  static void for_each_file_tensor(Opt& o, auto&& f, int replica = 0) {
     using range = flat_layout::owned_range;
     const auto w = std::size_t(o.comm_.size());
     std::vector<range> senders(w);
@@ -446,6 +478,7 @@ class checkpointing {
     };
     // Group g's tensor t, of set e: where each rank's part of its state is.
     auto state_senders = [&](const expert_placement* p, std::size_t e, std::size_t t, std::size_t n) -> const std::vector<range>& {
+      if (replica) return from(std::size_t(replica), n);
       if (!o.layout_->sharded()) return from(p ? p->first_replica(e) : 0, n);
       const auto pieces = o.layout_->pieces(t);
       for (std::size_t r = 0; r < w; ++r)
@@ -460,19 +493,22 @@ class checkpointing {
           const auto& entry = g->entries_[j];
           const std::size_t t = first + j;
           const bool mine = !p || e == p->mine;
-          const std::string name = p ? std::string(p->name(e, j)) : entry.name;
+          const std::string entry_name = p ? std::string(p->name(e, j)) : entry.name;
           const auto own = o.layout_->owned(t);
           const saved_range whole{t, entry.size, 0, entry.size, false, tensors_on_device, &entry.shape};
           const saved_range held{t, entry.size, own.first, own.count, o.layout_->sharded(), state_on_device, &entry.shape};
           auto state = [&](auto& buffer) { return mine ? buffer.data() + own.state : nullptr; };
-          f("param/" + name, whole, mine ? entry.param : nullptr, from(p ? p->first_replica(e) : 0, entry.size));
+          const std::size_t param_sender = replica ? std::size_t(replica) : p ? p->first_replica(e) : 0;
+          f(replica_key(replica, "param/" + entry_name), whole, mine ? entry.param : nullptr, from(param_sender, entry.size));
           if constexpr (Precision::has_master)
-            f("master/" + name, held, state(o.master_), state_senders(p, e, t, entry.size));
+            f(replica_key(replica, "master/" + entry_name), held, state(o.master_), state_senders(p, e, t, entry.size));
           for (std::size_t k = 0; k < state_count; ++k)
-            f(std::string(UpdateRule::state[k]) + "/" + name, held, state(o.state_[k]), state_senders(p, e, t, entry.size));
+            f(replica_key(replica, std::string(UpdateRule::state[k]) + "/" + entry_name), held, state(o.state_[k]),
+              state_senders(p, e, t, entry.size));
         }
       first += g->entries_.size();
     }
+    if (replica) return;
     std::size_t file_tensors = 0;
     for (const auto& g : o.groups_) {
       const expert_placement* p = placement_of(o, g->index_);

@@ -48,12 +48,10 @@ class compressing_driver : public staged_driver<Rule, Precision, Backend, Commun
   /// The compression stage starts for every group at once.
   template <class Groups>
   static void check_groups(const Groups& groups) {
+    refuse_experts(groups);
     const auto freeze = groups.front()->options().freeze_step;
     for (std::size_t g = 0; g < groups.size(); ++g)
-      if (groups[g]->expert_parallel())
-        fail("group ", g, " is an expert group: ", Rule::title, " compresses one momentum over every rank, so it has "
-             "no expert groups (neither has DeepSpeed's); use lamb or adam");
-      else if (groups[g]->options().freeze_step != freeze)
+      if (groups[g]->options().freeze_step != freeze)
         fail("group ", g, ".freeze_step (", groups[g]->options().freeze_step, ") differs from group 0's (", freeze,
              "): the compression stage starts for every group at once");
   }
@@ -180,6 +178,13 @@ class compressing_driver : public staged_driver<Rule, Precision, Backend, Commun
   }
 
  protected:
+  template <class Groups>
+  static void refuse_experts(const Groups& groups) {
+    for (std::size_t g = 0; g < groups.size(); ++g)
+      if (groups[g]->expert_parallel())
+        fail("group ", g, " is an expert group: ", Rule::title, " compresses over every rank, so it has no expert "
+             "groups (neither has DeepSpeed's); use lamb or adam");
+  }
   /// On several ranks, once compression has begun, the error buffers go into checkpoints.
   bool saves_errors(int world) const { return world > 1 && compression_step_ > 0; }
   /// The file's name of rank k's worker error, or (k = -1) of the server errors of all ranks.

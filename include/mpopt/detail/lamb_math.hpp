@@ -46,10 +46,29 @@ MPOPT_HOST_DEVICE V lamb_moments(V g, V& m, V& v, V p, const lamb_coefficients& 
   return lamb_direction(m, v, p, c);
 }
 
+/// DeepSpeed's 1-bit Adam and 0/1 Adam move their moments and direction as FusedLamb does
+/// (uncorrected, eps outside the root), without the trust ratio: the step size is lr.
+template <class Options>
+lamb_coefficients uncorrected_adam(const Options& o) {
+  return {float(o.beta1), float(o.beta2), float(1.0 - o.beta1), float(1.0 - o.beta2), float(o.eps),
+          float(o.weight_decay), false, o.lr, 1.0, 1.0};
+}
+
 /// p - alpha * u, with alpha = lr * sqrt(1 - beta2^t) / (1 - beta1^t) * trust_ratio for this tensor.
 template <class V>
 MPOPT_HOST_DEVICE V lamb_apply(V u, V p, float alpha) {
   return fma(V(-alpha), u, p);
+}
+
+/// One step of uncorrected_adam on an element view (rule.hpp): both moments, then p -= lr u.
+template <class E>
+MPOPT_HOST_DEVICE void uncorrected_adam_step(const lamb_coefficients& k, E& e) {
+  auto m = e.state(0), v = e.state(1);
+  const auto p = e.param();
+  const auto u = lamb_moments(e.grad(), m, v, p, k);
+  e.set_state(0, m);
+  e.set_state(1, v);
+  e.set_param(lamb_apply(u, p, float(k.step_size)));
 }
 
 /// FusedLamb's trust ratio: ||p|| / ||u|| clamped to [min_coeff, max_coeff]; 1 when either norm is 0.

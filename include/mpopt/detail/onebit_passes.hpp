@@ -1,5 +1,6 @@
-// mpopt — the element passes of the compression stage of 1-bit LAMB (onebit_lamb_driver.hpp, over
-// the math of onebit_lamb_math.hpp) and 1-bit Adam (onebit_adam_driver.hpp). The compressed vector
+// mpopt — the element passes of the compressing rules' drivers: 1-bit LAMB (onebit_lamb_driver.hpp,
+// over the math of onebit_lamb_math.hpp), 1-bit Adam (onebit_adam_driver.hpp) and 0/1 Adam
+// (zero_one_adam_driver.hpp). The compressed vector
 // holds every tensor back to back in registration order, so a slice's `index` (its first element
 // among all registered) is its place there; `scaling[t]` is tensor t's momentum scaling
 // coefficient (1-bit LAMB; null: 1). They run through backend_passes::tensor_pass, like any pass
@@ -84,6 +85,86 @@ struct onebit_adam_pass : coefficient_pass<P, lamb_coefficients> {
     const auto p = vload<L>(s.master + i, tail);
     vstore<L>(s.state[0] + i, m, tail);
     store_param<L>(s, i, lamb_apply(lamb_direction(m, vload<L>(s.state[1] + i, tail), p, s.c), p, float(s.c.step_size)), tail);
+  }
+};
+
+/// 0/1 Adam, phase 1, a step that compresses the gradient: worker[index] += g; per chunk the sum of
+/// squares of the new worker values (square64).
+template <class P>
+struct gradient_feed_pass : coefficient_pass<P, lamb_coefficients> {
+  float* worker;
+  template <class L, class S, class Tail, class R>
+  MPOPT_HOST_DEVICE void apply(const S& s, std::size_t i, Tail tail, R& r) const {
+    float* w = worker + s.index + i;
+    const auto x = vload<L>(w, tail) + true_gradient<L>(s, i, tail, typename L::vec(s.scale));
+    vstore<L>(w, x, tail);
+    r.square64(i, x, tail);
+  }
+};
+
+/// 0/1 Adam, phase 1, once the averaged gradient is known (from `code`, or with one rank and no
+/// code the gradient itself): the momentum moves, the variance does not, p -= lr u.
+template <class P>
+struct averaged_gradient_pass : coefficient_pass<P, lamb_coefficients> {
+  sign_code code;  // code.bits null: no code, take the gradient
+  template <class L, class S, class Tail, class R>
+  MPOPT_HOST_DEVICE void apply(const S& s, std::size_t i, Tail tail, R&) const {
+    const auto g = code.bits ? code.template load<L>(s.index + i, tail)
+                             : true_gradient<L>(s, i, tail, typename L::vec(s.scale));
+    const auto m = lamb_first_moment(g, vload<L>(s.state[0] + i, tail), s.c);
+    const auto p = vload<L>(s.master + i, tail);
+    vstore<L>(s.state[0] + i, m, tail);
+    store_param<L>(s, i, lamb_apply(lamb_direction(m, vload<L>(s.state[1] + i, tail), p, s.c), p, float(s.c.step_size)), tail);
+  }
+};
+
+/// 0/1 Adam, phase 2: a step on the local gradient, p -= lr u, and the accumulator a -= lr u. On a
+/// sync step the parameter goes back to the last synchronised point (p -= a) and a is scaled by
+/// sqrt(v) + eps; with a `worker` buffer a is also added into it (the exchange follows), with per
+/// chunk the sum of squares of the new worker values (square64).
+template <class P>
+struct local_step_pass : coefficient_pass<P, lamb_coefficients> {
+  bool sync;
+  float* worker;  // null: no exchange
+  template <class L, class S, class Tail, class R>
+  MPOPT_HOST_DEVICE void apply(const S& s, std::size_t i, Tail tail, R& r) const {
+    using V = typename L::vec;
+    const auto m = lamb_first_moment(true_gradient<L>(s, i, tail, V(s.scale)), vload<L>(s.state[0] + i, tail), s.c);
+    const auto v = vload<L>(s.state[1] + i, tail), p0 = vload<L>(s.master + i, tail);
+    const auto u = lamb_direction(m, v, p0, s.c);
+    auto p = lamb_apply(u, p0, float(s.c.step_size));
+    auto a = lamb_apply(u, vload<L>(s.state[2] + i, tail), float(s.c.step_size));
+    if (sync) {
+      p = p - a;
+      a = a * (sqrt(v) + V(s.c.eps));
+      if (worker) {
+        float* w = worker + s.index + i;
+        const auto x = vload<L>(w, tail) + a;
+        vstore<L>(w, x, tail);
+        r.square64(i, x, tail);
+      }
+    }
+    vstore<L>(s.state[0] + i, m, tail);
+    vstore<L>(s.state[2] + i, a, tail);
+    store_param<L>(s, i, p, tail);
+  }
+};
+
+/// 0/1 Adam, the end of a sync step: the averaged accumulator a (from `code`, or with one rank the
+/// accumulator itself) becomes the momentum -a / lr_sum[tensor] (lr_sum: the learning rates summed
+/// since the last sync) and the step from the synchronised point, p += a / (sqrt(v) + eps); a = 0.
+template <class P>
+struct sync_pass : coefficient_pass<P, lamb_coefficients> {
+  sign_code code;  // code.bits null: no code, take the accumulator
+  const float* lr_sum;
+  template <class L, class S, class Tail, class R>
+  MPOPT_HOST_DEVICE void apply(const S& s, std::size_t i, Tail tail, R&) const {
+    using V = typename L::vec;
+    const auto a = code.bits ? code.template load<L>(s.index + i, tail) : vload<L>(s.state[2] + i, tail);
+    const auto den = sqrt(vload<L>(s.state[1] + i, tail)) + V(s.c.eps);
+    vstore<L>(s.state[0] + i, -a / V(lr_sum[s.tensor]), tail);
+    vstore<L>(s.state[2] + i, V(0.0f), tail);
+    store_param<L>(s, i, vload<L>(s.master + i, tail) + a / den, tail);
   }
 };
 

@@ -13,6 +13,8 @@
 //   d.allocate(c), d.started(c)  its buffers at finalize; after the state is initialized
 //   d.local_gradients(groups)  whether this step's gradients stay on their rank, each standing for
 //                              the combined one (the partition then neither sums nor averages them)
+//   D::replicas_differ(groups) whether the ranks' parameters and state have parted (0/1 Adam's
+//                              local steps): checkpoints then hold every rank's copy
 //   d.begin(c)                 the update's first pass: the step is committed once it ran
 //   d.finish(c)                what is left (reductions, exchanges, the last pass); run again if it threw
 //   d.report(status)           what the step status says of it

@@ -66,6 +66,10 @@ class staged_driver {
   static bool local_gradients(const Groups&) {
     return false;
   }
+  template <class Groups>
+  static bool replicas_differ(const Groups&) {
+    return false;
+  }
 
   /// The update's first pass: the whole update, or the direction before the reduction.
   template <class Context>
