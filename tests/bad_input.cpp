@@ -709,6 +709,11 @@ TEST_CASE("load() of a well-formed file with bad contents (checksum valid) throw
   f.reject(p, "edited.safetensors");
   rewrite(f.good, p, [](nlohmann::json& m) { m["rule"] = "lamb"; });
   f.reject(p, "rule");
+  // The spike guard's windows: numbers, both of them.
+  rewrite(f.good, p, [](nlohmann::json& m) { m["spike_guard"] = {{"loss", {1.0, "x"}}, {"norm", nlohmann::json::array()}}; });
+  f.reject(p, "spike_guard.loss holds \"x\", not a number");
+  rewrite(f.good, p, [](nlohmann::json& m) { m["spike_guard"] = {{"loss", nlohmann::json::array()}}; });
+  f.reject(p, "spike_guard.norm");
   // A tensor missing, with the wrong dtype, or the wrong shape.
   rewrite(f.good, p, keep, [](const std::string& n, std::string&, std::vector<std::int64_t>&, std::vector<std::byte>&) {
     return n != "exp_avg_sq/proj.bias";

@@ -577,6 +577,13 @@ def cmd_info(args):
     print("  %s, %s, %s, %s" % tuple(cfg.get(k, "?") for k in ("precision", "loss_scaler", "partition", "rule")))
     print("  %s applied steps, %s skipped; scaler %s" % (cfg.get("applied_steps"), cfg.get("skipped_steps"),
                                                          json.dumps(cfg.get("scaler"))))
+    if cfg.get("replicas"):
+        print("  %s ranks' own copies: rank r's under rank/<r>/ (0/1 Adam between syncs); export takes rank 0's"
+              % cfg["replicas"])
+    guard = cfg.get("spike_guard")
+    if isinstance(guard, dict):
+        print("  spike guard windows: %d losses, %d gradient norms"
+              % (len(guard.get("loss", [])), len(guard.get("norm", []))))
     registered = set(name for name, _ in c.tensors)
     kinds = {}  # parameter name -> the kinds of its tensors in the file (param, master, exp_avg, ...)
     for k in c.names:

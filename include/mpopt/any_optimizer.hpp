@@ -108,6 +108,7 @@ class optimizer_interface {
   virtual void grad_ready(std::size_t i) = 0;
   virtual bool grad_consumed(std::size_t i) const = 0;
   virtual step_status step() = 0;
+  virtual step_status step(double loss) = 0;
   virtual void finish_step() = 0;
   virtual void wait_params(std::size_t i) = 0;
   virtual void zero_grad() = 0;
@@ -207,6 +208,7 @@ class any_optimizer {
   void grad_ready(std::size_t i) { impl_->grad_ready(i); }
   bool grad_consumed(std::size_t i) const { return impl_->grad_consumed(i); }
   step_status step() { return impl_->step(); }
+  step_status step(double loss) { return impl_->step(loss); }  ///< with the loss, for the spike guard
   void finish_step() { impl_->finish_step(); }
   /// optimizer::wait_params: with overlap_comm, the parameters' all-gather finished (i: tensor i's only).
   void wait_params(std::size_t i = std::size_t(-1)) { impl_->wait_params(i); }

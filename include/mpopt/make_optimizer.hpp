@@ -86,6 +86,7 @@ class erased_optimizer final : public optimizer_interface {
   void grad_ready(std::size_t i) override { opt_.grad_ready(i); }
   bool grad_consumed(std::size_t i) const override { return opt_.grad_consumed(i); }
   step_status step() override { return opt_.step(); }
+  step_status step(double loss) override { return opt_.step(loss); }
   void finish_step() override { opt_.finish_step(); }
   void wait_params(std::size_t i) override { opt_.wait_params(i); }
   void zero_grad() override { opt_.zero_grad(); }

@@ -23,6 +23,7 @@
 #include "detail/memory_listing.hpp"
 #include "detail/metered.hpp"
 #include "detail/rule_driver.hpp"
+#include "detail/spike_guard.hpp"
 #include "detail/staged_driver.hpp"
 #include "detail/state_access.hpp"
 #include "detail/step_counts.hpp"
@@ -124,7 +125,8 @@ class optimizer
       : backend_(detail::backend_for<Backend>(comm)),
         options_(detail::validated(o, std::is_same_v<LossScaler, no_scaling>, nonblocking_communicator<Communicator>)),
         scaler_(s),
-        comm_(std::move(comm)) {
+        comm_(std::move(comm)),
+        guard_(options_.spike_guard) {
     driver::preflight(comm_);
   }
   /// With the communicator first: optimizer opt{mpopt::mpi{MPI_COMM_WORLD}, {.clip_grad = 1}, {...}}.
@@ -243,54 +245,14 @@ class optimizer
   /// One call per backward. Within an accumulation window it folds the gradients into the
   /// accumulator; at the boundary it checks, clips and applies the update. Never silent.
   step_status step() {
-    finalize();
-    comm_.at("step()", next_step());
-    finish_step();
-    backend_.gradients_in(data());
-    step_status st;
-    st.scale_before = scaler_.scale();
-    st.step = groups_.front()->step_;
-
-    // The counter advances only when the call completes: a throw below leaves the window as it was.
-    if (micro_step_ + 1 < options_.accumulation_steps) {
-      abandon_window_on_error([&] {  // the exchange folds this backward's gradients in
-        auto c = context();
-        exchange_.micro_step(c);
-      });
-      st.micro_step = ++micro_step_;
-      return reported(st);
-    }
-
-    detail::step_data<Precision> d;
-    abandon_window_on_error([&] {  // where the update reads them, as the exchange delivers them
-      auto c = context();
-      d = exchange_.boundary(c, compressing());
-    });
-    const double scale = scaler_.scale();
-    // Gradients a driver keeps local (1-bit LAMB's compression stage) each stand for the combined
-    // one (times W for a sum), and their norm is the root mean square of the ranks' norms.
-    const double world = comm_.size(), local = compressing() ? world : 1.0;
-    const double divisor =
-        (options_.combine == accumulation::mean ? double(options_.accumulation_steps) * world : 1.0) / local;
-    const double unscale = 1.0 / (scale * divisor * double(send_scale()));
-    d.grad_scale = float(unscale);
-    const detail::step_rule rule{unscale, local, options_.clip_grad, options_.skip_nonfinite};
-    const detail::step_decision decided = decide_and_update(d, rule);
-
-    st.grad_norm = decided.norm;
-    if (decided.skip) {
-      st.result = decided.nonfinite > 0 ? step_result::skipped_nonfinite : step_result::skipped_norm_overflow;
-      st.grad_norm_clipped = decided.norm;
-      skip();
-      return reported(st);
-    }
-    st.result = step_result::applied;
-    st.applied = true;
-    st.clip_coef = decided.clip;
-    st.grad_norm_clipped = decided.norm * decided.clip;
-    st.step = groups_.front()->step_;
-    return reported(st);
+    if (guard_.needs_loss())
+      detail::fail("spike_guard.loss_z = ", options_.spike_guard.loss_z, " needs the loss: call step(loss)");
+    return step_with(0.0);
   }
+  /// step(), with this micro-batch's loss on this rank for the spike guard (spike_guard_options),
+  /// which scores the mean over the window's micro-steps and every rank. Without a loss test the
+  /// loss is not used.
+  step_status step(double loss) { return step_with(loss); }
 
   /// Finishes a step whose last collectives failed. A step is committed once its first pass has
   /// changed the moments; if a collective after that fails (LAMB's per-tensor norms, the
@@ -316,6 +278,72 @@ class optimizer
 
  private:
   std::uint64_t next_step() const { return counts_.next(); }
+
+  /// step(), given this micro-batch's loss (0 when the guard does not test the loss).
+  step_status step_with(double loss) {
+    finalize();
+    comm_.at("step()", next_step());
+    finish_step();
+    backend_.gradients_in(data());
+    step_status st;
+    st.scale_before = scaler_.scale();
+    st.step = groups_.front()->step_;
+    if (micro_step_ == 0) guard_.new_window();
+
+    // The counter advances only when the call completes: a throw below leaves the window as it was.
+    if (micro_step_ + 1 < options_.accumulation_steps) {
+      abandon_window_on_error([&] {  // the exchange folds this backward's gradients in
+        auto c = context();
+        exchange_.micro_step(c);
+      });
+      guard_.fold(loss);
+      st.micro_step = ++micro_step_;
+      return reported(st);
+    }
+
+    detail::step_data<Precision> d;
+    abandon_window_on_error([&] {  // where the update reads them, as the exchange delivers them
+      auto c = context();
+      d = exchange_.boundary(c, compressing());
+      loss_ = guard_.window_mean(loss, options_.accumulation_steps);
+      if (guard_.needs_loss() && comm_.size() > 1) {  // every rank judges the same mean
+        comm_.all_reduce(std::span<double>(&loss_, 1), reduce_op::sum);
+        loss_ /= double(comm_.size());
+      }
+    });
+    const double scale = scaler_.scale();
+    // Gradients a driver keeps local (1-bit LAMB's compression stage) each stand for the combined
+    // one (times W for a sum), and their norm is the root mean square of the ranks' norms.
+    const double world = comm_.size(), local = compressing() ? world : 1.0;
+    const double divisor =
+        (options_.combine == accumulation::mean ? double(options_.accumulation_steps) * world : 1.0) / local;
+    const double unscale = 1.0 / (scale * divisor * double(send_scale()));
+    d.grad_scale = float(unscale);
+    const detail::step_rule rule{unscale, local, options_.clip_grad, options_.skip_nonfinite};
+    const detail::step_decision decided = decide_and_update(d, rule);
+
+    st.grad_norm = decided.norm;
+    st.loss_z = guard_.loss_score();
+    st.norm_z = guard_.norm_score();
+    if (decided.skip || guard_.verdict() != detail::spike::none) {
+      st.grad_norm_clipped = decided.norm;
+      if (decided.skip) {
+        st.result = decided.nonfinite > 0 ? step_result::skipped_nonfinite : step_result::skipped_norm_overflow;
+        skip();
+      } else {
+        const bool loss_spike = guard_.verdict() == detail::spike::loss;
+        st.result = loss_spike ? step_result::skipped_loss_spike : step_result::skipped_norm_spike;
+        hold(loss_spike ? "loss" : "gradient norm");
+      }
+      return reported(st);
+    }
+    st.result = step_result::applied;
+    st.applied = true;
+    st.clip_coef = decided.clip;
+    st.grad_norm_clipped = decided.norm * decided.clip;
+    st.step = groups_.front()->step_;
+    return reported(st);
+  }
 
   static constexpr std::size_t leave_in_flight = std::size_t(-2);
   /// Runs what the committed step has left: the driver's stages, then the parameters' way back,
@@ -430,6 +458,13 @@ class optimizer
     micro_step_ = 0;
   }
 
+  /// A step the spike guard holds (why: what spiked); as skip(), but the scaler sees no step.
+  void hold(const char* why) {
+    if (!exchange_.keeps_window(comm_.size())) micro_step_ = 0;
+    counts_.hold(options_.max_consecutive_skips, why);
+    micro_step_ = 0;
+  }
+
   /// The update's first pass, then what follows it (finish_step), issued to the backend (the caller
   /// waits). Coefficients are fixed here, so a step finished later is the step that was committed.
   /// `applied`: this step's number among applied steps, which keys stochastic rounding.
@@ -481,6 +516,8 @@ class optimizer
   int micro_step_ = 0;
   detail::step_counts counts_;
   std::size_t parameters_ = 0;  // elements of all tensors
+  detail::spike_guard guard_;
+  double loss_ = 0;  // this boundary's mean loss over its micro-steps and ranks, for the guard
 };
 
 }  // namespace mpopt

@@ -3,6 +3,7 @@
 
 #include "version.hpp"  // first: C++20, or a clear error
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 
@@ -12,6 +13,18 @@ namespace mpopt {
 
 /// How micro-step gradients are combined at the accumulation boundary.
 enum class accumulation { mean, sum };
+
+/// The loss-spike guard (llm.c's outlier detector): each boundary's loss (the mean over its
+/// micro-steps and ranks, given to step(loss)) and global gradient norm join a window of the last
+/// `window` values, and a step whose value scores above its z (standard deviations above the
+/// window's mean, the value included) is skipped, changing nothing. A z of 0 turns its test off
+/// (the default: the guard is off); a test acts once its window is full.
+struct spike_guard_options {
+  static constexpr int max_window = 1 << 16;
+  int window = 128;   ///< values per window (llm.c's 128)
+  double loss_z = 0;  ///< skip when the loss scores above this; needs step(loss)
+  double norm_z = 0;  ///< skip when the gradient norm scores above this
+};
 
 /// Options of the step pipeline, common to every policy combination.
 struct optimizer_options {
@@ -45,6 +58,8 @@ struct optimizer_options {
   /// Buckets whose collectives may be in flight at once under overlap_comm, each with a staging
   /// buffer of its own (bucket_elements wide); DeepSpeed's double buffer is 2.
   int buckets_in_flight = 2;
+  /// Skips steps whose loss or gradient norm spikes (off by default); see spike_guard_options.
+  spike_guard_options spike_guard{};
 };
 
 /// What load() does with state that cannot carry over.
@@ -69,6 +84,18 @@ inline optimizer_options validated(optimizer_options o, bool unscaled, bool nonb
   if (o.overlap_comm && !nonblocking)
     fail("overlap_comm needs a communicator with nonblocking collectives (mpopt::nonblocking_communicator: "
          "start_all_reduce, start_reduce_scatter, start_all_gather), as mpopt::mpi and mpopt::nccl have");
+  if (o.spike_guard.window < 2 || o.spike_guard.window > spike_guard_options::max_window)
+    fail("spike_guard.window must be in [2, ", spike_guard_options::max_window, "], got ", o.spike_guard.window);
+  // Of n values, the newest scores at most sqrt(n - 1) standard deviations above their mean.
+  const double reach = std::sqrt(double(o.spike_guard.window) - 1);
+  auto check_z = [&](const char* field, double z) {
+    require_non_negative(field, z);
+    if (z >= reach)
+      fail(field, " = ", z, " never skips: in a window of ", o.spike_guard.window, " values none scores above sqrt(",
+           o.spike_guard.window, " - 1) = ", reach, "; lower it or widen the window");
+  };
+  check_z("spike_guard.loss_z", o.spike_guard.loss_z);
+  check_z("spike_guard.norm_z", o.spike_guard.norm_z);
   if (!o.skip_nonfinite && !unscaled)
     fail("skip_nonfinite = false needs mpopt::no_scaling: a loss-scaled step must skip on overflow");
   return o;

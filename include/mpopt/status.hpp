@@ -4,6 +4,7 @@
 #include "version.hpp"  // first: C++20, or a clear error
 
 #include <cstdint>
+#include <limits>
 #include <string_view>
 
 namespace mpopt {
@@ -12,7 +13,9 @@ enum class step_result {
   applied,              ///< the update ran
   accumulating,         ///< a micro-step: gradients were folded into the accumulator
   skipped_nonfinite,    ///< some gradient element was inf or NaN on some rank
-  skipped_norm_overflow ///< all elements finite, but the global norm overflowed
+  skipped_norm_overflow, ///< all elements finite, but the global norm overflowed
+  skipped_loss_spike,    ///< the spike guard: the loss scored above spike_guard.loss_z
+  skipped_norm_spike     ///< the spike guard: the gradient norm scored above spike_guard.norm_z
 };
 
 constexpr std::string_view to_string(step_result r) {
@@ -21,6 +24,8 @@ constexpr std::string_view to_string(step_result r) {
     case step_result::accumulating: return "accumulating";
     case step_result::skipped_nonfinite: return "skipped: non-finite gradient";
     case step_result::skipped_norm_overflow: return "skipped: gradient norm overflow";
+    case step_result::skipped_loss_spike: return "skipped: loss spike";
+    case step_result::skipped_norm_spike: return "skipped: gradient norm spike";
   }
   return "?";
 }
@@ -45,7 +50,12 @@ struct step_status {
   /// 1-bit LAMB: the first step whose momentum was averaged compressed (0 while warming up).
   std::uint64_t compression_step = 0;
 
-  bool skipped() const { return result == step_result::skipped_nonfinite || result == step_result::skipped_norm_overflow; }
+  /// The spike guard's scores of this boundary's loss and gradient norm (spike_guard_options): NaN
+  /// while a test is off, its window not yet full, or between boundaries; +inf for a non-finite value.
+  double loss_z = std::numeric_limits<double>::quiet_NaN();
+  double norm_z = std::numeric_limits<double>::quiet_NaN();
+
+  bool skipped() const { return result != step_result::applied && result != step_result::accumulating; }
   std::string_view reason() const { return to_string(result); }
 };
 

@@ -22,6 +22,7 @@
 #include "agree.hpp"
 #include "exchange_context.hpp"
 #include "rule_driver.hpp"
+#include "spike_guard.hpp"
 #include "step_data.hpp"
 #include "step_decision.hpp"
 #include "same_settings.hpp"
@@ -71,14 +72,22 @@ class agreement {
   step_decision decide_and_update(step_data<Precision>& d, const step_rule& rule) {
     Opt& o = self();
     using driver = typename Opt::driver;
-    if (!rule.needs_gradient_first() && sums_gradient_v<driver>) return update_then_norm(d, rule);  // no gradient pass
+    if (!rule.needs_gradient_first() && !o.guard_.on() && sums_gradient_v<driver>)
+      return update_then_norm(d, rule);  // no gradient pass
     if (decides_on_backend()) return decide_and_update_on_backend(d, rule);
     const step_decision decided = decide_on_host(d, rule);
-    if (!decided.skip) {
+    if (applies(decided)) {
       o.backend_.to_device(o.decision_.data(), &decided, 1);
       o.commit_and_update(d);
     }
     return decided;
+  }
+
+  /// Whether a decided step is applied: the decision does not skip it, nor the spike guard hold it
+  /// (which scores every boundary's loss and norm, skipped or not).
+  bool applies(const step_decision& decided) {
+    Opt& o = self();
+    return o.guard_.judge(o.loss_, decided) == spike::none && !decided.skip;
   }
 
   /// Whether the backend decides the step (step_decision.hpp): one rank owning every element, always;
@@ -137,13 +146,13 @@ class agreement {
     o.backend_.step_sums(o.chunk_sums_.data(), o.chunk_nonfinite_.data(), o.work_.size(), o.decision_sums_.data());
     agree_on_backend();
     o.backend_.decide_step(rule, o.decision_sums_.data(), o.decision_.data());
-    if (o.layout_->sharded()) {
+    if (o.layout_->sharded() || o.guard_.on()) {
       // A sharded update has collectives (the norms of a reducing rule, the parameters' way back),
-      // which may fail once the moments changed: the host learns the decision first (the one copy
-      // a step makes, which the status needs anyway).
+      // which may fail once the moments changed, and the spike guard judges on the host: the host
+      // learns the decision first (the one copy a step makes, which the status needs anyway).
       wait_for_collectives(o.comm_);
       o.backend_.to_host(&decided, o.decision_.data(), 1);
-      if (!decided.skip) o.commit_and_update(d);
+      if (applies(decided)) o.commit_and_update(d);
     } else {
       // The update runs behind the decision (a skipped step's passes change nothing), with the
       // group counters advanced for its coefficients; the host reads the decision once, after it.
@@ -197,6 +206,9 @@ class agreement {
     add("rounding_seed", opts.rounding_seed);
     add("overlap_comm", opts.overlap_comm);
     add("buckets_in_flight", opts.buckets_in_flight);
+    add("spike_guard.window", opts.spike_guard.window);
+    add("spike_guard.loss_z", opts.spike_guard.loss_z);
+    add("spike_guard.norm_z", opts.spike_guard.norm_z);
     add_each(std::string(LossScaler::name) + ".", o.scaler_.settings());
     add_each(std::string(LossScaler::name) + " state.", o.scaler_.save());
     if constexpr (requires { o.comm_.inner().options().deterministic; })

@@ -28,6 +28,7 @@
 #include "flat_layout.hpp"
 #include "json_fields.hpp"
 #include "same_settings.hpp"
+#include "spike_guard.hpp"
 #include "state_file.hpp"
 #include "tensor_registry.hpp"
 
@@ -149,6 +150,7 @@ class checkpointing {
       o.groups_[g]->step_ = saved.group_steps[g];
     }
     o.counts_ = {saved.applied, saved.skipped, saved.consecutive};
+    o.guard_.restore(saved.guard);  // a file without the guard's windows starts them empty
     if (saved.rounding_seed) o.options_.rounding_seed = *saved.rounding_seed;
   }
 
@@ -163,6 +165,7 @@ class checkpointing {
     std::vector<std::uint64_t> group_steps;
     std::uint64_t applied = 0, skipped = 0, consecutive = 0;
     std::optional<std::uint64_t> rounding_seed;  // saved under stochastic rounding
+    spike_guard::saved guard;  // the spike guard's windows, where it was on
     typename Opt::driver::saved driver;  // what the rule's driver keeps besides
     /// Where each of my tensors is among the file's (per-tensor values are saved in that order).
     std::vector<std::size_t> kept_at;
@@ -238,6 +241,7 @@ class checkpointing {
       h.skipped = json_count(meta, "skipped_steps", max_steps);
       h.consecutive = json_count(meta, "consecutive_skips", h.skipped, "consecutive_skips (at most skipped_steps)");
       if (meta.contains("rounding_seed")) h.rounding_seed = json_count(meta, "rounding_seed", ~std::uint64_t{0});
+      if (meta.contains("spike_guard")) h.guard = spike_guard::check_saved(meta.at("spike_guard"), where);
       for (std::size_t g = 0; g < groups.size(); ++g) {
         const std::string label = "group " + std::to_string(g);
         try {
@@ -340,6 +344,7 @@ class checkpointing {
     if constexpr (std::is_same_v<rounding_of_t<Precision>, stochastic_rounding>)
       d["rounding_seed"] = o.options_.rounding_seed;
     if (replicas(o)) d["replicas"] = replicas(o);
+    if (o.guard_.on()) d["spike_guard"] = o.guard_.save();
     const nlohmann::json kept = o.driver_.describe(o.comm_.size());  // what the rule's driver adds
     for (const auto& [key, value] : kept.items()) d[key] = value;
     return d;

@@ -43,6 +43,16 @@ struct step_counts {
     ++consecutive_skips;
   }
 
+  /// A step the spike guard holds: skipped, but the gradients were fine, so the scaler sees no
+  /// step. Throws first, changing nothing, past max_consecutive_skips.
+  void hold(std::uint64_t max_consecutive_skips, const char* why) {
+    if (max_consecutive_skips && consecutive_skips + 1 >= max_consecutive_skips)
+      fail(consecutive_skips + 1, " consecutive steps skipped (max_consecutive_skips = ", max_consecutive_skips,
+           "); the last one for a ", why, " spike");
+    ++skipped;
+    ++consecutive_skips;
+  }
+
   /// The status's counters and scale, as they stand after the call.
   template <class Scaler>
   void report(step_status& st, const Scaler& scaler) const {

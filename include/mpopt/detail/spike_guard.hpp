@@ -1,0 +1,142 @@
+// mpopt — the loss-spike guard (optimizer_options::spike_guard): llm.c's outlier detector. Each
+// boundary's mean loss and global gradient norm join a window of the last values; a step whose
+// value lies more than z standard deviations above the window's mean is held, changing nothing.
+// Every rank scores the same all-reduced values, so all hold the same steps.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "../options.hpp"
+#include "json_fields.hpp"
+#include "step_decision.hpp"
+#include "validate.hpp"
+
+namespace mpopt::detail {
+
+/// The last n finite values of a series.
+class value_window {
+ public:
+  explicit value_window(std::size_t n = 0) : values_(n) {}
+
+  /// Adds x and scores it, as llm.c does, against the window that now holds it: (x - mean) / std
+  /// (population std; 0 when every value is equal), NaN until the window is full. A non-finite x
+  /// stays out, where it would poison the next n scores, and scores +inf once the window is full.
+  double add(double x) {
+    const std::size_t n = values_.size();
+    if (!std::isfinite(x)) return count_ == n ? std::numeric_limits<double>::infinity() : nan;
+    values_[(first_ + count_) % n] = x;
+    if (count_ < n) ++count_;
+    else first_ = (first_ + 1) % n;
+    if (count_ < n) return nan;
+    // Two passes oldest first (llm.c keeps running sums, which cancel): the same bits after a resume.
+    double sum = 0;
+    for (std::size_t i = 0; i < n; ++i) sum += at(i);
+    const double mean = sum / double(n);
+    double squares = 0;
+    for (std::size_t i = 0; i < n; ++i) squares += (at(i) - mean) * (at(i) - mean);
+    const double std_dev = std::sqrt(squares / double(n));
+    return std_dev == 0 ? 0.0 : (x - mean) / std_dev;
+  }
+
+  /// The values, oldest first.
+  nlohmann::json save() const {
+    nlohmann::json a = nlohmann::json::array();
+    for (std::size_t i = 0; i < count_; ++i) a.push_back(at(i));
+    return a;
+  }
+  /// The newest of `saved` (oldest first, finite; checked) that fit.
+  void load(const std::vector<double>& saved) {
+    first_ = 0;
+    count_ = std::min(saved.size(), values_.size());
+    std::copy(saved.end() - std::ptrdiff_t(count_), saved.end(), values_.begin());
+  }
+
+ private:
+  static constexpr double nan = std::numeric_limits<double>::quiet_NaN();
+  double at(std::size_t i) const { return values_[(first_ + i) % values_.size()]; }
+  std::vector<double> values_;  // allocated once: a step allocates nothing
+  std::size_t first_ = 0, count_ = 0;
+};
+
+/// Why the guard holds a step.
+enum class spike : std::uint8_t { none, loss, norm };
+
+class spike_guard {
+ public:
+  explicit spike_guard(const spike_guard_options& o)
+      : o_(o), loss_(o.loss_z > 0 ? std::size_t(o.window) : 0), norm_(o.norm_z > 0 ? std::size_t(o.window) : 0) {}
+
+  bool on() const { return o_.loss_z > 0 || o_.norm_z > 0; }
+  bool needs_loss() const { return o_.loss_z > 0; }
+
+  /// The losses of an accumulation window's micro-steps, summed until its boundary.
+  void new_window() { loss_sum_ = 0; }
+  void fold(double loss) { loss_sum_ += loss; }
+  /// The window's mean loss on this rank, its last micro-step's `loss` included.
+  double window_mean(double loss, int micro_steps) const { return (loss_sum_ + loss) / double(micro_steps); }
+
+  /// Scores a boundary: its mean loss over every rank (when the loss is guarded) and its gradient
+  /// norm join their windows, whatever the step's fate (as in llm.c); then whether the step, unless
+  /// the decision already skips it, is held, and why: the loss is tested first.
+  spike judge(double loss, const step_decision& d) {
+    loss_score_ = o_.loss_z > 0 ? loss_.add(loss) : nan;
+    norm_score_ = o_.norm_z > 0 ? norm_.add(d.norm) : nan;
+    if (d.skip) return verdict_ = spike::none;
+    if (loss_score_ > o_.loss_z) return verdict_ = spike::loss;  // NaN: not yet
+    if (norm_score_ > o_.norm_z) return verdict_ = spike::norm;
+    return verdict_ = spike::none;
+  }
+  spike verdict() const { return verdict_; }
+  double loss_score() const { return loss_score_; }
+  double norm_score() const { return norm_score_; }
+
+  /// The windows, for a checkpoint's metadata (none while the guard is off).
+  nlohmann::json save() const { return {{"loss", loss_.save()}, {"norm", norm_.save()}}; }
+
+  /// The windows a file holds (what save() wrote), checked: finite numbers, no more than a window.
+  struct saved {
+    std::vector<double> loss, norm;
+  };
+  static saved check_saved(const nlohmann::json& j, const std::string& where) {
+    saved s;
+    read_values(j, "loss", s.loss, where);
+    read_values(j, "norm", s.norm, where);
+    return s;
+  }
+  /// A file's windows; each keeps its newest values if this guard's window is shorter.
+  void restore(const saved& s) {
+    loss_.load(s.loss);
+    norm_.load(s.norm);
+    loss_sum_ = 0;
+    verdict_ = spike::none;
+  }
+
+ private:
+  static constexpr double nan = std::numeric_limits<double>::quiet_NaN();
+  static void read_values(const nlohmann::json& j, const char* key, std::vector<double>& out, const std::string& where) {
+    const nlohmann::json& a = json_field(j, key, std::string("spike_guard.") + key);
+    if (!a.is_array() || a.size() > std::size_t(spike_guard_options::max_window))
+      fail(where, "spike_guard.", key, " must be an array of at most ", spike_guard_options::max_window, " numbers");
+    for (const auto& v : a) {
+      if (!v.is_number()) fail(where, "spike_guard.", key, " holds ", v.dump(), ", not a number");
+      out.push_back(v.get<double>());
+      require_finite(where + "spike_guard." + key + " value", out.back());
+    }
+  }
+
+  spike_guard_options o_;
+  value_window loss_, norm_;
+  double loss_sum_ = 0;
+  double loss_score_ = nan, norm_score_ = nan;
+  spike verdict_ = spike::none;
+};
+
+}  // namespace mpopt::detail
