@@ -147,21 +147,11 @@ TEST_SUITE("mpi") {
       a.write(local_gradient(s, rank));
       a.opt.step();
     }
-    a.opt.save(path);
     std::vector<std::vector<float>> saved_masters;
     for (std::size_t i = 0; i < onebit_sizes.size(); ++i)
       saved_masters.emplace_back(a.opt.master(i).begin(), a.opt.master(i).end());
     model<onebit_opt<P>> b(onebit_options(99, 0.0), mpopt::mpi{MPI_COMM_WORLD});
-    b.opt.load(path);
-    CHECK(b.state_bits() == a.state_bits());
-    for (int s = 6; s < 10; ++s) {
-      CAPTURE(s);
-      a.write(local_gradient(s, rank));
-      b.write(local_gradient(s, rank));
-      const auto sa = a.opt.step(), sb = b.opt.step();
-      CHECK(sa.compression_step == sb.compression_step);
-      CHECK(b.state_bits() == a.state_bits());
-    }
+    check_resume(a, b, path, 6, 10);
     check_other_world<onebit_opt<P>>(path, o, 10);
     // One rank has no compressed communication: nothing of the errors is needed.
     MPI_Comm self;

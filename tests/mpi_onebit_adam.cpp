@@ -6,9 +6,6 @@
 // overflow on one rank skips the step everywhere; bad options and groups are refused.
 #include <doctest/doctest.h>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #include "error_of.hpp"
 #include "mpi_onebit_model.hpp"
@@ -26,21 +23,6 @@ mpopt::onebit_adam::options onebit_adam_options(std::uint64_t freeze, double wd 
 
 template <class P, class Scaler = mpopt::no_scaling, class Comm = mpopt::mpi>
 using onebit_adam_opt = mpopt::optimizer<P, Scaler, mpopt::replicated, mpopt::onebit_adam, test_backend, Comm>;
-
-/// Steps s0..s1-1 of local_gradient on this rank; every step must apply.
-template <class M>
-void train_steps(M& m, int s0, int s1) {
-  for (int s = s0; s < s1; ++s) {
-    m.write(local_gradient(s, world_rank()));
-    CHECK(m.opt.step().applied);
-  }
-}
-
-void use_threads([[maybe_unused]] int n) {
-#ifdef _OPENMP
-  omp_set_num_threads(n);
-#endif
-}
 
 }  // namespace
 
@@ -61,12 +43,6 @@ TEST_SUITE("mpi") {
                                one.initial());
     one.opt.finalize();
     const std::size_t padded = ref.sim.padded, chunk = ref.sim.chunk;
-    // Every rank's error buffers, gathered: the reference's starting point of the step.
-    auto gathered = [&](std::span<const float> mine, std::size_t n) {
-      std::vector<float> all(n * std::size_t(w));
-      if (w > 1) MPI_Allgather(mine.data(), int(n), MPI_FLOAT, all.data(), int(n), MPI_FLOAT, MPI_COMM_WORLD);
-      return all;
-    };
     double worst_p = 0, worst_m = 0, worst_v = 0, worst_e = 0;
     std::size_t ties = 0;
     std::vector<std::vector<float>> frozen;
@@ -78,15 +54,7 @@ TEST_SUITE("mpi") {
         ref.m[i].assign(m.begin(), m.end());
         ref.v[i].assign(v.begin(), v.end());
       }
-      if (w > 1) {
-        const auto we = gathered(one.opt.compression().worker_error(), padded);
-        const auto se = gathered(one.opt.compression().server_error(), chunk);
-        for (std::size_t r = 0; r < std::size_t(w); ++r) {
-          ref.sim.worker_error[r].assign(we.begin() + std::ptrdiff_t(r * padded), we.begin() + std::ptrdiff_t((r + 1) * padded));
-          ref.sim.server_error[r].assign(se.begin() + std::ptrdiff_t(r * chunk), se.begin() + std::ptrdiff_t((r + 1) * chunk));
-        }
-      }
-      ref.sim.tie.assign(padded, 0);  // ties of this step only
+      start_from(ref.sim, one.opt);
       std::vector<grads_t> seen;
       for (int r = 0; r < w; ++r) seen.push_back(one.write(local_gradient(s, r)));  // what rank r reads
       one.write(local_gradient(s, rank));
@@ -157,7 +125,7 @@ TEST_SUITE("mpi") {
       "1-bit Adam: a checkpoint taken in warm-up, at the freeze step or in the compression stage resumes bit for bit "
       "at the same world size (error buffers included); another world size above 1 needs reset_compression_errors",
       P, mpopt::fp32, mpopt::bf16) {
-    const int w = world_size(), rank = world_rank();
+    const int w = world_size();
     CAPTURE(w);
     const shared_dir dir;
     const auto o = onebit_adam_options(4);
@@ -166,18 +134,8 @@ TEST_SUITE("mpi") {
       const auto path = dir / ("onebit_adam" + std::to_string(at) + ".safetensors");
       model<onebit_adam_opt<P>> a(o, mpopt::mpi{MPI_COMM_WORLD});
       train_steps(a, 0, at);
-      a.opt.save(path);
-      model<onebit_adam_opt<P>> b(onebit_adam_options(4, 0.5), mpopt::mpi{MPI_COMM_WORLD});  // the file's options win
-      b.opt.load(path);
-      CHECK(b.state_bits() == a.state_bits());
-      for (int s = at; s < 10; ++s) {
-        CAPTURE(s);
-        a.write(local_gradient(s, rank));
-        b.write(local_gradient(s, rank));
-        const auto sa = a.opt.step(), sb = b.opt.step();
-        CHECK(sa.compression_step == sb.compression_step);
-        CHECK(b.state_bits() == a.state_bits());
-      }
+      model<onebit_adam_opt<P>> b(onebit_adam_options(4, 0.5), mpopt::mpi{MPI_COMM_WORLD});
+      check_resume(a, b, path, at, 10);
       if (at == 7) check_other_world<onebit_adam_opt<P>>(path, o, 10);
     }
   }

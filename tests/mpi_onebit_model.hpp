@@ -1,9 +1,14 @@
 // Shared by the suites of the compressing rules on W MPI ranks (mpi_onebit.cpp: 1-bit LAMB,
-// mpi_onebit_adam.cpp: 1-bit Adam): tensors of a few sizes, gradients with a part every rank shares
-// and noise of each rank's own, a model over one group, and a communicator that misdelivers.
+// mpi_onebit_adam.cpp: 1-bit Adam, mpi_zero_one_adam.cpp: 0/1 Adam): tensors of a few sizes,
+// gradients with a part every rank shares and noise of each rank's own, a model over one group, a
+// communicator that misdelivers, and the checks every compressing rule must pass.
 #pragma once
 
 #include <doctest/doctest.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "mpi_harness.hpp"
 
@@ -159,6 +164,68 @@ void check_overflow_skips(const typename Rule::options& o) {
   CHECK(m.state_bits() == before);
   m.write(local_gradient(5, rank));
   CHECK(m.opt.step().applied);
+}
+
+/// Tensor i of every rank, concatenated in rank order.
+[[maybe_unused]] std::vector<float> from_every_rank(std::span<const float> mine) {
+  std::vector<float> all(mine.size() * std::size_t(world_size()));
+  MPI_Allgather(mine.data(), int(mine.size()), MPI_FLOAT, all.data(), int(mine.size()), MPI_FLOAT, MPI_COMM_WORLD);
+  return all;
+}
+
+/// Rank r's part of from_every_rank's result, as doubles.
+[[maybe_unused]] std::vector<double> part(const std::vector<float>& all, std::size_t r, std::size_t n) {
+  return {all.begin() + std::ptrdiff_t(r * n), all.begin() + std::ptrdiff_t((r + 1) * n)};
+}
+
+/// The simulated compressed all-reduce `sim` (onebit_reference.hpp) holding every rank's error
+/// buffers as the library has them, its ties cleared: the reference's step starts where the
+/// library's does.
+template <class Sim, class Opt>
+void start_from(Sim& sim, const Opt& opt) {
+  if (world_size() > 1) {
+    const auto we = from_every_rank(opt.compression().worker_error());
+    const auto se = from_every_rank(opt.compression().server_error());
+    for (std::size_t r = 0; r < std::size_t(world_size()); ++r) {
+      sim.worker_error[r] = part(we, r, sim.padded);
+      sim.server_error[r] = part(se, r, sim.chunk);
+    }
+  }
+  sim.tie.assign(sim.padded, 0);  // ties of this step only
+}
+
+/// Steps s0..s1-1 of local_gradient on this rank; every step must apply.
+template <class M>
+void train_steps(M& m, int s0, int s1) {
+  for (int s = s0; s < s1; ++s) {
+    m.write(local_gradient(s, world_rank()));
+    CHECK(m.opt.step().applied);
+  }
+}
+
+[[maybe_unused]] void use_threads([[maybe_unused]] int n) {
+#ifdef _OPENMP
+  omp_set_num_threads(n);
+#endif
+}
+
+/// Saves `a` (trained up to step `at`) to `path`, loads the file into `b` (other options: the file's
+/// win) and steps both on the same gradients up to `end`: the same state bits after the load and
+/// after every step.
+template <class Opt>
+void check_resume(model<Opt>& a, model<Opt>& b, const std::filesystem::path& path, int at, int end) {
+  const int rank = world_rank();
+  a.opt.save(path);
+  b.opt.load(path);
+  CHECK(b.state_bits() == a.state_bits());
+  for (int s = at; s < end; ++s) {
+    CAPTURE(s);
+    a.write(local_gradient(s, rank));
+    b.write(local_gradient(s, rank));
+    const auto sa = a.opt.step(), sb = b.opt.step();
+    CHECK(sa.compression_step == sb.compression_step);
+    CHECK(b.state_bits() == a.state_bits());
+  }
 }
 
 /// A checkpoint saved in the compression stage on every rank, loaded on half of them (when that is

@@ -6,9 +6,6 @@
 // a local step and a sync step everywhere; bad options and schedules are refused.
 #include <doctest/doctest.h>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #include "error_of.hpp"
 #include "mpi_onebit_model.hpp"
@@ -31,18 +28,6 @@ mpopt::zero_one_adam::options zero_one_options() {
 
 template <class P, class Scaler = mpopt::no_scaling, class Comm = mpopt::mpi>
 using zero_one_opt = mpopt::optimizer<P, Scaler, mpopt::replicated, mpopt::zero_one_adam, test_backend, Comm>;
-
-/// Tensor i of every rank, concatenated in rank order.
-std::vector<float> from_every_rank(std::span<const float> mine) {
-  std::vector<float> all(mine.size() * std::size_t(world_size()));
-  MPI_Allgather(mine.data(), int(mine.size()), MPI_FLOAT, all.data(), int(mine.size()), MPI_FLOAT, MPI_COMM_WORLD);
-  return all;
-}
-
-/// Rank r's part of from_every_rank's result, as doubles.
-std::vector<double> part(const std::vector<float>& all, std::size_t r, std::size_t n) {
-  return {all.begin() + std::ptrdiff_t(r * n), all.begin() + std::ptrdiff_t((r + 1) * n)};
-}
 
 double largest_magnitude(const std::vector<double>& x) {
   double most = 0;
@@ -120,15 +105,7 @@ TEST_SUITE("mpi") {
         }
         ref.v[i].assign(one.opt.moment(1, i).begin(), one.opt.moment(1, i).end());
       }
-      if (w > 1) {
-        const auto we = from_every_rank(one.opt.compression().worker_error());
-        const auto se = from_every_rank(one.opt.compression().server_error());
-        for (std::size_t r = 0; r < std::size_t(w); ++r) {
-          ref.sim.worker_error[r] = part(we, r, padded);
-          ref.sim.server_error[r] = part(se, r, chunk);
-        }
-      }
-      ref.sim.tie.assign(padded, 0);  // ties of this step only
+      start_from(ref.sim, one.opt);
       std::vector<grads_t> seen;
       for (int r = 0; r < w; ++r) seen.push_back(one.write(local_gradient(s, r)));  // what rank r reads
       one.write(local_gradient(s, rank));
@@ -244,18 +221,8 @@ TEST_SUITE("mpi") {
         a.write(local_gradient(s, rank));
         CHECK(a.opt.step().applied);
       }
-      a.opt.save(path);
       model<zero_one_opt<P>> b(other, mpopt::mpi{MPI_COMM_WORLD});
-      b.opt.load(path);
-      CHECK(b.state_bits() == a.state_bits());
-      for (int s = at; s < 22; ++s) {
-        CAPTURE(s);
-        a.write(local_gradient(s, rank));
-        b.write(local_gradient(s, rank));
-        const auto sa = a.opt.step(), sb = b.opt.step();
-        CHECK(sa.compression_step == sb.compression_step);
-        CHECK(b.state_bits() == a.state_bits());
-      }
+      check_resume(a, b, path, at, 22);
       // Every rank's own copy is in the file: another world size needs the reset, and takes rank 0's.
       if (at == 13) check_other_world<zero_one_opt<P>>(path, zero_one_options(), 13);
     }
@@ -264,19 +231,12 @@ TEST_SUITE("mpi") {
   TEST_CASE("0/1 Adam gives the same bits with 1 and 3 threads, through both phases") {
     std::vector<std::vector<std::uint32_t>> runs;
     for (int threads : {1, 3}) {
-#ifdef _OPENMP
-      omp_set_num_threads(threads);
-#endif
+      use_threads(threads);
       model<zero_one_opt<mpopt::bf16>> m(zero_one_options(), mpopt::mpi{MPI_COMM_WORLD});
-      for (int s = 0; s < 16; ++s) {
-        m.write(local_gradient(s, world_rank()));
-        CHECK(m.opt.step().applied);
-      }
+      train_steps(m, 0, 16);
       runs.push_back(m.state_bits());
     }
-#ifdef _OPENMP
-    omp_set_num_threads(1);
-#endif
+    use_threads(1);
     CHECK(runs[0] == runs[1]);
   }
 

@@ -1,9 +1,11 @@
-// mpopt — what the drivers of the compressing rules share (1-bit LAMB, 1-bit Adam; the vocabulary:
-// rule_driver.hpp): warm-up on gradients averaged at full precision until freeze_step, then the
-// gradients stay on their rank and each rank's momentum goes through the error-compensated 1-bit
-// all-reduce (compressed_allreduce.hpp) over every tensor back to back. This keeps that exchange,
-// the step compression began, and the exchange's checkpoint record: its error buffers, saved per
-// rank, so that a resume at the same world size continues the error feedback exactly.
+// mpopt — what the drivers of the compressing rules share (1-bit LAMB, 1-bit Adam, 0/1 Adam; the
+// vocabulary: rule_driver.hpp): warm-up on gradients averaged at full precision until freeze_step,
+// then the gradients stay on their rank and each rank's momentum (or what the rule averages) goes
+// through the error-compensated 1-bit all-reduce (compressed_allreduce.hpp) over every tensor back
+// to back: a pass feeds the worker error, compress_fed() commits the step, and exchanged() returns
+// the average in finish(). This keeps that exchange, the step compression began, and the exchange's
+// checkpoint record: its error buffers, saved per rank, so that a resume at the same world size
+// continues the error feedback exactly.
 #pragma once
 
 #include <climits>
@@ -21,6 +23,7 @@
 #include "../status.hpp"
 #include "json_fields.hpp"
 #include "metered.hpp"
+#include "square_sum.hpp"
 #include "staged_driver.hpp"
 #include "state_file.hpp"
 
@@ -63,6 +66,7 @@ class compressing_driver : public staged_driver<Rule, Precision, Backend, Commun
     elements_ = last.first + last.size;  // every tensor, back to back
     world_ = c.comm.size();
     if (world_ > 1) exchange_ = compressed_allreduce<Backend>(elements_, world_, c.comm.rank());
+    fed_sums_.assign(c.tensors.work->size(), 0.0);
   }
 
   /// A preflight at the real size: one exchange of zeros leaves the errors at zero.
@@ -152,6 +156,7 @@ class compressing_driver : public staged_driver<Rule, Precision, Backend, Commun
   template <class Comm, class Read>
   void restore(const saved& h, Comm& comm, Read&& read) {
     compression_step_ = h.compression_step;
+    exchanging_ = false;
     if (comm.size() == 1) return;
     exchange_.cancel();
     if (h.errors_world == comm.size()) {
@@ -165,7 +170,7 @@ class compressing_driver : public staged_driver<Rule, Precision, Backend, Commun
   }
 
   std::size_t list_memory(memory_report& r) const {
-    std::size_t bookkeeping = base::list_memory(r);
+    std::size_t bookkeeping = base::list_memory(r) + fed_sums_.capacity() * sizeof(double);
     if (world_ > 1) {
       const auto use = exchange_.memory_use();
       r.buffers.push_back({"worker error", "compression error fed back into this rank's momentum (fp32, padded to 8 W)",
@@ -178,6 +183,27 @@ class compressing_driver : public staged_driver<Rule, Precision, Backend, Commun
   }
 
  protected:
+  /// Per work chunk: where a pass that feeds the worker error sums the squares it fed (sum64).
+  double* fed_sums() { return fed_sums_.data(); }
+
+  /// After such a pass: the worker's scale from those sums, in order, and its signs (the commit
+  /// point: the error changed); exchanged() runs the rest of the all-reduce.
+  template <class Context>
+  void compress_fed(Context& c) {
+    c.wait();
+    exchange_.compress_worker(c.backend, sum_in_order(fed_sums_.data(), 0, fed_sums_.size()));
+    exchanging_ = true;
+  }
+  /// Whether the committed step compressed and finish() has the exchange left.
+  bool exchanging() const { return exchanging_; }
+  /// The rest of the compressed all-reduce: every rank's average (element i ± its chunk's scale).
+  template <class Context>
+  sign_code exchanged(Context& c) {
+    exchange_.finish(c.comm, c.backend);
+    exchanging_ = false;
+    return exchange_.result();
+  }
+
   template <class Groups>
   static void refuse_experts(const Groups& groups) {
     for (std::size_t g = 0; g < groups.size(); ++g)
@@ -196,6 +222,10 @@ class compressing_driver : public staged_driver<Rule, Precision, Backend, Commun
   std::size_t elements_ = 0;
   int world_ = 1;
   std::uint64_t compression_step_ = 0;  ///< the first step that compressed (0: still warming up)
+
+ private:
+  typename Backend::template shared_vector<double> fed_sums_;
+  bool exchanging_ = false;
 };
 
 }  // namespace mpopt::detail

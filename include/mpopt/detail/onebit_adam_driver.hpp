@@ -10,7 +10,6 @@
 
 #include "compressing_driver.hpp"
 #include "onebit_passes.hpp"
-#include "square_sum.hpp"
 #include "work_list.hpp"
 
 namespace mpopt::detail {
@@ -21,12 +20,6 @@ class onebit_adam_driver : public compressing_driver<Rule, Precision, Partition,
   using staged = staged_driver<Rule, Precision, Backend, Communicator>;
 
  public:
-  template <class Context>
-  void allocate(Context& c) {
-    base::allocate(c);
-    chunk_sum_.assign(c.tensors.work->size(), 0.0);
-  }
-
   /// Warm-up (steps 1..freeze_step): the rule's update. Compression: the local momentum goes into
   /// the worker error and is compressed (the commit point: the error changed); the exchange and
   /// the update follow in finish().
@@ -37,30 +30,18 @@ class onebit_adam_driver : public compressing_driver<Rule, Precision, Partition,
     if (this->compression_step_ == 0) this->compression_step_ = t;
     if (this->world_ == 1) return apply(c, nullptr);  // nothing to average: the momentum stays exact
     c.backend.tensor_pass(c.gradients, [&](const auto& placed, const chunk* chunks) {
-      return onebit_feed_pass<Precision>{{{{placed, chunks, {.sum64 = chunk_sum_.data()}}, c.scalars}, nullptr},
+      return onebit_feed_pass<Precision>{{{{placed, chunks, {.sum64 = this->fed_sums()}}, c.scalars}, nullptr},
                                          this->exchange_.worker_error().data()};
     });
-    c.wait();
-    this->exchange_.compress_worker(c.backend, sum_in_order(chunk_sum_.data(), 0, chunk_sum_.size()));
-    exchanging_ = true;
+    this->compress_fed(c);
   }
 
   template <class Context>
   void finish(Context& c) {
-    if (!exchanging_) return;
-    this->exchange_.finish(c.comm, c.backend);
-    const sign_code averaged = this->exchange_.result();
+    if (!this->exchanging()) return;
+    const sign_code averaged = this->exchanged(c);
     apply(c, &averaged);
-    exchanging_ = false;
   }
-
-  template <class Comm, class Read>
-  void restore(const typename base::saved& h, Comm& comm, Read&& read) {
-    exchanging_ = false;
-    base::restore(h, comm, read);
-  }
-
-  std::size_t list_memory(memory_report& r) const { return base::list_memory(r) + chunk_sum_.capacity() * sizeof(double); }
 
  private:
   /// The averaged momentum (null with one rank: from the gradient) into m, and the update.
@@ -70,9 +51,6 @@ class onebit_adam_driver : public compressing_driver<Rule, Precision, Partition,
       return onebit_adam_pass<Precision>{{{placed, chunks, {}}, c.scalars}, averaged ? *averaged : sign_code{}};
     });
   }
-
-  typename Backend::template shared_vector<double> chunk_sum_;  ///< per work chunk: sums of squares fed
-  bool exchanging_ = false;  ///< begin() compressed; finish() has the exchange and the update left
 };
 
 }  // namespace mpopt::detail

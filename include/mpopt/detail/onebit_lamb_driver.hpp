@@ -39,7 +39,6 @@ class onebit_lamb_driver : public compressing_driver<Rule, Precision, Partition,
     last_factor_.assign(tensors, 1.0);
     scaling_.assign(tensors, 1.0f);
     chunk_max_.assign(chunks, 0.0f);
-    chunk_sum_.assign(chunks, 0.0);
     ordered_ = rank_ordered_sum(*c.tensors.work);
   }
 
@@ -53,39 +52,31 @@ class onebit_lamb_driver : public compressing_driver<Rule, Precision, Partition,
     if (t <= freeze) {
       staged::begin(c);
       if (t == freeze) c.backend.copy(*d.work, d.state[2], d.state[1]);
-      next_ = stage::warm_up;
+      warming_up_ = true;
       return;
     }
     if (!scaling_ready_) momentum_scaling(c, t);
-    if (this->world_ == 1) {  // nothing to average: the momentum stays exact
-      momentum_and_apply(c, nullptr);
-      next_ = stage::done;
-      return;
-    }
+    if (this->world_ == 1) return momentum_and_apply(c, nullptr);  // nothing to average: the momentum stays exact
     c.backend.tensor_pass(d, [&](const auto& placed, const chunk* chunks) {
-      return onebit_feed_pass<Precision>{
-          {{{placed, chunks, {.sum64 = chunk_sum_.data()}}, c.scalars}, scaling_.data()},
-          this->exchange_.worker_error().data()};
+      return onebit_feed_pass<Precision>{{{{placed, chunks, {.sum64 = this->fed_sums()}}, c.scalars}, scaling_.data()},
+                                         this->exchange_.worker_error().data()};
     });
-    c.wait();
-    this->exchange_.compress_worker(c.backend, sum_in_order(chunk_sum_.data(), 0, chunk_sum_.size()));
-    next_ = stage::exchange;
+    this->compress_fed(c);
   }
 
   template <class Context>
   void finish(Context& c) {
-    if (next_ == stage::warm_up) {
+    if (warming_up_) {
       staged::finish(c);
       c.wait();
       for (std::size_t t = 0; t < coeff_freeze_.size(); ++t)
         coeff_freeze_[t] = Rule::freeze_coefficient(coeff_freeze_[t], this->tensor_state_[t],
                                                     c.groups[c.gradients.tensors[t].group]->options());
-    } else if (next_ == stage::exchange) {
-      this->exchange_.finish(c.comm, c.backend);
-      const sign_code averaged = this->exchange_.result();
+      warming_up_ = false;
+    } else if (this->exchanging()) {
+      const sign_code averaged = this->exchanged(c);
       momentum_and_apply(c, &averaged);
     }
-    next_ = stage::done;
   }
 
   // Checkpoints: besides the compression record, the per-tensor values and whether the momentum
@@ -119,30 +110,27 @@ class onebit_lamb_driver : public compressing_driver<Rule, Precision, Partition,
   template <class Comm, class Read>
   void restore(const saved& h, Comm& comm, Read&& read) {
     scaling_ready_ = h.scaling_ready;
-    next_ = stage::done;
+    warming_up_ = false;
     base::restore(h, comm, read);
   }
 
   std::size_t list_memory(memory_report& r) const {
-    return base::list_memory(r) + (coeff_freeze_.capacity() + last_factor_.capacity() + chunk_sum_.capacity()) * sizeof(double) +
+    return base::list_memory(r) + (coeff_freeze_.capacity() + last_factor_.capacity()) * sizeof(double) +
            (scaling_.capacity() + chunk_max_.capacity()) * sizeof(float) + ordered_.bytes();
   }
 
  private:
-  /// What finish() has left to run for the committed step.
-  enum class stage : std::uint8_t { done, warm_up, exchange };
-
   /// At the first compressed step: each tensor's momentum scale ||m|| / sqrt(n), and the
   /// coefficient that brings it to the mean scale (1 for a zero momentum; DeepSpeed divides by 0).
   template <class Context>
   void momentum_scaling(Context& c, std::uint64_t t) {
     const auto& d = c.gradients;
-    c.backend.sum_squares(*d.work, d.state[0], chunk_sum_.data());
+    c.backend.sum_squares(*d.work, d.state[0], this->fed_sums());  // free until the feed pass
     c.wait();
     auto& scale = this->tensor_sums_;  // free until the update's norms
     double mean = 0;
     for (std::size_t k = 0; k < d.tensor_count; ++k) {
-      const double sumsq = sum_in_order(chunk_sum_.data(), d.work->first_chunk(k), d.work->first_chunk(k + 1));
+      const double sumsq = sum_in_order(this->fed_sums(), d.work->first_chunk(k), d.work->first_chunk(k + 1));
       scale[k] = std::sqrt(sumsq / double(d.tensors[k].size));
       mean += scale[k] / double(d.tensor_count);
     }
@@ -183,10 +171,9 @@ class onebit_lamb_driver : public compressing_driver<Rule, Precision, Partition,
   std::vector<double> last_factor_;   ///< per tensor: the compression-stage factor of the last step
   shared<float> scaling_;             ///< per tensor: momentum scaling coefficient, fixed at the first compressed step
   shared<float> chunk_max_;           ///< per work chunk: the largest variance ratio
-  shared<double> chunk_sum_;          ///< per work chunk: sums of squares for the compression scales
   rank_ordered_sum ordered_;
   bool scaling_ready_ = false;
-  stage next_ = stage::done;
+  bool warming_up_ = false;  ///< the committed step is a warm-up step, whose finish() is LAMB's
 };
 
 }  // namespace mpopt::detail

@@ -56,7 +56,6 @@ class zero_one_adam_driver : public compressing_driver<Rule, Precision, Partitio
   template <class Context>
   void allocate(Context& c) {
     base::allocate(c);
-    chunk_sum_.assign(c.tensors.work->size(), 0.0);
     lr_sum_.assign(c.tensors.tensor_count, 0.0);
     lr_sum_float_.assign(c.tensors.tensor_count, 0.0f);
   }
@@ -74,10 +73,11 @@ class zero_one_adam_driver : public compressing_driver<Rule, Precision, Partitio
       if (this->compression_step_ == 0) this->compression_step_ = t;
       if (!several) return averaged_gradient(c, nullptr);  // one rank: the gradient is the average
       c.backend.tensor_pass(d, [&](const auto& placed, const chunk* chunks) {
-        return gradient_feed_pass<Precision>{{{placed, chunks, {.sum64 = chunk_sum_.data()}}, c.scalars},
+        return gradient_feed_pass<Precision>{{{placed, chunks, {.sum64 = this->fed_sums()}}, c.scalars},
                                              this->exchange_.worker_error().data()};
       });
-      return compress(c, stage::gradient);
+      syncing_ = false;
+      return this->compress_fed(c);
     }
     if (this->compression_step_ == 0) this->compression_step_ = t;
     for (std::size_t k = 0; k < d.tensor_count; ++k) lr_sum_[k] += c.scalars[d.tensors[k].group].step_size;
@@ -85,25 +85,24 @@ class zero_one_adam_driver : public compressing_driver<Rule, Precision, Partitio
     if (sync)  // the momentum is the accumulator over these; the sum restarts
       for (std::size_t k = 0; k < d.tensor_count; ++k) lr_sum_float_[k] = float(std::exchange(lr_sum_[k], 0.0));
     c.backend.tensor_pass(d, [&](const auto& placed, const chunk* chunks) {
-      return local_step_pass<Precision>{{{placed, chunks, {.sum64 = chunk_sum_.data()}}, c.scalars},
+      return local_step_pass<Precision>{{{placed, chunks, {.sum64 = this->fed_sums()}}, c.scalars},
                                         sync,
                                         sync && several ? this->exchange_.worker_error().data() : nullptr};
     });
     if (!sync) return;
     if (!several) return synchronize(c, nullptr);
-    compress(c, stage::sync);
+    syncing_ = true;
+    this->compress_fed(c);
   }
 
   /// After the last phase-1 step the error buffers restart at zero, as DeepSpeed's do: they held
   /// the gradients' errors, phase 2 compresses the accumulator.
   template <class Context>
   void finish(Context& c) {
-    if (next_ != stage::done) {
-      this->exchange_.finish(c.comm, c.backend);
-      const sign_code averaged = this->exchange_.result();
-      if (next_ == stage::gradient) averaged_gradient(c, &averaged);
-      else synchronize(c, &averaged);
-      next_ = stage::done;
+    if (this->exchanging()) {
+      const sign_code averaged = this->exchanged(c);
+      if (syncing_) synchronize(c, &averaged);
+      else averaged_gradient(c, &averaged);
     }
     if (this->world_ > 1 && c.groups.front()->step() == c.groups.front()->options().var_freeze_step)
       this->exchange_.zero_errors(c.backend);
@@ -118,29 +117,12 @@ class zero_one_adam_driver : public compressing_driver<Rule, Precision, Partitio
     f(std::string("lr_sum"), self.lr_sum_.data());
   }
 
-  template <class Comm, class Read>
-  void restore(const typename base::saved& h, Comm& comm, Read&& read) {
-    next_ = stage::done;
-    base::restore(h, comm, read);
-  }
-
   std::size_t list_memory(memory_report& r) const {
-    return base::list_memory(r) + (chunk_sum_.capacity() + lr_sum_.capacity()) * sizeof(double) +
+    return base::list_memory(r) + lr_sum_.capacity() * sizeof(double) +
            lr_sum_float_.capacity() * sizeof(float);
   }
 
  private:
-  /// What finish() has left to run for the committed step.
-  enum class stage : std::uint8_t { done, gradient, sync };
-
-  /// After a feed pass: compresses the worker buffer; finish() exchanges it.
-  template <class Context>
-  void compress(Context& c, stage next) {
-    c.wait();
-    this->exchange_.compress_worker(c.backend, sum_in_order(chunk_sum_.data(), 0, chunk_sum_.size()));
-    next_ = next;
-  }
-
   template <class Context>
   void averaged_gradient(Context& c, const sign_code* averaged) {
     c.backend.tensor_pass(c.gradients, [&](const auto& placed, const chunk* chunks) {
@@ -155,10 +137,9 @@ class zero_one_adam_driver : public compressing_driver<Rule, Precision, Partitio
     });
   }
 
-  shared<double> chunk_sum_;     ///< per work chunk: sums of squares fed
   std::vector<double> lr_sum_;   ///< per tensor: learning rates summed since the last sync
   shared<float> lr_sum_float_;   ///< per tensor: the sums a sync step divides by
-  stage next_ = stage::done;
+  bool syncing_ = false;        ///< the exchange in flight averages phase 2's drift, not phase 1's gradient
 };
 
 }  // namespace mpopt::detail
