@@ -496,8 +496,8 @@ TEST_SUITE("config") {
   TEST_CASE("optimizer values are refused naming the key path") {
     CHECK_REFUSED(R"({"fp16": {"enabled": true}})", "optimizer", ": missing");
     CHECK_REFUSED(R"({"optimizer": {"params": {"lr": 0.1}}})", "optimizer.type", ": missing");
-    CHECK_REFUSED(R"({"optimizer": {"type": "OneBitAdam"}})", "optimizer.type",
-                  ": \"OneBitAdam\" is not supported (mpopt has Adam, AdamW, Lamb and OneBitLamb)");
+    CHECK_REFUSED(R"({"optimizer": {"type": "Adagrad"}})", "optimizer.type",
+                  ": \"Adagrad\" is not supported (mpopt has Adam, AdamW, Lamb, OneBitLamb, OneBitAdam and ZeroOneAdam)");
     CHECK_REFUSED(R"({"optimizer": {"type": 3}})", "optimizer.type", " must be a string");
     CHECK_REFUSED(R"({"optimizer": {"type": "Adam", "params": [0.1]}})", "optimizer.params", " must be a JSON object");
     CHECK_REFUSED(params("Adam", R"({"lr": -0.1})"), "optimizer.params.lr", " must be >= 0");
@@ -529,6 +529,51 @@ TEST_SUITE("config") {
     CHECK_REFUSED(params("OneBitLamb", R"({"coeff_beta": 1})"), "optimizer.params.coeff_beta", " must be in [0, 1)");
     CHECK_REFUSED(R"({"optimizer": {"type": "OneBitLamb"}, "zero_optimization": {"stage": 1}})", "zero_optimization.stage",
                   ": 1 does not go with optimizer.type OneBitLamb");
+    CHECK_REFUSED(params("OneBitAdam", R"({"freeze_step": 0})"), "optimizer.params.freeze_step",
+                  " must be an integer in [2, ");
+    CHECK_REFUSED(params("OneBitAdam", R"({"bias_correction": true})"), "optimizer.params.bias_correction",
+                  "1-bit Adam has no bias correction");
+    CHECK_REFUSED(params("OneBitAdam", R"({"factor_max": 4})"), "optimizer.params.factor_max", ": unknown key");
+    CHECK_REFUSED(params("OneBitAdam", R"({"amsgrad": true})"), "optimizer.params.amsgrad", ": true is not supported");
+    CHECK_REFUSED(R"({"optimizer": {"type": "OneBitAdam"}, "zero_optimization": {"stage": 2}})", "zero_optimization.stage",
+                  ": 2 does not go with optimizer.type OneBitAdam");
+    CHECK_REFUSED(params("ZeroOneAdam", R"({"var_update_scaler": 0})"), "optimizer.params.var_update_scaler",
+                  " must be an integer in [1, ");
+    CHECK_REFUSED(params("ZeroOneAdam", R"({"local_step_clipper": 2.5})"), "optimizer.params.local_step_clipper",
+                  " must be an integer");
+    CHECK_REFUSED(params("ZeroOneAdam", R"({"freeze_step": 10})"), "optimizer.params.freeze_step", ": unknown key");
+    CHECK_REFUSED(params("ZeroOneAdam", R"({"comm_backend_name": "gloo"})"), "optimizer.params.comm_backend_name",
+                  "\"gloo\" is not one of DeepSpeed's");
+    CHECK_REFUSED(R"({"optimizer": {"type": "ZeroOneAdam"}, "zero_optimization": {"stage": 1}})", "zero_optimization.stage",
+                  ": 1 does not go with optimizer.type ZeroOneAdam");
+  }
+
+  TEST_CASE("config-json: 1-bit Adam and 0/1 Adam with DeepSpeed's defaults; freeze_step F is F - 1 warm-up updates, "
+            "var_freeze_step V is V updates, as in DeepSpeed") {
+    const deepspeed_config a = parse(R"({"optimizer": {"type": "OneBitAdam", "params": {"lr": 2e-4, "freeze_step": 23000,
+                                                                                          "cuda_aware": false}}})");
+    CHECK(a.rule == config_rule::onebit_adam);
+    CHECK(a.onebit_adam_options.lr == 2e-4);
+    CHECK(a.onebit_adam_options.freeze_step == 22999);
+    CHECK(ignored(a, "optimizer.params.cuda_aware"));
+    const auto da = parse(R"({"optimizer": {"type": "onebitadam"}})").onebit_adam_options;
+    CHECK(da.freeze_step == 99999);
+    CHECK(da.lr == 1e-3);
+    CHECK(da.beta2 == 0.999);
+    CHECK(da.weight_decay == 0.0);
+
+    const deepspeed_config z = parse(R"({"optimizer": {"type": "ZeroOneAdam", "params": {"var_freeze_step": 1000,
+      "var_update_scaler": 16, "local_step_scaler": 1000, "local_step_clipper": 16, "betas": [0.8, 0.99]}}})");
+    CHECK(z.rule == config_rule::zero_one_adam);
+    CHECK(z.zero_one_adam_options.var_freeze_step == 1000);
+    CHECK(z.zero_one_adam_options.local_step_scaler == 1000);
+    CHECK(z.zero_one_adam_options.beta1 == 0.8);
+    CHECK(z.summary() == "fp32, no ZeRO, ZeroOneAdam");
+    const auto dz = parse(R"({"optimizer": {"type": "ZeroOneAdam"}})").zero_one_adam_options;
+    CHECK(dz.var_freeze_step == 100000);
+    CHECK(dz.var_update_scaler == 16);
+    CHECK(dz.local_step_scaler == 32678);
+    CHECK(dz.local_step_clipper == 16);
   }
 
   TEST_CASE("config-json: the scheduler example is refused: mpopt has no schedulers") {

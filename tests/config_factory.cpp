@@ -35,7 +35,9 @@ template <class Rule>
 typename Rule::options rule_options_of(const deepspeed_config& c) {
   if constexpr (std::is_same_v<Rule, mpopt::adam>) return c.adam_options;
   else if constexpr (std::is_same_v<Rule, mpopt::lamb>) return c.lamb_options;
-  else return c.onebit_lamb_options;
+  else if constexpr (std::is_same_v<Rule, mpopt::onebit_lamb>) return c.onebit_lamb_options;
+  else if constexpr (std::is_same_v<Rule, mpopt::onebit_adam>) return c.onebit_adam_options;
+  else return c.zero_one_adam_options;
 }
 
 /// A small model in element type T: two tensors in a group with the configuration's options and
@@ -146,18 +148,23 @@ const char* precision_names[] = {"fp32, no_scaling", "fp16, static_scale", "fp16
 
 TEST_SUITE("config") {
   TEST_CASE("every combination a configuration names is built: precision x ZeRO stage x Adam, AdamW, Lamb, and "
-            "OneBitLamb at stage 0") {
+            "OneBitLamb, OneBitAdam and ZeroOneAdam at stage 0") {
     int built = 0;
     for (int p = 0; p < 4; ++p)
       for (int stage = 0; stage <= 2; ++stage)
-        for (std::string type : {"Adam", "AdamW", "Lamb", "OneBitLamb"}) {
-          if (type == "OneBitLamb" && stage > 0) continue;
+        for (std::string type : {"Adam", "AdamW", "Lamb", "OneBitLamb", "OneBitAdam", "ZeroOneAdam"}) {
+          const bool compressing = type.starts_with("OneBit") || type == "ZeroOneAdam";
+          if (compressing && stage > 0) continue;
           const std::string json = std::string("{") + precisions[p] + R"(, "zero_optimization": {"stage": )" +
                                    std::to_string(stage) + R"(}, "optimizer": {"type": ")" + type + R"("}})";
           CAPTURE(json);
           mpopt::any_optimizer opt = mpopt::make_optimizer(deepspeed_config::parse_text(json));
           const char* partitions[] = {"replicated", "zero1", "zero2"};
-          const std::string rule = type == "Lamb" ? "lamb" : type == "OneBitLamb" ? "onebit_lamb" : "adam";
+          const std::string rule = type == "Lamb"          ? "lamb"
+                                   : type == "OneBitLamb"  ? "onebit_lamb"
+                                   : type == "OneBitAdam"  ? "onebit_adam"
+                                   : type == "ZeroOneAdam" ? "zero_one_adam"
+                                                           : "adam";
           CHECK(opt.policies() == std::string(precision_names[p]) + ", " + partitions[stage] + ", " + rule +
                                       ", host, single_process");
           CHECK(opt.param_type() == (p == 0 ? mpopt::element_type::fp32 : p == 3 ? mpopt::element_type::bf16
@@ -165,7 +172,7 @@ TEST_SUITE("config") {
           CHECK(opt.grad_type() == opt.param_type());
           ++built;
         }
-    CHECK(built == 40);  // 28 types: Adam and AdamW are one (mpopt::adam)
+    CHECK(built == 48);  // 36 types: Adam and AdamW are one (mpopt::adam)
   }
 
   TEST_CASE("the built optimizer is the typed one and carries every option of the configuration") {
@@ -228,7 +235,7 @@ TEST_SUITE("config") {
     CHECK(opt.group(1).size() == 1);
   }
 
-  TEST_CASE("Lamb's and OneBitLamb's options reach the typed optimizer's groups") {
+  TEST_CASE("Lamb's, OneBitLamb's, OneBitAdam's and ZeroOneAdam's options reach the typed optimizer's groups") {
     {
       const deepspeed_config c = deepspeed_config::parse_text(R"({"bf16": {"enabled": true, "check_grad_overflow": false},
         "zero_optimization": {"stage": 1},
@@ -263,6 +270,38 @@ TEST_SUITE("config") {
       CHECK(o.max_coeff == 0.3);
       CHECK(o.factor_max == 4.0);
     }
+    {
+      // docs/_pages/config-json.md, the 1-bit Adam example.
+      const deepspeed_config c = deepspeed_config::parse_text(R"({"fp16": {"enabled": true},
+        "optimizer": {"type": "OneBitAdam", "params": {"lr": 0.001, "betas": [0.8, 0.999], "eps": 1e-8,
+          "weight_decay": 3e-7, "freeze_step": 400, "cuda_aware": false, "comm_backend_name": "nccl"}}})");
+      mpopt::any_optimizer opt = mpopt::make_optimizer(c);
+      auto* t = opt.target<typed<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, mpopt::onebit_adam>>();
+      REQUIRE(t != nullptr);
+      opt.add_group();
+      const auto& o = t->group(0).options();
+      CHECK(o.lr == 0.001);
+      CHECK(o.beta1 == 0.8);
+      CHECK(o.weight_decay == 3e-7);
+      CHECK(o.freeze_step == 399);  // DeepSpeed's 400 counts its set-up call
+    }
+    {
+      // docs/_pages/config-json.md, the 0/1 Adam example.
+      const deepspeed_config c = deepspeed_config::parse_text(R"({"bf16": {"enabled": true},
+        "optimizer": {"type": "ZeroOneAdam", "params": {"lr": 1e-3, "weight_decay": 0.01, "bias_correction": false,
+          "var_freeze_step": 1000, "var_update_scaler": 16, "local_step_scaler": 1000, "local_step_clipper": 16,
+          "cuda_aware": false, "comm_backend_name": "nccl"}}})");
+      mpopt::any_optimizer opt = mpopt::make_optimizer(c);
+      auto* t = opt.target<typed<mpopt::bf16, mpopt::no_scaling, mpopt::replicated, mpopt::zero_one_adam>>();
+      REQUIRE(t != nullptr);
+      opt.add_group();
+      const auto& o = t->group(0).options();
+      CHECK(o.weight_decay == 0.01);
+      CHECK(o.var_freeze_step == 1000);  // phase 1 ends after DeepSpeed's s = 1001: 1000 updates
+      CHECK(o.var_update_scaler == 16);
+      CHECK(o.local_step_scaler == 1000);
+      CHECK(o.local_step_clipper == 16);
+    }
   }
 
   TEST_CASE("a factory-made optimizer steps bit for bit like the typed optimizer of the same policies") {
@@ -296,6 +335,19 @@ TEST_SUITE("config") {
       check_same_steps<typed<mpopt::fp32, mpopt::no_scaling, mpopt::replicated, mpopt::onebit_lamb>>(
           R"({"optimizer": {"type": "OneBitLamb", "params": {"lr": 1e-2, "freeze_step": 4}}, "gradient_clipping": 0})",
           12, -1);
+    }
+    SUBCASE("fp16, dynamic scale, OneBitAdam past its warm-up, an overflow") {
+      check_same_steps<typed<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, mpopt::onebit_adam>>(
+          R"({"fp16": {"enabled": true, "initial_scale_power": 10},
+              "optimizer": {"type": "OneBitAdam", "params": {"lr": 1e-3, "freeze_step": 4}}})",
+          12, 7);
+    }
+    SUBCASE("bf16, ZeroOneAdam through both phases") {
+      check_same_steps<typed<mpopt::bf16, mpopt::no_scaling, mpopt::replicated, mpopt::zero_one_adam>>(
+          R"({"bf16": {"enabled": true},
+              "optimizer": {"type": "ZeroOneAdam", "params": {"lr": 1e-3, "var_freeze_step": 6, "var_update_scaler": 2,
+                                                               "local_step_scaler": 2, "local_step_clipper": 4}}})",
+          16, -1);
     }
   }
 
@@ -414,7 +466,9 @@ TEST_SUITE("config") {
     c = {};
     c.rule = mpopt::config_rule::onebit_lamb;
     c.zero_stage = 2;
-    CHECK(error_of([&] { mpopt::make_optimizer(c); }).find("does not go with OneBitLamb") != std::string::npos);
+    CHECK(error_of([&] { mpopt::make_optimizer(c); }).find("does not go with 1-bit LAMB") != std::string::npos);
+    c.rule = mpopt::config_rule::zero_one_adam;
+    CHECK(error_of([&] { mpopt::make_optimizer(c); }).find("does not go with 0/1 Adam") != std::string::npos);
     c = {};
     c.adam_options.beta1 = 1.5;  // checked where the typed optimizer checks it: at add_group
     mpopt::any_optimizer bad = mpopt::make_optimizer(c);

@@ -28,14 +28,16 @@
 #include "error.hpp"
 #include "lamb.hpp"
 #include "loss_scale.hpp"
+#include "onebit_adam_options.hpp"
 #include "onebit_lamb_options.hpp"
 #include "options.hpp"
+#include "zero_one_adam_options.hpp"
 
 namespace mpopt {
 
 enum class config_precision { fp32, fp16, bf16 };
 enum class config_scaler { none, static_scale, dynamic_scale };
-enum class config_rule { adam, lamb, onebit_lamb };
+enum class config_rule { adam, lamb, onebit_lamb, onebit_adam, zero_one_adam };
 
 /// What a DeepSpeed configuration asks of the optimizer. Default-constructed, it is what DeepSpeed
 /// makes of {"optimizer": {"type": "Adam"}}: fp32, no ZeRO, AdamW with FusedAdam's defaults,
@@ -51,6 +53,8 @@ struct deepspeed_config {
   adam::options adam_options;             ///< Adam and AdamW (the one `rule` names is used)
   lamb::options lamb_options;
   mpopt::onebit_lamb_options onebit_lamb_options;
+  mpopt::onebit_adam_options onebit_adam_options;
+  mpopt::zero_one_adam_options zero_one_adam_options;
   /// The step pipeline's options: gradient_clipping, gradient_accumulation_steps,
   /// gradient_predivide_factor, zero_optimization.reduce_bucket_size, bf16.check_grad_overflow.
   optimizer_options options{.clip_grad = 1.0, .bucket_elements = 500000000};
@@ -286,10 +290,10 @@ class deepspeed_reader {
     const nlohmann::json* j = top_.find("optimizer");
     if (!j)
       fail("optimizer: missing: make_optimizer builds the optimizer the configuration names (type Adam, AdamW, "
-           "Lamb or OneBitLamb)");
+           "Lamb, OneBitLamb, OneBitAdam or ZeroOneAdam)");
     const config_object o(*j, "optimizer");
     o.allow_only({"type", "params"}, "mpopt");
-    if (!o.has("type")) fail("optimizer.type: missing (Adam, AdamW, Lamb or OneBitLamb)");
+    if (!o.has("type")) fail("optimizer.type: missing (Adam, AdamW, Lamb, OneBitLamb, OneBitAdam or ZeroOneAdam)");
     c_.optimizer_type = o.text("type", "");
     std::string type = c_.optimizer_type;  // DeepSpeed compares its own optimizers' names in lower case
     for (char& ch : type) ch = char(std::tolower(static_cast<unsigned char>(ch)));
@@ -302,8 +306,13 @@ class deepspeed_reader {
       lamb_params(params);
     } else if (type == "onebitlamb") {
       onebit_lamb_params(params);
+    } else if (type == "onebitadam") {
+      onebit_adam_params(params);
+    } else if (type == "zerooneadam") {
+      zero_one_adam_params(params);
     } else {
-      fail("optimizer.type: \"", c_.optimizer_type, "\" is not supported (mpopt has Adam, AdamW, Lamb and OneBitLamb)");
+      fail("optimizer.type: \"", c_.optimizer_type,
+           "\" is not supported (mpopt has Adam, AdamW, Lamb, OneBitLamb, OneBitAdam and ZeroOneAdam)");
     }
   }
 
@@ -374,21 +383,55 @@ class deepspeed_reader {
                  "OneBitLamb");
     c_.rule = config_rule::onebit_lamb;
     onebit_lamb_options& o = c_.onebit_lamb_options;
-    common_params(p, o);
-    // DeepSpeed's OnebitLamb takes both and uses neither: no bias correction, eps outside the root.
-    require_flag(p, "bias_correction", false, "1-bit LAMB has no bias correction; DeepSpeed ignores the key");
-    require_flag(p, "eps_inside_sqrt", false, "1-bit LAMB adds eps outside the root; DeepSpeed ignores the key");
+    compressing_params(p, o, "1-bit LAMB");
     o.max_coeff = p.number("max_coeff", o.max_coeff);
     o.min_coeff = p.number("min_coeff", o.min_coeff);
-    // DeepSpeed's first call only sets up state and counts as a step: freeze_step F gives F - 1
-    // warm-up updates, which is mpopt's freeze_step.
-    const auto freeze = p.integer("freeze_step", 100000, 2, std::int64_t(max_steps));
-    o.freeze_step = std::uint64_t(freeze - 1);
+    o.freeze_step = freeze_step(p);
     o.coeff_beta = p.number("coeff_beta", o.coeff_beta);
     o.factor_max = p.number("factor_max", o.factor_max);
     o.factor_min = p.number("factor_min", o.factor_min);
     o.factor_threshold = p.number("factor_threshold", o.factor_threshold);
-    // The communicator make_optimizer is given does the communicating.
+    o.validate(p.path());
+  }
+
+  void onebit_adam_params(const config_object& p) {
+    p.allow_only({"lr", "betas", "eps", "weight_decay", "bias_correction", "eps_inside_sqrt", "amsgrad",
+                  "max_grad_norm", "freeze_step", "cuda_aware", "comm_backend_name"},
+                 "OneBitAdam");
+    c_.rule = config_rule::onebit_adam;
+    onebit_adam_options& o = c_.onebit_adam_options;
+    compressing_params(p, o, "1-bit Adam");
+    o.freeze_step = freeze_step(p);
+    o.validate(p.path());
+  }
+
+  void zero_one_adam_params(const config_object& p) {
+    p.allow_only({"lr", "betas", "eps", "weight_decay", "bias_correction", "eps_inside_sqrt", "amsgrad",
+                  "max_grad_norm", "var_freeze_step", "var_update_scaler", "local_step_scaler", "local_step_clipper",
+                  "cuda_aware", "comm_backend_name"},
+                 "ZeroOneAdam");
+    c_.rule = config_rule::zero_one_adam;
+    zero_one_adam_options& o = c_.zero_one_adam_options;
+    compressing_params(p, o, "0/1 Adam");
+    // DeepSpeed's step s counts its set-up call; its phase 1 ends after s = var_freeze_step + 1, that
+    // is after var_freeze_step updates, as mpopt's.
+    constexpr auto most = std::int64_t(max_steps);
+    o.var_freeze_step = std::uint64_t(p.integer("var_freeze_step", std::int64_t(o.var_freeze_step), 0, most));
+    o.var_update_scaler = std::uint64_t(p.integer("var_update_scaler", std::int64_t(o.var_update_scaler), 1, most));
+    o.local_step_scaler = std::uint64_t(p.integer("local_step_scaler", std::int64_t(o.local_step_scaler), 1, most));
+    o.local_step_clipper = std::uint64_t(p.integer("local_step_clipper", std::int64_t(o.local_step_clipper), 1, most));
+    o.validate(p.path());
+  }
+
+  /// What the compressing rules share: the common parameters, two keys DeepSpeed takes and ignores
+  /// (no bias correction, eps outside the root), the communication backend (the communicator
+  /// make_optimizer is given does the communicating), and no ZeRO.
+  template <class Options>
+  void compressing_params(const config_object& p, Options& o, std::string_view title) {
+    common_params(p, o);
+    const std::string t(title);
+    require_flag(p, "bias_correction", false, t + " has no bias correction; DeepSpeed ignores the key");
+    require_flag(p, "eps_inside_sqrt", false, t + " adds eps outside the root; DeepSpeed ignores the key");
     ignore_flag(p, "cuda_aware");
     if (p.has("comm_backend_name")) {
       const std::string name = p.text("comm_backend_name", "");
@@ -396,10 +439,15 @@ class deepspeed_reader {
         fail(p.at("comm_backend_name"), ": \"", name, "\" is not one of DeepSpeed's (nccl, mpi, hccl, compressed)");
       ignore(p.at("comm_backend_name"));
     }
-    o.validate(p.path());
     if (c_.zero_stage > 0)
-      fail("zero_optimization.stage: ", c_.zero_stage, " does not go with optimizer.type OneBitLamb (its compression "
-           "stage needs the whole momentum on every rank; DeepSpeed refuses it too)");
+      fail("zero_optimization.stage: ", c_.zero_stage, " does not go with optimizer.type ", c_.optimizer_type,
+           " (its compression needs the whole momentum on every rank; DeepSpeed refuses it too)");
+  }
+
+  /// DeepSpeed's first call only sets up state and counts as a step: freeze_step F gives F - 1
+  /// warm-up updates, which is mpopt's freeze_step.
+  static std::uint64_t freeze_step(const config_object& p) {
+    return std::uint64_t(p.integer("freeze_step", 100000, 2, std::int64_t(max_steps)) - 1);
   }
 
   /// gradient_accumulation_steps, or what DeepSpeed derives from the batch sizes.
@@ -515,6 +563,8 @@ inline std::string deepspeed_config::summary() const {
     case config_rule::adam: s += adam_options.decoupled_weight_decay ? "AdamW" : "Adam (L2 weight decay)"; break;
     case config_rule::lamb: s += "Lamb"; break;
     case config_rule::onebit_lamb: s += "OneBitLamb"; break;
+    case config_rule::onebit_adam: s += "OneBitAdam"; break;
+    case config_rule::zero_one_adam: s += "ZeroOneAdam"; break;
   }
   return s;
 }

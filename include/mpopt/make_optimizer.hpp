@@ -2,8 +2,9 @@
 // as an mpopt::any_optimizer (any_optimizer.hpp). This header instantiates every combination a
 // configuration can name, on the host backend and the communicator given:
 //   precision fp32 | fp16 with a static scale | fp16 with a dynamic scale | bf16
-//   x ZeRO stage 0 | 1 | 2  x  Adam/AdamW | Lamb,   plus OneBitLamb (stage 0) in each precision.
-// That is most of an optimizer's compile time, 28 times over: include it in one translation unit
+//   x ZeRO stage 0 | 1 | 2  x  Adam/AdamW | Lamb,   plus OneBitLamb, OneBitAdam and ZeroOneAdam
+//   (stage 0) in each precision.
+// That is most of an optimizer's compile time, 36 times over: include it in one translation unit
 // and the rest of the program includes any_optimizer.hpp only.
 #pragma once
 
@@ -28,10 +29,12 @@
 #include "host.hpp"
 #include "lamb.hpp"
 #include "loss_scale.hpp"
+#include "onebit_adam.hpp"
 #include "onebit_lamb.hpp"
 #include "optimizer.hpp"
 #include "partition.hpp"
 #include "precision.hpp"
+#include "zero_one_adam.hpp"
 
 namespace mpopt {
 
@@ -144,19 +147,30 @@ any_optimizer make_erased(C&& comm, const deepspeed_config& c, const typename Sc
   return any_optimizer(std::make_unique<impl>(std::move(comm), c.options, s, r));
 }
 
+/// A compressing rule, which needs the whole momentum on every rank: replicated only.
+template <class Precision, class Scaler, class Partition, class Rule, class C>
+any_optimizer make_compressing(C&& comm, const deepspeed_config& c, const typename Scaler::options& s,
+                               const typename Rule::options& r) {
+  if constexpr (std::is_same_v<Partition, replicated>)
+    return make_erased<Precision, Scaler, Partition, Rule>(std::move(comm), c, s, r);
+  else
+    fail("zero_optimization.stage: ", c.zero_stage, " does not go with ", Rule::title,
+         " (its compression needs the whole momentum on every rank)");
+}
+
 template <class Precision, class Scaler, class Partition, class C>
 any_optimizer make_with_rule(C&& comm, const deepspeed_config& c, const typename Scaler::options& s) {
   switch (c.rule) {
     case config_rule::adam: return make_erased<Precision, Scaler, Partition, adam>(std::move(comm), c, s, c.adam_options);
     case config_rule::lamb: return make_erased<Precision, Scaler, Partition, lamb>(std::move(comm), c, s, c.lamb_options);
     case config_rule::onebit_lamb:
-      if constexpr (std::is_same_v<Partition, replicated>)
-        return make_erased<Precision, Scaler, Partition, onebit_lamb>(std::move(comm), c, s, c.onebit_lamb_options);
-      else
-        fail("zero_optimization.stage: ", c.zero_stage, " does not go with OneBitLamb (its compression stage needs "
-             "the whole momentum on every rank)");
+      return make_compressing<Precision, Scaler, Partition, onebit_lamb>(std::move(comm), c, s, c.onebit_lamb_options);
+    case config_rule::onebit_adam:
+      return make_compressing<Precision, Scaler, Partition, onebit_adam>(std::move(comm), c, s, c.onebit_adam_options);
+    case config_rule::zero_one_adam:
+      return make_compressing<Precision, Scaler, Partition, zero_one_adam>(std::move(comm), c, s, c.zero_one_adam_options);
   }
-  fail("deepspeed_config.rule: not one of adam, lamb, onebit_lamb");
+  fail("deepspeed_config.rule: not one of adam, lamb, onebit_lamb, onebit_adam, zero_one_adam");
 }
 
 template <class Precision, class Scaler, class C>

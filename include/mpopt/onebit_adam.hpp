@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "onebit_adam_options.hpp"
 #include "detail/config.hpp"
 #include "detail/json_fields.hpp"
 #include "detail/lamb_math.hpp"
@@ -26,24 +27,8 @@
 namespace mpopt {
 
 struct onebit_adam {
-  /// Per parameter group. Defaults are DeepSpeed's OnebitAdam's. DeepSpeed counts its first call,
-  /// which only sets up state, as a step: its freeze_step F gives F - 1 warm-up updates, ours F.
-  struct options {
-    double lr = 1e-3;
-    double beta1 = 0.9;
-    double beta2 = 0.999;
-    double eps = 1e-8;
-    double weight_decay = 0.0;  ///< added to the update, as AdamW: u += wd p
-    /// Warm-up steps of full Adam before compressed communication starts (DeepSpeed's tutorial:
-    /// 15-25% of training). The same for every group: the compression stage starts for all at once.
-    std::uint64_t freeze_step = 100000;
-
-    void validate(std::string_view group) const {
-      const std::string g(group);
-      detail::require_adam_family(g, *this);
-      if (freeze_step < 1) detail::fail(g, ".freeze_step must be >= 1, got 0: the frozen variance comes from warm-up");
-    }
-  };
+  /// Per parameter group (onebit_adam_options.hpp): DeepSpeed's OnebitAdam's options and defaults.
+  using options = onebit_adam_options;
 
   static constexpr std::string_view name = "onebit_adam";
   static constexpr std::string_view title = "1-bit Adam";  ///< in messages
