@@ -478,6 +478,7 @@ class checkpointing {
     std::vector<range> senders(w);
     auto from = [&](std::size_t rank, std::size_t n) -> const std::vector<range>& {
       std::fill(senders.begin(), senders.end(), range{});
+      if (rank >= w) fail("checkpoint: no rank ", rank, " among ", w);  // an invariant, stated for g++'s -Warray-bounds
       senders[rank] = {0, n, 0};
       return senders;
     };
