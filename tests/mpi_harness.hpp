@@ -423,8 +423,8 @@ void check_same_on_every_rank(net<Opt>& n) {
 // ---------------------------------------------------------------- comparing with the reference
 
 /// Every rank gathers every rank's status and checks it against rank 0's: the same decision, the
-/// same counters and scale, and the same norm to the bit (each rank computes it over the identical
-/// reduced gradient).
+/// same counters and scale, and the same norm and spike-guard scores to the bit (each rank computes
+/// them over the identical reduced gradient and loss).
 inline void check_status_same_on_every_rank(const mpopt::step_status& st) {
   const std::uint64_t mine[] = {std::uint64_t(st.result),
                                 std::uint64_t(st.applied),
@@ -436,7 +436,9 @@ inline void check_status_same_on_every_rank(const mpopt::step_status& st) {
                                 std::bit_cast<std::uint64_t>(st.scale_after),
                                 std::bit_cast<std::uint64_t>(st.grad_norm),
                                 std::bit_cast<std::uint64_t>(st.clip_coef),
-                                std::bit_cast<std::uint64_t>(st.grad_norm_clipped)};
+                                std::bit_cast<std::uint64_t>(st.grad_norm_clipped),
+                                std::bit_cast<std::uint64_t>(st.loss_z),
+                                std::bit_cast<std::uint64_t>(st.norm_z)};
   constexpr int k = int(std::size(mine));
   const int w = world_size();
   std::vector<std::uint64_t> all(std::size_t(k * w));

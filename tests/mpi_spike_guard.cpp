@@ -83,16 +83,6 @@ double reference_loss(int s, int a_steps) {
   return sum / double(a_steps * world_size());
 }
 
-/// Every rank's scores of this boundary, bit for bit rank 0's.
-void check_scores_same_on_every_rank(const mpopt::step_status& st) {
-  const std::uint64_t mine[] = {std::bit_cast<std::uint64_t>(st.loss_z), std::bit_cast<std::uint64_t>(st.norm_z)};
-  std::vector<std::uint64_t> all(2 * std::size_t(world_size()));
-  MPI_Allgather(mine, 2, MPI_UINT64_T, all.data(), 2, MPI_UINT64_T, MPI_COMM_WORLD);
-  for (int r = 1; r < world_size(); ++r)
-    CHECK_MESSAGE((all[2 * std::size_t(r)] == all[0] && all[2 * std::size_t(r) + 1] == all[1]),
-                  "rank " << r << " scores differently from rank 0");
-}
-
 mpopt::optimizer_options guarded(int a_steps, int window = guard_window) {
   mpopt::optimizer_options o;
   o.accumulation_steps = a_steps;
@@ -136,8 +126,7 @@ TEST_SUITE("mpi_spike_guard") {
         const nlohmann::json scaler_before = g.opt.scaler().save();
         const mpopt::step_status st = guarded_boundary(g, ds, s, a_steps);
         statuses.push_back(st);
-        check_status_same_on_every_rank(st);
-        check_scores_same_on_every_rank(st);
+        check_status_same_on_every_rank(st);  // the scores too
 
         const double loss_z = reference_score(losses, reference_loss(s, a_steps), guard_window);
         const double norm_z = st.result == mpopt::step_result::skipped_nonfinite

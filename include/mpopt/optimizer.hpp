@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -72,6 +73,7 @@ class optimizer
   friend agreement;
   using state_access::tensor_at;
   using agreement::agree;
+  using agreement::agree_on_loss;
   using agreement::agree_on_backend;
   using agreement::check_same_settings;
   using agreement::decide_and_update;
@@ -305,11 +307,7 @@ class optimizer
     abandon_window_on_error([&] {  // where the update reads them, as the exchange delivers them
       auto c = context();
       d = exchange_.boundary(c, compressing());
-      loss_ = guard_.window_mean(loss, options_.accumulation_steps);
-      if (guard_.needs_loss() && comm_.size() > 1) {  // every rank judges the same mean
-        comm_.all_reduce(std::span<double>(&loss_, 1), reduce_op::sum);
-        loss_ /= double(comm_.size());
-      }
+      agree_on_loss(loss);
     });
     const double scale = scaler_.scale();
     // Gradients a driver keeps local (1-bit LAMB's compression stage) each stand for the combined
@@ -325,16 +323,13 @@ class optimizer
     st.grad_norm = decided.norm;
     st.loss_z = guard_.loss_score();
     st.norm_z = guard_.norm_score();
-    if (decided.skip || guard_.verdict() != detail::spike::none) {
+    const detail::spike spiked = guard_.verdict();  // none where the decision skips
+    if (decided.skip || spiked != detail::spike::none) {
+      st.result = decided.skip ? (decided.nonfinite > 0 ? step_result::skipped_nonfinite : step_result::skipped_norm_overflow)
+                  : spiked == detail::spike::loss ? step_result::skipped_loss_spike
+                                                  : step_result::skipped_norm_spike;
       st.grad_norm_clipped = decided.norm;
-      if (decided.skip) {
-        st.result = decided.nonfinite > 0 ? step_result::skipped_nonfinite : step_result::skipped_norm_overflow;
-        skip();
-      } else {
-        const bool loss_spike = guard_.verdict() == detail::spike::loss;
-        st.result = loss_spike ? step_result::skipped_loss_spike : step_result::skipped_norm_spike;
-        hold(loss_spike ? "loss" : "gradient norm");
-      }
+      skip(spiked);
       return reported(st);
     }
     st.result = step_result::applied;
@@ -446,22 +441,18 @@ class optimizer
     micro_step_ = 0;
   }
 
-  /// A skipped step; throws, changing nothing, if the run cannot go on (step_counts::skip).
-  void skip() {
+  /// A skipped step: an overflow, or what the spike guard found (which the scaler does not see);
+  /// throws, changing nothing, if the run cannot go on (step_counts::skip).
+  void skip(detail::spike spiked) {
     // Across ranks the window's gradients are already combined in place: an error below ends the
     // window. On one rank it stays open, so a caller that catches can finish the step again.
     if (!exchange_.keeps_window(comm_.size())) micro_step_ = 0;
+    const bool overflow = spiked == detail::spike::none;
     counts_.skip(scaler_, options_.max_consecutive_skips, [&] {
+      if (!overflow) return std::string(spiked == detail::spike::loss ? "a loss spike" : "a gradient norm spike");
       return detail::nonfinite_report(work_, chunk_nonfinite_.data(), tensors_.size(),
                                       [&](std::size_t t) { return tensor_name(t); });
-    });
-    micro_step_ = 0;
-  }
-
-  /// A step the spike guard holds (why: what spiked); as skip(), but the scaler sees no step.
-  void hold(const char* why) {
-    if (!exchange_.keeps_window(comm_.size())) micro_step_ = 0;
-    counts_.hold(options_.max_consecutive_skips, why);
+    }, overflow);
     micro_step_ = 0;
   }
 
@@ -517,7 +508,6 @@ class optimizer
   detail::step_counts counts_;
   std::size_t parameters_ = 0;  // elements of all tensors
   detail::spike_guard guard_;
-  double loss_ = 0;  // this boundary's mean loss over its micro-steps and ranks, for the guard
 };
 
 }  // namespace mpopt

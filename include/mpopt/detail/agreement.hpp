@@ -53,6 +53,18 @@ class agreement {
     else o.comm_.all_reduce(std::span<double>(sums + 1, 1), reduce_op::sum);
   }
 
+  /// The boundary's mean loss over its micro-steps (`loss`: the last one's) and, by one all-reduce
+  /// where the spike guard tests it, over every rank: all judge the same value.
+  void agree_on_loss(double loss) {
+    Opt& o = self();
+    double mean = o.guard_.window_mean(loss, o.options_.accumulation_steps);
+    if (o.guard_.needs_loss() && o.comm_.size() > 1) {
+      o.comm_.all_reduce(std::span<double>(&mean, 1), reduce_op::sum);
+      mean /= double(o.comm_.size());
+    }
+    o.guard_.set_loss(mean);
+  }
+
   /// This rank's share of the squared global norm, from per-chunk partial sums the host reads: the
   /// chunks it counts (each element is counted by one rank), added per owner in rank order.
   template <class T>
@@ -87,7 +99,7 @@ class agreement {
   /// (which scores every boundary's loss and norm, skipped or not).
   bool applies(const step_decision& decided) {
     Opt& o = self();
-    return o.guard_.judge(o.loss_, decided) == spike::none && !decided.skip;
+    return o.guard_.judge(decided) == spike::none && !decided.skip;
   }
 
   /// Whether the backend decides the step (step_decision.hpp): one rank owning every element, always;

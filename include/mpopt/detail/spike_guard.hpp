@@ -82,12 +82,14 @@ class spike_guard {
   void fold(double loss) { loss_sum_ += loss; }
   /// The window's mean loss on this rank, its last micro-step's `loss` included.
   double window_mean(double loss, int micro_steps) const { return (loss_sum_ + loss) / double(micro_steps); }
+  /// The boundary's loss judge() scores: the mean over every rank (agreement.hpp, agree_on_loss).
+  void set_loss(double mean) { boundary_loss_ = mean; }
 
-  /// Scores a boundary: its mean loss over every rank (when the loss is guarded) and its gradient
-  /// norm join their windows, whatever the step's fate (as in llm.c); then whether the step, unless
-  /// the decision already skips it, is held, and why: the loss is tested first.
-  spike judge(double loss, const step_decision& d) {
-    loss_score_ = o_.loss_z > 0 ? loss_.add(loss) : nan;
+  /// Scores a boundary: its loss (when guarded) and its gradient norm join their windows, whatever
+  /// the step's fate (as in llm.c); then whether the step, unless the decision already skips it,
+  /// is held, and why: the loss is tested first.
+  spike judge(const step_decision& d) {
+    loss_score_ = o_.loss_z > 0 ? loss_.add(boundary_loss_) : nan;
     norm_score_ = o_.norm_z > 0 ? norm_.add(d.norm) : nan;
     if (d.skip) return verdict_ = spike::none;
     if (loss_score_ > o_.loss_z) return verdict_ = spike::loss;  // NaN: not yet
@@ -134,7 +136,7 @@ class spike_guard {
 
   spike_guard_options o_;
   value_window loss_, norm_;
-  double loss_sum_ = 0;
+  double loss_sum_ = 0, boundary_loss_ = 0;
   double loss_score_ = nan, norm_score_ = nan;
   spike verdict_ = spike::none;
 };

@@ -26,29 +26,20 @@ struct step_counts {
     consecutive_skips = 0;
   }
 
-  /// A skipped step: throws first if the scaler or the skip limit says the run cannot go on
-  /// (changing nothing), then lets the scaler see the overflow. why() names what overflowed.
+  /// A skipped step: throws first if the scaler (on an overflow) or the skip limit says the run
+  /// cannot go on (changing nothing), then lets the scaler see the overflow. why() names what
+  /// overflowed or spiked. A spike guard's skip is no overflow: the scaler sees no step.
   template <class Scaler, class Why>
-  void skip(Scaler& scaler, std::uint64_t max_consecutive_skips, Why&& why) {
+  void skip(Scaler& scaler, std::uint64_t max_consecutive_skips, Why&& why, bool overflow = true) {
     const double scale = scaler.scale();
-    if (scaler.raises_on(true))
+    if (overflow && scaler.raises_on(true))
       fail("loss scale already at its minimum (", scale, ") and the gradients still overflow; ", why(), "; skipped ",
            skipped, " of ", skipped + applied,
            " steps so far. Consider bf16, a lower learning rate, or at_min_scale::keep_skipping");
     if (max_consecutive_skips && consecutive_skips + 1 >= max_consecutive_skips)
       fail(consecutive_skips + 1, " consecutive steps skipped (max_consecutive_skips = ", max_consecutive_skips,
            "); loss scale ", scale, "; ", why());
-    scaler.update(true);
-    ++skipped;
-    ++consecutive_skips;
-  }
-
-  /// A step the spike guard holds: skipped, but the gradients were fine, so the scaler sees no
-  /// step. Throws first, changing nothing, past max_consecutive_skips.
-  void hold(std::uint64_t max_consecutive_skips, const char* why) {
-    if (max_consecutive_skips && consecutive_skips + 1 >= max_consecutive_skips)
-      fail(consecutive_skips + 1, " consecutive steps skipped (max_consecutive_skips = ", max_consecutive_skips,
-           "); the last one for a ", why, " spike");
+    if (overflow) scaler.update(true);
     ++skipped;
     ++consecutive_skips;
   }
