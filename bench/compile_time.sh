@@ -38,7 +38,7 @@ echo '| translation unit (-O2) | seconds | peak MiB |'
 echo '|---|---|---|'
 row "examples/quickstart.cpp" "$cxx" "${flags[@]}" "$root/examples/quickstart.cpp"
 row "examples/train_mlp.cpp" "$cxx" "${flags[@]}" "$root/examples/train_mlp.cpp"
-row "examples/train_mlp_config.cpp (make_optimizer)" "$cxx" "${flags[@]}" "$root/examples/train_mlp_config.cpp"
+row "examples/configured_optimizer.cpp (make_optimizer)" "$cxx" "${flags[@]}" "$root/examples/configured_optimizer.cpp"
 if command -v mpicxx >/dev/null; then
   row "tests/mpi_zero.cpp (mpicxx)" env OMPI_CXX="$cxx" mpicxx "${flags[@]}" -I"$root/tests" "$root/tests/mpi_zero.cpp"
 else

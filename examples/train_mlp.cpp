@@ -31,24 +31,21 @@
 // the two results are printed side by side. The exit code is nonzero if the loss did not go down.
 //
 // With --config FILE the optimizer comes from a DeepSpeed JSON configuration instead of the flags:
-// mpopt::deepspeed_config reads it, mpopt::make_optimizer (in train_mlp_config.cpp, the one
+// mpopt::deepspeed_config reads it, mpopt::make_optimizer (in configured_optimizer.cpp, the one
 // translation unit that instantiates the optimizers a configuration can name) builds an
 // mpopt::any_optimizer of the policies it names, and the same training loop runs it (the fp32
 // comparison too, from the same file with fp16/bf16 switched off).
 
-#include <mpopt/any_optimizer.hpp>     // --config: the optimizer comes from train_mlp_config.cpp
-#include <mpopt/deepspeed_config.hpp>
+#include "configured_optimizer.hpp"  // --config: mpopt::any_optimizer from a DeepSpeed configuration
+#include "flags.hpp"
+#include "world.hpp"
 #include <mpopt/mpopt.hpp>
 #if MPOPT_EXAMPLE_DEVICE
 #include <mpopt/cuda.hpp>
 #endif
-#if MPOPT_EXAMPLE_MPI
-#include <mpopt/mpi.hpp>
-#endif
 
 #include <algorithm>
 #include <array>
-#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -64,9 +61,6 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
-
-/// train_mlp_config.cpp: mpopt::make_optimizer(c, the example's communicator).
-mpopt::any_optimizer make_configured_optimizer(const mpopt::deepspeed_config& c);
 
 namespace {
 
@@ -84,39 +78,11 @@ constexpr bool with_device = false;
 using device_backend = mpopt::host;  // never chosen: parse_args refuses --device cuda
 #endif
 
-#if MPOPT_EXAMPLE_MPI
-// The MPI build (train_mlp wherever MPI is found): every rank trains on its own shard of the data;
+// The MPI build (train_mlp wherever MPI is found): each rank trains on its own shard of the data;
 // the optimizer's communicator sums the gradients over the ranks (replicated) or reduce-scatters
 // them into shards (--zero 1|2).
-constexpr bool with_mpi = true;
-using communicator = mpopt::mpi;
-communicator make_communicator() { return mpopt::mpi{MPI_COMM_WORLD}; }
-int world(int (*query)(MPI_Comm, int*)) {
-  int v = 0;
-  query(MPI_COMM_WORLD, &v);
-  return v;
-}
-int world_rank() { return world(MPI_Comm_rank); }
-int world_size() { return world(MPI_Comm_size); }
-/// Each rank's value, on rank 0 (empty elsewhere).
-std::vector<unsigned long long> gather_on_rank0(unsigned long long mine) {
-  std::vector<unsigned long long> all(world_rank() == 0 ? std::size_t(world_size()) : 0);
-  MPI_Gather(&mine, 1, MPI_UNSIGNED_LONG_LONG, all.data(), 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
-  return all;
-}
-double mean_over_ranks(double x) {
-  MPI_Allreduce(MPI_IN_PLACE, &x, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-  return x / world_size();
-}
-#else
-constexpr bool with_mpi = false;
-using communicator = mpopt::single_process;
-communicator make_communicator() { return {}; }
-int world_rank() { return 0; }
-int world_size() { return 1; }
-std::vector<unsigned long long> gather_on_rank0(unsigned long long mine) { return {mine}; }
-double mean_over_ranks(double x) { return x; }
-#endif
+using example::communicator, example::make_communicator, example::with_mpi, example::world_rank, example::world_size,
+    example::gather_on_rank0, example::mean_over_ranks;
 
 constexpr int n_inputs = 32;
 constexpr int n_hidden = 64;
@@ -489,34 +455,7 @@ run in fp32 without loss scaling for comparison.
   --help                        this text
 )";
 
-struct usage_error {
-  std::string message;
-};
-
-template <class T>
-T parse_number(std::string_view flag, const std::string& text, T min) {
-  char* end = nullptr;
-  errno = 0;
-  const double v = std::strtod(text.c_str(), &end);
-  constexpr bool integral = std::is_integral_v<T>;
-  if (text.empty() || *end != '\0' || errno != 0 || !std::isfinite(v) || v < double(min) ||
-      (integral && (v != std::floor(v) || v > 1e15))) {
-    char expected[64];
-    std::snprintf(expected, sizeof expected, "%s >= %g", integral ? "an integer" : "a number", double(min));
-    throw usage_error{std::string(flag) + " expects " + expected + ", got '" + text + "'"};
-  }
-  return T(v);
-}
-
-void check_choice(std::string_view flag, const std::string& value, std::initializer_list<std::string_view> choices) {
-  if (std::ranges::find(choices, value) != choices.end()) return;
-  std::string list;
-  for (auto c : choices) {
-    if (!list.empty()) list += '|';
-    list += c;
-  }
-  throw usage_error{std::string(flag) + " must be " + list + ", got '" + value + "'"};
-}
+using example::usage_error, example::parse_number, example::check_choice;
 
 // Returns false if --help was given.
 bool parse_args(int argc, char** argv, config& c) {
