@@ -23,13 +23,14 @@ mpopt::optimizer_options zero_options(mpopt::optimizer_options o = {}) {
   return o;
 }
 
-#define ZERO_CFGS(Z)                                                           \
-  cfg<mpopt::fp32, mpopt::no_scaling, mpopt::adam, layout::unfused, Z>,        \
-      cfg<mpopt::bf16, mpopt::no_scaling, mpopt::adam, layout::flat, Z>,       \
-      cfg<mpopt::fp16, mpopt::dynamic_scale, mpopt::adam, layout::unfused, Z>, \
-      cfg<mpopt::fp32, mpopt::no_scaling, mpopt::lamb, layout::flat, Z>,       \
-      cfg<mpopt::bf16, mpopt::no_scaling, mpopt::lamb, layout::unfused, Z>,    \
-      cfg<mpopt::fp16, mpopt::dynamic_scale, mpopt::lamb, layout::flat, Z>
+// On the device, every precision, rule and layout once per partition.
+#define ZERO_CFGS(Z)                                                              \
+  cfg<mpopt::fp32, mpopt::no_scaling, mpopt::adam, layout::unfused, Z>,           \
+      cfg<mpopt::bf16, mpopt::no_scaling, mpopt::lamb, layout::unfused, Z>,       \
+      cfg<mpopt::fp16, mpopt::dynamic_scale, mpopt::lamb, layout::flat, Z>        \
+      HOST_ONLY(cfg<mpopt::bf16, mpopt::no_scaling, mpopt::adam, layout::flat, Z>, \
+                cfg<mpopt::fp16, mpopt::dynamic_scale, mpopt::adam, layout::unfused, Z>, \
+                cfg<mpopt::fp32, mpopt::no_scaling, mpopt::lamb, layout::flat, Z>)
 
 /// A communicator that fails, on every rank, at the n-th variable-count reduce-scatter, all-gather or
 /// all-reduce of doubles (as a broken network would be seen by all).
