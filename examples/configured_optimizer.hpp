@@ -7,4 +7,16 @@
 #include <mpopt/any_optimizer.hpp>
 #include <mpopt/deepspeed_config.hpp>
 
+#include <string_view>
+
 mpopt::any_optimizer make_configured_optimizer(const mpopt::deepspeed_config& c);
+
+/// The examples' --rule (adam, lamb, onebit_adam, onebit_lamb, zero_one_adam) as a configuration's
+/// rule and optimizer.type.
+inline void set_rule(mpopt::deepspeed_config& ds, std::string_view rule) {
+  if (rule == "lamb") ds.rule = mpopt::config_rule::lamb, ds.optimizer_type = "Lamb";
+  else if (rule == "onebit_adam") ds.rule = mpopt::config_rule::onebit_adam, ds.optimizer_type = "OneBitAdam";
+  else if (rule == "onebit_lamb") ds.rule = mpopt::config_rule::onebit_lamb, ds.optimizer_type = "OneBitLamb";
+  else if (rule == "zero_one_adam") ds.rule = mpopt::config_rule::zero_one_adam, ds.optimizer_type = "ZeroOneAdam";
+  else ds.rule = mpopt::config_rule::adam, ds.optimizer_type = "AdamW";
+}

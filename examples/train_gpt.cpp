@@ -277,11 +277,7 @@ mpopt::deepspeed_config optimizer_config(const config& c) {
   ds.onebit_adam_options = {.lr = c.lr, .beta2 = 0.99, .weight_decay = c.weight_decay, .freeze_step = freeze};
   ds.onebit_lamb_options = {.lr = c.lr, .beta2 = 0.99, .weight_decay = c.weight_decay, .freeze_step = freeze};
   ds.zero_one_adam_options = {.lr = c.lr, .beta2 = 0.99, .weight_decay = c.weight_decay, .var_freeze_step = freeze};
-  if (c.rule == "lamb") ds.rule = mpopt::config_rule::lamb, ds.optimizer_type = "Lamb";
-  else if (c.rule == "onebit_adam") ds.rule = mpopt::config_rule::onebit_adam, ds.optimizer_type = "OneBitAdam";
-  else if (c.rule == "onebit_lamb") ds.rule = mpopt::config_rule::onebit_lamb, ds.optimizer_type = "OneBitLamb";
-  else if (c.rule == "zero_one_adam") ds.rule = mpopt::config_rule::zero_one_adam, ds.optimizer_type = "ZeroOneAdam";
-  else ds.rule = mpopt::config_rule::adam, ds.optimizer_type = "AdamW";
+  set_rule(ds, c.rule);
   return ds;
 }
 

@@ -30,11 +30,13 @@
 // run (same seed, data, initial weights and batches) is repeated in fp32 without loss scaling, and
 // the two results are printed side by side. The exit code is nonzero if the loss did not go down.
 //
-// With --config FILE the optimizer comes from a DeepSpeed JSON configuration instead of the flags:
-// mpopt::deepspeed_config reads it, mpopt::make_optimizer (in configured_optimizer.cpp, the one
-// translation unit that instantiates the optimizers a configuration can name) builds an
-// mpopt::any_optimizer of the policies it names, and the same training loop runs it (the fp32
-// comparison too, from the same file with fp16/bf16 switched off).
+// The optimizer comes from a DeepSpeed configuration: the one --config FILE names, read by
+// mpopt::deepspeed_config, or the one the flags stand for. mpopt::make_optimizer (in
+// configured_optimizer.cpp, the one translation unit that instantiates the optimizers a
+// configuration can name) builds an mpopt::any_optimizer of the policies it names, and the
+// training loop runs it (the fp32 comparison too, from the same configuration with fp16/bf16
+// switched off). What a configuration cannot say (stochastic rounding, fp16 without loss scaling,
+// the device backend of train_mlp_device) builds a typed mpopt::optimizer here, with Adam or LAMB.
 
 #include "configured_optimizer.hpp"  // --config: mpopt::any_optimizer from a DeepSpeed configuration
 #include "flags.hpp"
@@ -399,13 +401,15 @@ run in fp32 without loss scaling for comparison.
 
   --precision fp16|bf16|fp32    parameter and gradient type (default fp16)
   --scaler dynamic|static|none  loss scaling; dynamic or static need fp16 (default: dynamic
-                                for fp16, none otherwise)
+                                for fp16, none otherwise); fp16 with none takes --rule adam or
+                                lamb, replicated
   --loss-scale S                initial scale (dynamic, default 2^24) or the scale (static,
                                 default 1024)
   --rounding nearest|stochastic how the fp32 master becomes the 16-bit parameters (default
                                 nearest); stochastic (bf16, or fp16 with dynamic scaling) is
                                 seeded by --seed and gives the same bits on any thread count,
-                                SIMD level or number of ranks
+                                SIMD level or number of ranks; it takes --rule adam or lamb,
+                                replicated
   --rule adam|lamb|onebit_lamb|onebit_adam|zero_one_adam
                                 update rule (default adam; AdamW-style weight decay). onebit_lamb
                                 (1-bit LAMB) and onebit_adam (1-bit Adam) average the momentum over
@@ -440,7 +444,8 @@ run in fp32 without loss scaling for comparison.
                                 2^18: about one pass in 2000 steps on 4 ranks, like pretraining)
   --print-every N               progress line every N steps (default 100; 0: none)
   --device host|cuda            the optimizer's backend: host in train_mlp; cuda (only) in
-                                train_mlp_device, the device backend built for Thrust's OpenMP system
+                                train_mlp_device, the device backend built for Thrust's OpenMP
+                                system, with --rule adam or lamb
   --zero 0|1|2                  the MPI build only (under mpirun): 0 replicated, 1 ZeRO-1, 2 ZeRO-2;
                                 each rank trains on its own shard of the data (default 0)
   --overlap on|off              reduce gradients during backward as layers finish, and gather the
@@ -456,6 +461,14 @@ run in fp32 without loss scaling for comparison.
 )";
 
 using example::usage_error, example::parse_number, example::check_choice;
+
+// Most flags stand for a DeepSpeed configuration, and their optimizer comes from
+// configured_optimizer.cpp, compiled once. A few need an optimizer type of this file's own (the
+// typed path): stochastic rounding and fp16 without loss scaling, which a configuration cannot
+// say, and every run of train_mlp_device (make_optimizer builds host-backend optimizers).
+bool needs_typed_path(const config& c) {
+  return with_device || c.rounding == "stochastic" || (c.precision == "fp16" && c.scaler == "none");
+}
 
 // Returns false if --help was given.
 bool parse_args(int argc, char** argv, config& c) {
@@ -478,7 +491,7 @@ bool parse_args(int argc, char** argv, config& c) {
     else if (flag == "--freeze-step") c.freeze_step = parse_number<std::uint64_t>(flag, value, 1);
     else if (flag == "--csv") c.csv = value;
     else if (flag == "--config") {
-      if (with_device)  // and so train_mlp_device does not compile the factory's 28 optimizers
+      if (with_device)  // and so train_mlp_device does not compile the factory
         throw usage_error{"--config builds a host-backend optimizer: build/examples/train_mlp --config FILE"};
       c.config_file = value;
     }
@@ -557,6 +570,12 @@ bool parse_args(int argc, char** argv, config& c) {
     throw usage_error{"--train-samples must be at least the number of ranks (" + std::to_string(world_size()) + ")"};
   if (compressing && c.zero > 0)
     throw usage_error{"--rule " + c.rule + " keeps the whole momentum on every rank: use --zero 0"};
+  if (needs_typed_path(c)) {
+    const std::string what = with_device ? std::string("train_mlp_device") : c.rounding == "stochastic" ? "--rounding stochastic" : "fp16 with --scaler none";
+    if (c.rule != "adam" && c.rule != "lamb")
+      throw usage_error{what + " is built with --rule adam or lamb only (this example's choice)"};
+    if (c.zero > 0) throw usage_error{what + " is built replicated only: use --zero 0 (this example's choice)"};
+  }
   return true;
 }
 
@@ -693,15 +712,7 @@ run_result train(const config& c, const task& data, bool verbose) {
 
   typename Opt::group_options weights_options{.lr = c.lr, .weight_decay = c.weight_decay};
   typename Opt::group_options biases_options{.lr = c.lr, .weight_decay = 0.0};
-  if constexpr (requires { weights_options.freeze_step; })
-    weights_options.freeze_step = biases_options.freeze_step = c.freeze_step;
-  if constexpr (requires { weights_options.bias_correction; })
-    weights_options.bias_correction = biases_options.bias_correction = c.bias_correction;
-  if constexpr (std::is_same_v<typename Opt::rule, mpopt::zero_one_adam>)
-    for (auto* o : {&weights_options, &biases_options}) {
-      o->var_freeze_step = c.freeze_step;
-      o->local_step_scaler = std::max(1, c.steps / 20);
-    }
+  weights_options.bias_correction = biases_options.bias_correction = c.bias_correction;
   mlp<P, G> model;
   if (c.layout == "fused") attach_fused(opt, model, weights_options, biases_options);
   else attach_unfused(opt, model, weights_options, biases_options, storage);
@@ -904,44 +915,29 @@ int report(const config& c, const std::string& label, std::string_view partition
   return 0;
 }
 
-// Runtime flags -> one instantiation of mpopt::optimizer<Precision, LossScaler, Partition, Rule>.
-template <class Precision, class Scaler, class Partition, class Backend>
-int run_with_rule(const config& c, const task& data) {
-  if (c.rule == "lamb") return run<mpopt::optimizer<Precision, Scaler, Partition, mpopt::lamb, Backend, communicator>>(c, data);
-  if constexpr (std::is_same_v<Partition, mpopt::replicated>) {  // parse_args refuses them with ZeRO
-    if (c.rule == "onebit_lamb")
-      return run<mpopt::optimizer<Precision, Scaler, Partition, mpopt::onebit_lamb, Backend, communicator>>(c, data);
-    if (c.rule == "onebit_adam")
-      return run<mpopt::optimizer<Precision, Scaler, Partition, mpopt::onebit_adam, Backend, communicator>>(c, data);
-    if (c.rule == "zero_one_adam")
-      return run<mpopt::optimizer<Precision, Scaler, Partition, mpopt::zero_one_adam, Backend, communicator>>(c, data);
-  }
-  return run<mpopt::optimizer<Precision, Scaler, Partition, mpopt::adam, Backend, communicator>>(c, data);
-}
-
-// Each build instantiates only what its flags can reach (parse_args refuses the rest): ZeRO only over
-// MPI, the device backend only in train_mlp_device.
+// The typed path: runtime flags -> one instantiation of mpopt::optimizer<Precision, LossScaler,
+// replicated, Rule>, Rule adam or lamb (parse_args refuses the rest). Each type costs the build
+// seconds, so this path holds only what the configured path cannot: the device backend, stochastic
+// rounding, fp16 without loss scaling.
 using backend = std::conditional_t<with_device, device_backend, mpopt::host>;
 
 template <class Precision, class Scaler>
-int run_with_partition(const config& c, const task& data) {
-  if constexpr (with_mpi) {
-    if (c.zero == 1) return run_with_rule<Precision, Scaler, mpopt::zero1, backend>(c, data);
-    if (c.zero == 2) return run_with_rule<Precision, Scaler, mpopt::zero2, backend>(c, data);
-  }
-  return run_with_rule<Precision, Scaler, mpopt::replicated, backend>(c, data);
+int run_typed(const config& c, const task& data) {
+  if (c.rule == "lamb")
+    return run<mpopt::optimizer<Precision, Scaler, mpopt::replicated, mpopt::lamb, backend, communicator>>(c, data);
+  return run<mpopt::optimizer<Precision, Scaler, mpopt::replicated, mpopt::adam, backend, communicator>>(c, data);
 }
 
 #if !MPOPT_EXAMPLE_DEVICE
-// --config: the optimizer a DeepSpeed configuration describes, on tensors of its precision's type.
-int run_configured(config c, const mpopt::deepspeed_config& ds, const task& data) {
+// The optimizer a DeepSpeed configuration describes (`source`: where it came from), on tensors of
+// its precision's type.
+int run_configured(config c, const mpopt::deepspeed_config& ds, const std::string& source, const task& data) {
   c.accumulate = ds.options.accumulation_steps;
   if (ds.micro_batch_size > 0) c.batch = ds.micro_batch_size;
   const bool printer = world_rank() == 0;
   if (printer) {
-    std::printf("train_mlp: %s (DeepSpeed configuration %s), %s layout; MLP %d-%d-%d-%d; %zu train / %zu test "
-                "samples; %d steps of %s%d samples",
-                ds.summary().c_str(), c.config_file.c_str(), c.layout.c_str(), n_inputs, n_hidden, n_hidden, n_classes,
+    std::printf("train_mlp: %s (%s), %s layout; MLP %d-%d-%d-%d; %zu train / %zu test samples; %d steps of %s%d samples",
+                ds.summary().c_str(), source.c_str(), c.layout.c_str(), n_inputs, n_hidden, n_hidden, n_classes,
                 data.train.size(), data.test.size(), c.steps,
                 c.accumulate > 1 ? (std::to_string(c.accumulate) + " x ").c_str() : "", c.batch);
     if (with_mpi) std::printf(" per rank over %d ranks", world_size());
@@ -960,7 +956,7 @@ int run_configured(config c, const mpopt::deepspeed_config& ds, const task& data
   };
   const run_result r = train_in(c, ds, true);
   std::optional<run_result> fp32;
-  if (ds.precision != mpopt::config_precision::fp32) {  // the same file with fp16 and bf16 off
+  if (ds.precision != mpopt::config_precision::fp32) {  // the same configuration with fp16 and bf16 off
     mpopt::deepspeed_config reference = ds;
     reference.precision = mpopt::config_precision::fp32;
     reference.scaler = mpopt::config_scaler::none;
@@ -972,6 +968,32 @@ int run_configured(config c, const mpopt::deepspeed_config& ds, const task& data
   static constexpr std::string_view partitions[] = {"replicated", "zero1", "zero2"};
   return report(c, ds.summary(), partitions[ds.zero_stage], r, fp32);
 }
+
+// The flags as the DeepSpeed configuration they stand for (all but what needs_typed_path takes).
+mpopt::deepspeed_config flags_config(const config& c) {
+  mpopt::deepspeed_config ds;
+  ds.precision = c.precision == "fp16"   ? mpopt::config_precision::fp16
+                 : c.precision == "bf16" ? mpopt::config_precision::bf16
+                                         : mpopt::config_precision::fp32;
+  ds.scaler = c.scaler == "dynamic" ? mpopt::config_scaler::dynamic_scale
+              : c.scaler == "static" ? mpopt::config_scaler::static_scale
+                                     : mpopt::config_scaler::none;
+  ds.dynamic_options = scaler_options<mpopt::dynamic_scale_options>(c);
+  ds.static_options = scaler_options<mpopt::static_scale_options>(c);
+  ds.zero_stage = std::max(c.zero, 0);
+  // Clip the true gradient to a global L2 norm of 1; give up (mpopt::error) if 100 steps in a row
+  // overflow, which no sane loss scale would cause.
+  ds.options = {.clip_grad = 1.0, .accumulation_steps = c.accumulate, .max_consecutive_skips = 100,
+                .rounding_seed = c.seed, .overlap_comm = c.overlap};
+  ds.adam_options = {.lr = c.lr, .weight_decay = c.weight_decay, .bias_correction = c.bias_correction};
+  ds.lamb_options = {.lr = c.lr, .weight_decay = c.weight_decay, .bias_correction = c.bias_correction};
+  ds.onebit_adam_options = {.lr = c.lr, .weight_decay = c.weight_decay, .freeze_step = c.freeze_step};
+  ds.onebit_lamb_options = {.lr = c.lr, .weight_decay = c.weight_decay, .freeze_step = c.freeze_step};
+  ds.zero_one_adam_options = {.lr = c.lr, .weight_decay = c.weight_decay, .var_freeze_step = c.freeze_step,
+                              .local_step_scaler = std::uint64_t(std::max(1, c.steps / 20))};
+  set_rule(ds, c.rule);
+  return ds;
+}
 #endif
 
 int dispatch(const config& c, const task& data) {
@@ -980,18 +1002,23 @@ int dispatch(const config& c, const task& data) {
     const mpopt::deepspeed_config ds = mpopt::deepspeed_config::read(c.config_file, world_size());
     if (ds.micro_batch_size > 0 && std::ranges::find(c.given, "--batch") != c.given.end())
       throw usage_error{"--batch conflicts with --config: the configuration decides it (train_micro_batch_size_per_gpu)"};
-    return run_configured(c, ds, data);
+    return run_configured(c, ds, "DeepSpeed configuration " + c.config_file, data);
   }
+  if (!needs_typed_path(c)) return run_configured(c, flags_config(c), "from the flags", data);
 #endif
-  if (c.precision == "fp32") return run_with_partition<mpopt::fp32, mpopt::no_scaling>(c, data);
   if (c.rounding == "stochastic") {  // parse_args allows bf16 and fp16 with dynamic scaling
-    if (c.precision == "bf16") return run_with_partition<mpopt::bf16_stochastic, mpopt::no_scaling>(c, data);
-    return run_with_partition<mpopt::fp16_stochastic, mpopt::dynamic_scale>(c, data);
+    if (c.precision == "bf16") return run_typed<mpopt::bf16_stochastic, mpopt::no_scaling>(c, data);
+    return run_typed<mpopt::fp16_stochastic, mpopt::dynamic_scale>(c, data);
   }
-  if (c.precision == "bf16") return run_with_partition<mpopt::bf16, mpopt::no_scaling>(c, data);
-  if (c.scaler == "dynamic") return run_with_partition<mpopt::fp16, mpopt::dynamic_scale>(c, data);
-  if (c.scaler == "static") return run_with_partition<mpopt::fp16, mpopt::static_scale>(c, data);
-  return run_with_partition<mpopt::fp16, mpopt::no_scaling>(c, data);
+  if (c.precision == "fp16" && c.scaler == "none") return run_typed<mpopt::fp16, mpopt::no_scaling>(c, data);
+#if MPOPT_EXAMPLE_DEVICE
+  if (c.precision == "fp32") return run_typed<mpopt::fp32, mpopt::no_scaling>(c, data);
+  if (c.precision == "bf16") return run_typed<mpopt::bf16, mpopt::no_scaling>(c, data);
+  if (c.scaler == "dynamic") return run_typed<mpopt::fp16, mpopt::dynamic_scale>(c, data);
+  return run_typed<mpopt::fp16, mpopt::static_scale>(c, data);
+#else
+  throw std::logic_error("dispatch: flags that need_typed_path does not know");
+#endif
 }
 
 }  // namespace

@@ -197,20 +197,28 @@ struct cfg {
   }
 };
 
-#define CFGS_OF(R, L)                                                                   \
-  cfg<mpopt::fp32, mpopt::no_scaling, R, L>, cfg<mpopt::bf16, mpopt::no_scaling, R, L>, \
-      cfg<mpopt::fp16, mpopt::dynamic_scale, R, L>
-#define ALL_CFGS                                                                                                    \
-  CFGS_OF(mpopt::adam, layout::unfused), CFGS_OF(mpopt::adam, layout::flat), CFGS_OF(mpopt::lamb, layout::unfused), \
-      CFGS_OF(mpopt::lamb, layout::flat)
-// Precision x rule, the layout alternating.
-#define SOME_CFGS                                                           \
-  cfg<mpopt::fp32, mpopt::no_scaling, mpopt::adam, layout::unfused>,        \
-      cfg<mpopt::bf16, mpopt::no_scaling, mpopt::adam, layout::flat>,       \
-      cfg<mpopt::fp16, mpopt::dynamic_scale, mpopt::adam, layout::unfused>, \
+// Each precision, rule and layout once: all the device build runs of ALL_CFGS and SOME_CFGS
+// (tests/README.md, "The device build").
+#define FEW_CFGS                                                            \
+  cfg<mpopt::fp16, mpopt::dynamic_scale, mpopt::adam, layout::unfused>,     \
       cfg<mpopt::fp32, mpopt::no_scaling, mpopt::lamb, layout::flat>,       \
-      cfg<mpopt::bf16, mpopt::no_scaling, mpopt::lamb, layout::unfused>,    \
-      cfg<mpopt::fp16, mpopt::dynamic_scale, mpopt::lamb, layout::flat>
+      cfg<mpopt::bf16, mpopt::no_scaling, mpopt::lamb, layout::unfused>
+// Precision x rule x layout.
+#define ALL_CFGS                                                                              \
+  FEW_CFGS HOST_ONLY(cfg<mpopt::fp32, mpopt::no_scaling, mpopt::adam, layout::unfused>,       \
+                     cfg<mpopt::bf16, mpopt::no_scaling, mpopt::adam, layout::unfused>,       \
+                     cfg<mpopt::fp32, mpopt::no_scaling, mpopt::adam, layout::flat>,          \
+                     cfg<mpopt::bf16, mpopt::no_scaling, mpopt::adam, layout::flat>,          \
+                     cfg<mpopt::fp16, mpopt::dynamic_scale, mpopt::adam, layout::flat>,       \
+                     cfg<mpopt::fp32, mpopt::no_scaling, mpopt::lamb, layout::unfused>,       \
+                     cfg<mpopt::fp16, mpopt::dynamic_scale, mpopt::lamb, layout::unfused>,    \
+                     cfg<mpopt::bf16, mpopt::no_scaling, mpopt::lamb, layout::flat>,          \
+                     cfg<mpopt::fp16, mpopt::dynamic_scale, mpopt::lamb, layout::flat>)
+// Precision x rule, the layout alternating.
+#define SOME_CFGS                                                                          \
+  FEW_CFGS HOST_ONLY(cfg<mpopt::fp32, mpopt::no_scaling, mpopt::adam, layout::unfused>,    \
+                     cfg<mpopt::bf16, mpopt::no_scaling, mpopt::adam, layout::flat>,       \
+                     cfg<mpopt::fp16, mpopt::dynamic_scale, mpopt::lamb, layout::flat>)
 
 // ---------------------------------------------------------------- a model: optimizer + tensors
 
