@@ -38,7 +38,7 @@
 // switched off). What a configuration cannot say (stochastic rounding, fp16 without loss scaling,
 // the device backend of train_mlp_device) builds a typed mpopt::optimizer here, with Adam or LAMB.
 
-#include "configured_optimizer.hpp"  // --config: mpopt::any_optimizer from a DeepSpeed configuration
+#include "configured_optimizer.hpp"  // mpopt::any_optimizer from a DeepSpeed configuration
 #include "flags.hpp"
 #include "world.hpp"
 #include <mpopt/mpopt.hpp>
@@ -571,7 +571,9 @@ bool parse_args(int argc, char** argv, config& c) {
   if (compressing && c.zero > 0)
     throw usage_error{"--rule " + c.rule + " keeps the whole momentum on every rank: use --zero 0"};
   if (needs_typed_path(c)) {
-    const std::string what = with_device ? std::string("train_mlp_device") : c.rounding == "stochastic" ? "--rounding stochastic" : "fp16 with --scaler none";
+    const std::string what = with_device                  ? "train_mlp_device"
+                             : c.rounding == "stochastic" ? "--rounding stochastic"
+                                                          : "fp16 with --scaler none";
     if (c.rule != "adam" && c.rule != "lamb")
       throw usage_error{what + " is built with --rule adam or lamb only (this example's choice)"};
     if (c.zero > 0) throw usage_error{what + " is built replicated only: use --zero 0 (this example's choice)"};
