@@ -1019,7 +1019,7 @@ int dispatch(const config& c, const task& data) {
   if (c.scaler == "dynamic") return run_typed<mpopt::fp16, mpopt::dynamic_scale>(c, data);
   return run_typed<mpopt::fp16, mpopt::static_scale>(c, data);
 #else
-  throw std::logic_error("dispatch: flags that need_typed_path does not know");
+  throw std::logic_error("dispatch: flags that needs_typed_path does not know");
 #endif
 }
 
