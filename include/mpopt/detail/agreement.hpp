@@ -26,7 +26,6 @@
 #include "step_data.hpp"
 #include "step_decision.hpp"
 #include "same_settings.hpp"
-#include "state_file.hpp"
 
 namespace mpopt::detail {
 
@@ -186,71 +185,29 @@ class agreement {
   /// ranks, before any gradient moves. What decides the number of settings is compared first.
   void check_same_settings() {
     Opt& o = self();
-    using accumulate_type = typename Opt::accumulate_type;
-    using communicate_type = typename Opt::communicate_type;
-    std::string policies = std::string(Precision::name) + " " + std::string(LossScaler::name) + " " +
-                           std::string(Partition::name) + " " + std::string(UpdateRule::name) + " " +
-                           std::string(Backend::name) + " " + std::string(Communicator::name) + ", sums in " +
-                           std::string(type_name<accumulate_type>) + ", sent in " + std::string(type_name<communicate_type>);
-    const std::string_view advice =
-        "Every rank must construct the optimizer with the same policies and options and register the same tensors "
-        "in the same order";
+    const std::string policies = policies_text(
+        {Precision::name, LossScaler::name, Partition::name, UpdateRule::name, Backend::name, Communicator::name},
+        type_name<typename Opt::accumulate_type>, type_name<typename Opt::communicate_type>);
     const setting shape[] = {{"policies", policies}, {"number of groups", std::to_string(o.groups_.size())}};
-    require_same_settings(o.comm_, shape, advice);
+    require_same_settings(o.comm_, shape, same_settings_advice);
 
-    std::vector<setting> all;
-    auto add = [&](std::string name, const nlohmann::json& value) {
-      all.push_back({std::move(name), value.is_string() ? value.get<std::string>() : value.dump()});
-    };
-    auto add_each = [&](const std::string& prefix, const nlohmann::json& object) {
-      for (const auto& [key, value] : object.items()) add(prefix + key, value);
-    };
-    const optimizer_options& opts = o.options_;
-    add("clip_grad", opts.clip_grad);
-    add("accumulation_steps", opts.accumulation_steps);
-    add("combine", opts.combine == accumulation::mean ? "mean" : "sum");
-    add("skip_nonfinite", opts.skip_nonfinite);
-    add("max_consecutive_skips", opts.max_consecutive_skips);
-    add("bucket_elements", opts.bucket_elements);
-    add("gradient_predivide", opts.gradient_predivide);
-    add("sum_by_shard", opts.sum_by_shard);
-    add("rounding", std::string(rounding_of_t<Precision>::name));
-    add("rounding_seed", opts.rounding_seed);
-    add("overlap_comm", opts.overlap_comm);
-    add("buckets_in_flight", opts.buckets_in_flight);
-    add("spike_guard.window", opts.spike_guard.window);
-    add("spike_guard.loss_z", opts.spike_guard.loss_z);
-    add("spike_guard.norm_z", opts.spike_guard.norm_z);
-    add_each(std::string(LossScaler::name) + ".", o.scaler_.settings());
-    add_each(std::string(LossScaler::name) + " state.", o.scaler_.save());
+    std::vector<setting> all = option_settings(o.options_, rounding_of_t<Precision>::name);
+    add_settings(all, std::string(LossScaler::name) + ".", o.scaler_.settings());
+    add_settings(all, std::string(LossScaler::name) + " state.", o.scaler_.save());
     if constexpr (requires { o.comm_.inner().options().deterministic; })
-      add(std::string(Communicator::name) + ".deterministic", o.comm_.inner().options().deterministic);
+      all.push_back({std::string(Communicator::name) + ".deterministic",
+                     o.comm_.inner().options().deterministic ? "true" : "false"});
     for (std::size_t gi = 0; gi < o.groups_.size(); ++gi) {
       const auto& g = o.groups_[gi];
-      add_each(g->label_ + ".", UpdateRule::to_json(g->options_));
+      add_settings(all, g->label_ + ".", UpdateRule::to_json(g->options_));
       // An expert group's communicator; its tensors' names differ between sets of experts
       // (expert_placement.hpp checks them).
-      add(g->label_ + " data-parallel over",
-          g->expert_parallel() ? std::to_string(o.group_comms_[gi]->size()) + " ranks (expert group)" : "every rank");
-      // The tensors as a short summary whose hash covers every name, size and shape, in order
-      // (rank 0's shapes are what save() writes).
-      std::string names;
-      std::size_t elements = 0;
-      for (const auto& e : g->entries_) {
-        names += (g->expert_parallel() ? std::string() : e.name) + ":" + std::to_string(e.size);
-        for (const std::int64_t d : e.shape.dims()) {
-          names += ',';  // not "," + to_string(d): g++ 12 warns -Wrestrict on that (a false positive)
-          names += std::to_string(d);
-        }
-        names += ";";
-        elements += e.size;
-      }
-      checksum64 sum(names.size());
-      sum.update(std::as_bytes(std::span(names)));
-      add(g->label_ + " tensors", std::to_string(g->entries_.size()) + " tensors, " + std::to_string(elements) +
-                                      " elements, hash " + checksum64::hex(sum.finish()).substr(0, 8));
+      const std::size_t replicas = g->expert_parallel() ? std::size_t(o.group_comms_[gi]->size()) : 0;
+      tensors_summary tensors(g->label_, replicas);
+      for (const auto& e : g->entries_) tensors.add(e.name, e.size, e.shape);
+      tensors.settle(all);
     }
-    require_same_settings(o.comm_, std::span<const setting>(all), advice);
+    require_same_settings(o.comm_, std::span<const setting>(all), same_settings_advice);
   }
 
  private:

@@ -2,15 +2,14 @@
 // master and rule state buffer by tensor name, with the scaler, the counters and each group's
 // options, in a safetensors file (README, "Checkpoints"; the container: state_file.hpp). Sharded
 // state is gathered tensor by tensor on save and each rank reads its own part on load, so a file
-// loads at any world size. The optimizer derives from checkpointing<itself, its policies>.
+// loads at any world size. The optimizer derives from checkpointing<itself, its policies>; what does
+// not depend on them is in saved_state.hpp.
 #pragma once
 
 #include <algorithm>
-#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
-#include <map>
 #include <optional>
 #include <span>
 #include <string>
@@ -28,6 +27,7 @@
 #include "flat_layout.hpp"
 #include "json_fields.hpp"
 #include "same_settings.hpp"
+#include "saved_state.hpp"
 #include "spike_guard.hpp"
 #include "state_file.hpp"
 #include "tensor_registry.hpp"
@@ -97,7 +97,7 @@ class checkpointing {
         data = reinterpret_cast<const T*>(copied.data());
       }
       const std::span<const T> mine(data, data ? r.count : 0);
-      const auto bytes = std::as_bytes(assemble(o, senders, mine, whole, aside));
+      const auto bytes = std::as_bytes(assemble(o.comm_, senders, mine, whole, aside));
       if (!r.run) return write(bytes);
       if (r.first == 0) runs.clear();
       runs.insert(runs.end(), bytes.begin(), bytes.end());
@@ -159,13 +159,10 @@ class checkpointing {
   const Opt& self() const { return static_cast<const Opt&>(*this); }
 
   /// What load() takes from a file besides the tensors.
-  struct saved_header {
+  struct saved_header : saved_counts {
     LossScaler scaler{typename LossScaler::options{}};
     std::vector<typename UpdateRule::options> groups;
     std::vector<std::uint64_t> group_steps;
-    std::uint64_t applied = 0, skipped = 0, consecutive = 0;
-    std::optional<std::uint64_t> rounding_seed;  // saved under stochastic rounding
-    spike_guard::saved guard;  // the spike guard's windows, where it was on
     typename Opt::driver::saved driver;  // what the rule's driver keeps besides
     /// Where each of my tensors is among the file's (per-tensor values are saved in that order).
     std::vector<std::size_t> kept_at;
@@ -174,34 +171,10 @@ class checkpointing {
     int replica = 0;  ///< the rank whose copy this rank reads (replicas_differ), else 0
   };
 
-  /// Where the file holds rank r's copy of a parameter's tensor: rank 0's under its name, the
-  /// others' (replicas_differ) under "rank/<r>/" and the name.
-  static std::string replica_key(int r, const std::string& key) {
-    return r == 0 ? key : "rank/" + std::to_string(r) + "/" + key;
-  }
   /// How many ranks' copies save() writes: every rank's where the rule's driver says the replicas
   /// differ (0/1 Adam between synchronisations), else 0 (rank 0's alone, as every rank's).
   static int replicas(const Opt& o) {
     return o.comm_.size() > 1 && Opt::driver::replicas_differ(o.groups_) ? o.comm_.size() : 0;
-  }
-
-  /// An expert group's tensors among those a file holds of it (`saved`: names and sizes, every
-  /// expert of the run that saved it): each of mine is there with its size, and kept_at gets its
-  /// position (the group's start at `first`). That the sets of experts together hold them all is
-  /// checked across ranks (check_same_checkpoint).
-  template <class Group>
-  static void find_experts(const Group& g, const nlohmann::json& saved, std::size_t first,
-                           std::vector<std::size_t>& kept_at, const std::string& where) {
-    std::map<std::string, std::pair<std::size_t, std::size_t>> at;  // name -> (position, size)
-    for (std::size_t i = 0; i < saved.size(); ++i)
-      at[saved[i].at("name").template get<std::string>()] = {i, saved[i].at("size").template get<std::size_t>()};
-    for (const auto& e : g.entries_) {
-      const auto it = at.find(e.name);
-      if (it == at.end()) fail(where, "tensor '", e.name, "' is not in the file");
-      if (it->second.second != e.size)
-        fail(where, "tensor '", e.name, "' has ", it->second.second, " elements in the file, ", e.size, " here");
-      kept_at.push_back(first + it->second.first);
-    }
   }
 
   /// Checks a state file against this optimizer (policies, groups, tensor names, sizes, dtypes) and
@@ -213,9 +186,7 @@ class checkpointing {
     try {
       const nlohmann::json& meta = r.metadata();
       const nlohmann::json mine = describe();
-      for (const char* key : {"precision", "loss_scaler", "rule"})  // any partition: the file is per parameter
-        if (meta.at(key) != mine.at(key))
-          fail(where, "saved with ", key, " ", meta.at(key).dump(), ", this optimizer has ", mine.at(key).dump());
+      check_saved_policies(meta, mine, where);
       const auto& groups = meta.at("groups");
       if (groups.size() != o.groups_.size())
         fail(where, "saved with ", groups.size(), " groups, this optimizer has ", o.groups_.size());
@@ -223,7 +194,9 @@ class checkpointing {
       for (std::size_t g = 0; g < groups.size(); ++g) {
         const nlohmann::json& saved = groups[g].at("tensors");
         if (o.groups_[g]->expert_parallel()) {
-          find_experts(*o.groups_[g], saved, file_tensors, h.kept_at, where + "expert group " + std::to_string(g) + ": ");
+          std::vector<std::pair<std::string, std::size_t>> experts;
+          for (const auto& e : o.groups_[g]->entries_) experts.emplace_back(e.name, e.size);
+          find_experts(experts, saved, file_tensors, h.kept_at, where + "expert group " + std::to_string(g) + ": ");
         } else if (saved != mine["groups"][g]["tensors"]) {
           fail(where, "group ", g, " holds different tensors: saved ", saved.dump(), ", this optimizer has ",
                mine["groups"][g]["tensors"].dump());
@@ -236,12 +209,7 @@ class checkpointing {
       h.file_tensors = file_tensors;
       // Every number through an exact type and range check (json_fields.hpp), then the checks the
       // options get from the constructor: nothing in the file reaches a conversion or a step unchecked.
-      using detail::json_count;
-      h.applied = json_count(meta, "applied_steps", max_steps);
-      h.skipped = json_count(meta, "skipped_steps", max_steps);
-      h.consecutive = json_count(meta, "consecutive_skips", h.skipped, "consecutive_skips (at most skipped_steps)");
-      if (meta.contains("rounding_seed")) h.rounding_seed = json_count(meta, "rounding_seed", ~std::uint64_t{0});
-      if (meta.contains("spike_guard")) h.guard = spike_guard::check_saved(meta.at("spike_guard"), where);
+      static_cast<saved_counts&>(h) = read_saved_counts(meta, where);
       for (std::size_t g = 0; g < groups.size(); ++g) {
         const std::string label = "group " + std::to_string(g);
         try {
@@ -262,15 +230,7 @@ class checkpointing {
       for (const auto& g : o.groups_)
         for (const auto& e : g->entries_) elements += e.size;
       h.driver = o.driver_.check_saved(meta, r, where, lo, h.applied, o.comm_.size(), elements);
-      if (meta.contains("replicas")) {  // each rank's own parameters and state (replicas_differ)
-        const int saved_world = int(json_integer(meta, "replicas", 2, INT_MAX, "replicas"));
-        if (saved_world != o.comm_.size() && !lo.reset_compression_errors)
-          fail(where, "saved by ", saved_world, " ranks whose parameters and optimizer state differ (", UpdateRule::name,
-               " steps each rank on its own gradients between synchronisations): load it on ", saved_world,
-               " ranks to resume exactly, or pass load_options{.reset_compression_errors = true} to continue on ",
-               o.comm_.size(), " from rank 0's");
-        if (saved_world == o.comm_.size()) h.replica = o.comm_.rank();
-      }
+      h.replica = saved_replica(meta, lo, o.comm_.rank(), o.comm_.size(), UpdateRule::name, where);
     } catch (const nlohmann::json::exception& e) {
       fail(where, "malformed optimizer metadata: ", e.what());
     } catch (const error& e) {
@@ -279,12 +239,7 @@ class checkpointing {
     }
     for_each_saved_tensor(o, h.kept_at, h.file_tensors, [&](const std::string& name, const saved_range& sr, auto* dst) {
       using T = std::remove_pointer_t<decltype(dst)>;
-      const std::string key = sr.kept_at ? name : replica_key(h.replica, name);
-      if (!r.contains(key)) fail(where, "tensor '", key, "' is missing");
-      const std::vector<std::int64_t>& shape = r.shape(key);
-      if (r.dtype(key) != state_dtype<T>::value || !sr.fits(shape))
-        fail(where, "tensor '", key, "' has dtype ", r.dtype(key), " and shape ", state_shape_string(shape),
-             ", expected ", state_dtype<T>::value, " and ", sr.expected_shape());
+      check_saved_tensor(r, sr.kept_at ? name : replica_key(h.replica, name), state_dtype<T>::value, sr, where);
     });
     return h;
   }
@@ -293,18 +248,13 @@ class checkpointing {
   /// changes. The group count first, as it decides the length of the rest.
   void check_same_checkpoint(const saved_header& h) {
     Opt& o = self();
-    const std::string_view advice = "Every rank must load the same checkpoint";
     const setting groups[] = {{"the checkpoint's number of groups", std::to_string(h.groups.size())}};
-    require_same_settings(o.comm_, groups, advice);
-    std::vector<setting> read = {
-        {"the checkpoint's step counts", std::to_string(h.applied) + " applied, " + std::to_string(h.skipped) +
-                                             " skipped, " + std::to_string(h.consecutive) + " in a row"},
-        {"the checkpoint's loss scaler", h.scaler.save().dump()},
-        {"the checkpoint's rounding seed", h.rounding_seed ? std::to_string(*h.rounding_seed) : "none"}};
+    require_same_settings(o.comm_, groups, same_checkpoint_advice);
+    std::vector<std::string> group_settings;
     for (std::size_t g = 0; g < h.groups.size(); ++g)
-      read.push_back({"the checkpoint's group " + std::to_string(g), "step " + std::to_string(h.group_steps[g]) + ", " +
-                                                                         UpdateRule::to_json(h.groups[g]).dump()});
-    require_same_settings(o.comm_, std::span<const setting>(read), advice);
+      group_settings.push_back("step " + std::to_string(h.group_steps[g]) + ", " + UpdateRule::to_json(h.groups[g]).dump());
+    const std::vector<setting> read = loaded_settings(h, h.scaler.save().dump(), group_settings);
+    require_same_settings(o.comm_, std::span<const setting>(read), same_checkpoint_advice);
     // Each rank found its experts in the file; together the sets of experts (counted once, at
     // their communicators' rank 0) must hold all of the file's, or some would be dropped. (Every
     // rank has the file's number of groups: check_saved.)
@@ -315,12 +265,7 @@ class checkpointing {
       else
         held[g] = o.comm_.rank() == 0 ? o.groups_[g]->size() : 0;
     o.comm_.all_reduce(std::span<std::uint64_t>(held), reduce_op::sum);
-    o.agree("load", [&] {
-      for (std::size_t g = 0; g < held.size(); ++g)
-        if (held[g] != h.group_tensors[g])
-          fail("load(): the file holds ", h.group_tensors[g], " tensors of group ", g, ", the ranks hold ", held[g],
-               " of them: each must have a place (expert groups: the sets of experts together hold the file's)");
-    });
+    o.agree("load", [&] { check_groups_held(held, h.group_tensors); });
   }
 
   /// Policies, scaler, counters and group layout: the metadata of a saved state.
@@ -332,62 +277,14 @@ class checkpointing {
       const expert_placement* p = o.finalized_ ? placement_of(o, g->index_) : nullptr;
       for (std::size_t e = 0; e < (p ? p->size() : 1); ++e)  // an expert group: every set of experts
         for (std::size_t j = 0; j < g->entries_.size(); ++j)
-          tensors.push_back({{"name", p ? std::string(p->name(e, j)) : g->entries_[j].name}, {"size", g->entries_[j].size}});
-      groups.push_back({{"options", UpdateRule::to_json(g->options_)}, {"step", g->step_}, {"tensors", tensors}});
+          add_saved_tensor(tensors, p ? std::string(p->name(e, j)) : g->entries_[j].name, g->entries_[j].size);
+      groups.push_back(saved_group(UpdateRule::to_json(g->options_), g->step_, std::move(tensors)));
     }
-    nlohmann::json d = {{"precision", Precision::name},     {"loss_scaler", LossScaler::name},
-                        {"partition", Partition::name},     {"rule", UpdateRule::name},
-                        {"scaler", o.scaler_.save()},         {"applied_steps", o.counts_.applied},
-                        {"skipped_steps", o.counts_.skipped},        {"consecutive_skips", o.counts_.consecutive_skips},
-                        {"groups", groups}};
-    // The stochastic rounding's seed: with the applied steps it resumes the same noise.
-    if constexpr (std::is_same_v<rounding_of_t<Precision>, stochastic_rounding>)
-      d["rounding_seed"] = o.options_.rounding_seed;
-    if (replicas(o)) d["replicas"] = replicas(o);
-    if (o.guard_.on()) d["spike_guard"] = o.guard_.save();
-    const nlohmann::json kept = o.driver_.describe(o.comm_.size());  // what the rule's driver adds
-    for (const auto& [key, value] : kept.items()) d[key] = value;
-    return d;
-  }
-
-  /// One saved tensor (or a run of per-tensor values) whole, for the writer: rank r sends part
-  /// senders[r] of it, this rank the first of `mine`. What rank 0 holds alone is its own; anything else is
-  /// all-gathered (collective: every rank calls it for every tensor) in rank order: straight into the
-  /// tensor where the parts follow each other so (ZeRO shards), else aside, and each part put in
-  /// place. Floats travel as floats, other types as bytes.
-  template <class T>
-  static std::span<const T> assemble(Opt& o, const std::vector<flat_layout::owned_range>& senders,
-                                     std::span<const T> mine, std::vector<std::byte>& whole, std::vector<std::byte>& aside) {
-    std::size_t elements = 0;
-    bool others = false;
-    for (std::size_t r = 0; r < senders.size(); ++r) {
-      elements = std::max(elements, senders[r].first + senders[r].count);
-      others = others || (r != 0 && senders[r].count);
-    }
-    if (!others) return mine;  // the writer's own (a null span elsewhere)
-    using word = std::conditional_t<std::is_same_v<T, float>, float, std::uint8_t>;
-    constexpr std::size_t words = sizeof(T) / sizeof(word);
-    std::vector<std::size_t> counts;
-    std::size_t at = 0, my_offset = 0;
-    bool in_place = true;  // the parts follow each other in rank order: gathered, they are the tensor
-    for (std::size_t r = 0; r < senders.size(); ++r) {
-      if (r == std::size_t(o.comm_.rank())) my_offset = at;
-      in_place = in_place && (senders[r].count == 0 || senders[r].first == at);
-      counts.push_back(senders[r].count * words);
-      at += senders[r].count;
-    }
-    in_place = in_place && at == elements;
-    std::vector<std::byte>& into = in_place ? whole : aside;
-    into.resize(at * sizeof(T));
-    const auto sent = std::as_bytes(mine.first(senders[std::size_t(o.comm_.rank())].count));  // replicas: one sends
-    std::copy(sent.begin(), sent.end(), into.begin() + std::ptrdiff_t(my_offset * sizeof(T)));
-    o.comm_.all_gather(std::span<word>(reinterpret_cast<word*>(into.data()), at * words), std::span<const std::size_t>(counts));
-    if (in_place) return {reinterpret_cast<const T*>(whole.data()), elements};
-    whole.assign(elements * sizeof(T), std::byte{0});
-    for (std::size_t r = 0, from = 0; r < senders.size(); from += senders[r++].count)
-      std::copy_n(aside.begin() + std::ptrdiff_t(from * sizeof(T)), senders[r].count * sizeof(T),
-                  whole.begin() + std::ptrdiff_t(senders[r].first * sizeof(T)));
-    return {reinterpret_cast<const T*>(whole.data()), elements};
+    std::optional<std::uint64_t> seed;
+    if constexpr (std::is_same_v<rounding_of_t<Precision>, stochastic_rounding>) seed = o.options_.rounding_seed;
+    return state_metadata({Precision::name, LossScaler::name, Partition::name, UpdateRule::name}, o.scaler_.save(),
+                          o.counts_, std::move(groups), seed, replicas(o),
+                          o.guard_.on() ? o.guard_.save() : nlohmann::json(), o.driver_.describe(o.comm_.size()));
   }
 
   /// The placement of expert group g; null for any other group.
@@ -396,43 +293,6 @@ class checkpointing {
       if (p.group == g) return &p;
     return nullptr;
   }
-
-  /// Which part of a saved tensor a pointer holds: elements [first, first + count) of `elements`.
-  struct saved_range {
-    std::size_t tensor, elements, first, count;
-    bool sharded = false;    ///< a shard's part: the other parts are on other ranks
-    bool on_device = false;  ///< in device memory (tensors and state where the backend keeps them; not per-tensor scalars)
-    /// A parameter's tensor (param, master, rule state): its registered shape, null when none was
-    /// given. Null for anything else (per-tensor values), which the file holds as [elements].
-    const tensor_shape* shape = nullptr;
-    /// Per-tensor values on load: where each of mine is among the file's (count of them).
-    const std::vector<std::size_t>* kept_at = nullptr;
-    /// Per-tensor values on save, a set at a time: [first, first + count) of the key's elements.
-    bool run = false;
-
-    /// The shape save() writes: the registered one, else [elements].
-    std::vector<std::int64_t> file_shape() const {
-      if (shape && !shape->empty()) return {shape->dims().begin(), shape->dims().end()};
-      return {std::int64_t(elements)};
-    }
-    /// Whether load() takes a file's shape for this tensor. A parameter's tensor may have any shape
-    /// of `elements` elements, with two exceptions: where both the file and the registration have
-    /// a shape of other than one dimension, they must be the same; [elements] (what a file saved
-    /// without shapes holds) always fits. Anything else: exactly [elements].
-    bool fits(const std::vector<std::int64_t>& s) const {
-      const std::vector<std::int64_t> flat{std::int64_t(elements)};
-      if (s == flat) return true;
-      if (!shape) return false;
-      std::uint64_t n = 0;
-      if (!state_tensor_bytes(s, 1, n) || n != elements) return false;
-      return shape->dims().size() <= 1 || std::ranges::equal(s, shape->dims());
-    }
-    std::string expected_shape() const {
-      if (!shape) return state_shape_string(file_shape());
-      if (shape->dims().size() <= 1) return "a shape of " + std::to_string(elements) + " elements";
-      return state_shape_string(file_shape()) + " (or [" + std::to_string(elements) + "])";
-    }
-  };
 
   /// Calls f(key, range, pointer) for every tensor of this rank a state file holds: parameters
   /// whole, optimizer state as far as this rank holds it, and the per-tensor values of the rule's

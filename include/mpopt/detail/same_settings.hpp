@@ -7,12 +7,18 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "../communicator.hpp"
+#include "../options.hpp"
+#include "../tensor_spec.hpp"
 #include "state_file.hpp"  // checksum64
 #include "validate.hpp"
 
@@ -86,5 +92,84 @@ void require_same_settings(Comm& comm, std::span<const setting> settings, std::s
   if (differing.size() > k) message += "; and " + std::to_string(differing.size() - k) + " more";
   fail(message, ". ", advice);
 }
+
+
+// What the optimizer's check_same_settings() compares, built by functions that do not depend on
+// its policies: compiled once, not once per optimizer type.
+
+inline constexpr std::string_view same_settings_advice =
+    "Every rank must construct the optimizer with the same policies and options and register the same tensors "
+    "in the same order";
+
+/// The policies' names, then the types sums and messages use, as one setting's value.
+inline std::string policies_text(std::initializer_list<std::string_view> names, std::string_view sums,
+                                 std::string_view sent) {
+  std::string text;
+  for (const std::string_view n : names) (text += n) += ' ';
+  text.pop_back();
+  return text + ", sums in " + std::string(sums) + ", sent in " + std::string(sent);
+}
+
+/// Adds `value` as a setting: a string as it is, anything else as JSON text.
+inline void add_setting(std::vector<setting>& all, std::string name, const nlohmann::json& value) {
+  all.push_back({std::move(name), value.is_string() ? value.get<std::string>() : value.dump()});
+}
+/// Adds each member of a JSON object as a setting named prefix + key.
+inline void add_settings(std::vector<setting>& all, const std::string& prefix, const nlohmann::json& object) {
+  for (const auto& [key, value] : object.items()) add_setting(all, prefix + key, value);
+}
+
+/// The step pipeline's options as settings; `rounding`: the precision's rounding.
+inline std::vector<setting> option_settings(const optimizer_options& o, std::string_view rounding) {
+  std::vector<setting> all;
+  add_setting(all, "clip_grad", o.clip_grad);
+  add_setting(all, "accumulation_steps", o.accumulation_steps);
+  add_setting(all, "combine", o.combine == accumulation::mean ? "mean" : "sum");
+  add_setting(all, "skip_nonfinite", o.skip_nonfinite);
+  add_setting(all, "max_consecutive_skips", o.max_consecutive_skips);
+  add_setting(all, "bucket_elements", o.bucket_elements);
+  add_setting(all, "gradient_predivide", o.gradient_predivide);
+  add_setting(all, "sum_by_shard", o.sum_by_shard);
+  add_setting(all, "rounding", std::string(rounding));
+  add_setting(all, "rounding_seed", o.rounding_seed);
+  add_setting(all, "overlap_comm", o.overlap_comm);
+  add_setting(all, "buckets_in_flight", o.buckets_in_flight);
+  add_setting(all, "spike_guard.window", o.spike_guard.window);
+  add_setting(all, "spike_guard.loss_z", o.spike_guard.loss_z);
+  add_setting(all, "spike_guard.norm_z", o.spike_guard.norm_z);
+  return all;
+}
+
+/// A group's tensors as two settings: who holds them, and a short summary whose hash covers every
+/// name, size and shape, in order. Of an expert group (replicas > 0: the ranks of its communicator)
+/// the names are left out: they differ between sets of experts (expert_placement.hpp checks them).
+class tensors_summary {
+ public:
+  tensors_summary(std::string label, std::size_t replicas) : label_(std::move(label)), replicas_(replicas) {}
+
+  void add(const std::string& name, std::size_t size, const tensor_shape& shape) {
+    text_ += (replicas_ ? std::string() : name) + ":" + std::to_string(size);
+    for (const std::int64_t d : shape.dims()) {
+      text_ += ',';  // not "," + to_string(d): g++ 12 warns -Wrestrict on that (a false positive)
+      text_ += std::to_string(d);
+    }
+    text_ += ";";
+    elements_ += size;
+    ++tensors_;
+  }
+
+  void settle(std::vector<setting>& all) const {
+    all.push_back({label_ + " data-parallel over",
+                   replicas_ ? std::to_string(replicas_) + " ranks (expert group)" : "every rank"});
+    checksum64 sum(text_.size());
+    sum.update(std::as_bytes(std::span(text_)));
+    all.push_back({label_ + " tensors", std::to_string(tensors_) + " tensors, " + std::to_string(elements_) +
+                                            " elements, hash " + checksum64::hex(sum.finish()).substr(0, 8)});
+  }
+
+ private:
+  std::string label_, text_;
+  std::size_t replicas_, elements_ = 0, tensors_ = 0;
+};
 
 }  // namespace mpopt::detail

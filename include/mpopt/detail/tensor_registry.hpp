@@ -42,6 +42,29 @@ struct stores_or_unknown : std::true_type {};
 template <has_numeric_traits E, class S>
 struct stores_or_unknown<E, S> : std::is_same<storage_t<E>, S> {};
 
+/// A shape as messages write it: [2, 3].
+inline std::string shape_text(const tensor_shape& shape) {
+  std::string s = "[";
+  for (const std::int64_t d : shape.dims()) s += (s.size() > 1 ? ", " : "") + std::to_string(d);
+  return s + "]";
+}
+
+/// Refuses a shape with a negative dimension or whose product is not the element count.
+inline void check_shape(const std::string& name, const tensor_shape& shape, std::size_t size) {
+  if (shape.empty()) return;
+  std::uint64_t product = 1;
+  bool overflow = false;
+  for (const std::int64_t d : shape.dims()) {
+    if (d < 0) fail("tensor '", name, "': shape ", shape_text(shape), " has a negative dimension");
+    const auto ud = static_cast<std::uint64_t>(d);
+    if (ud != 0 && product > std::numeric_limits<std::uint64_t>::max() / ud) overflow = true;
+    product *= ud;
+  }
+  if (overflow || product != size)
+    fail("tensor '", name, "': shape ", shape_text(shape), " holds ", overflow ? "more than 2^64" : std::to_string(product),
+         " elements, the tensor has ", size);
+}
+
 /// Opt, the optimizer, derives from tensor_registry<Opt, ...>.
 template <class Opt, class Precision, class UpdateRule, class Backend>
 class tensor_registry {
@@ -230,27 +253,6 @@ class tensor_registry {
     for (const auto& g : groups_)
       for (const auto& e : g->entries_)
         if (e.name == name) fail("tensor name '", name, "' is used twice");
-  }
-
-  /// Refuses a shape with a negative dimension or whose product is not the element count.
-  static void check_shape(const std::string& name, const tensor_shape& shape, std::size_t size) {
-    if (shape.empty()) return;
-    std::uint64_t product = 1;
-    bool overflow = false;
-    for (const std::int64_t d : shape.dims()) {
-      if (d < 0) fail("tensor '", name, "': shape ", shape_text(shape), " has a negative dimension");
-      const auto ud = static_cast<std::uint64_t>(d);
-      if (ud != 0 && product > std::numeric_limits<std::uint64_t>::max() / ud) overflow = true;
-      product *= ud;
-    }
-    if (overflow || product != size)
-      fail("tensor '", name, "': shape ", shape_text(shape), " holds ", overflow ? "more than 2^64" : std::to_string(product),
-           " elements, the tensor has ", size);
-  }
-  static std::string shape_text(const tensor_shape& shape) {
-    std::string s = "[";
-    for (const std::int64_t d : shape.dims()) s += (s.size() > 1 ? ", " : "") + std::to_string(d);
-    return s + "]";
   }
 
   /// Refuses tensor `name` if its parameter and gradient overlap each other or any tensor registered
