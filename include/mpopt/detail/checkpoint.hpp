@@ -2,17 +2,20 @@
 // master and rule state buffer by tensor name, with the scaler, the counters and each group's
 // options, in a safetensors file (README, "Checkpoints"; the container: state_file.hpp). Sharded
 // state is gathered tensor by tensor on save and each rank reads its own part on load, so a file
-// loads at any world size. The optimizer derives from checkpointing<itself, its policies>; what does
-// not depend on them is in saved_state.hpp.
+// loads at any world size. The optimizer derives from checkpointing<itself, its policies>, which
+// lists its tensors for checkpoint_io.hpp to write and read; what does not depend on the policies is
+// there and in saved_state.hpp.
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -23,6 +26,7 @@
 #include "../precision.hpp"
 #include "../rule.hpp"
 #include "../tensor.hpp"
+#include "checkpoint_io.hpp"
 #include "expert_placement.hpp"
 #include "flat_layout.hpp"
 #include "json_fields.hpp"
@@ -35,11 +39,6 @@
 namespace mpopt {
 
 namespace detail {
-
-template <>
-struct state_dtype<half> : dtype_name<half> {};
-template <>
-struct state_dtype<bfloat16> : dtype_name<bfloat16> {};
 
 template <class Opt, class Precision, class LossScaler, class Partition, class UpdateRule, class Backend>
 class checkpointing {
@@ -58,57 +57,18 @@ class checkpointing {
            ": save after the accumulation boundary");
     o.comm_.at("save()", o.next_step() - 1);
     o.finish_step();
-    const bool writer = o.comm_.rank() == 0;
-    std::optional<state_stream> out;
-    o.agree("save", [&] {
-      if (!writer) return;
-      std::vector<state_stream::tensor> header;
-      for_each_file_tensor(o, [&](std::string key, const saved_range& r, const auto* data, const auto&) {
-        using T = std::remove_cv_t<std::remove_pointer_t<decltype(data)>>;
-        if (!r.run || r.first == 0) header.push_back({std::move(key), std::string(state_dtype<T>::value), r.file_shape()});
-      });
-      for (int r = 1; r < replicas(o); ++r)  // every other rank's copy
-        for_each_file_tensor(o, [&](std::string key, const saved_range& sr, const auto* data, const auto&) {
-          using T = std::remove_cv_t<std::remove_pointer_t<decltype(data)>>;
-          header.push_back({std::move(key), std::string(state_dtype<T>::value), sr.file_shape()});
-        }, r);
-      o.driver_.for_each_extra(o.comm_.size(), [&](std::string key, std::size_t elements) {
-        header.push_back({std::move(key), "F32", {std::int64_t(elements)}});
-      });
-      out.emplace(path, describe(), std::move(header));
+    std::vector<state_piece> pieces;  // in file order: each rank's copy where the replicas differ
+    for (int r = 0; r < std::max(1, replicas(o)); ++r)
+      for_each_file_tensor(o, [&](std::string key, const saved_range& range, const auto* data, const auto& senders) {
+        pieces.push_back({std::move(key), range, untyped::of(data), senders});
+      }, r);
+    std::vector<state_stream::tensor> extras;  // what the rule's driver keeps besides (1-bit LAMB's errors)
+    o.driver_.for_each_extra(o.comm_.size(), [&](std::string key, std::size_t elements) {
+      extras.push_back({std::move(key), "F32", {std::int64_t(elements)}});
     });
-    // Every rank takes part in every gather, even after rank 0 failed to write: no rank leaves a
-    // collective alone. The failure is agreed on at the end.
-    std::optional<error> failed;
-    auto write = [&](std::span<const std::byte> bytes) {
-      if (!writer || failed) return;
-      try {
-        out->append(bytes);
-      } catch (const error& e) {
-        failed = e;
-      }
-    };
-    std::vector<std::byte> copied, whole, aside, runs;  // a tensor brought to the host; gathered; runs so far
-    auto gather = [&](const std::string&, const saved_range& r, const auto* data, const auto& senders) {
-      using T = std::remove_cv_t<std::remove_pointer_t<decltype(data)>>;
-      if (data && r.on_device) {
-        copied.resize(r.count * sizeof(T));
-        o.backend_.to_host(reinterpret_cast<T*>(copied.data()), data, r.count);
-        data = reinterpret_cast<const T*>(copied.data());
-      }
-      const std::span<const T> mine(data, data ? r.count : 0);
-      const auto bytes = std::as_bytes(assemble(o.comm_, senders, mine, whole, aside));
-      if (!r.run) return write(bytes);
-      if (r.first == 0) runs.clear();
-      runs.insert(runs.end(), bytes.begin(), bytes.end());
-      if (r.first + r.count == r.elements) write(runs);
-    };
-    for (int r = 0; r < std::max(1, replicas(o)); ++r) for_each_file_tensor(o, gather, r);
-    o.driver_.save_extra(o.comm_, o.backend_, write);  // what the rule's driver keeps besides (1-bit LAMB's errors)
-    o.agree("save", [&] {
-      if (failed) throw *failed;
-      if (writer) out->finish();
-    });
+    io channel(o);
+    write_state(channel, path, [&] { return describe(); }, pieces, std::move(extras),
+                [&](const auto& write) { o.driver_.save_extra(o.comm_, o.backend_, write); });
   }
 
   /// Restores a save()d state. The file must come from an optimizer of the same policies and the same
@@ -126,19 +86,12 @@ class checkpointing {
     check_same_checkpoint(saved);
     o.finalize();
     o.wait_params();  // no gather in flight may land on what is read
+    io channel(o);
     std::vector<std::byte> staged;  // a tensor for device memory, read on the host first
+    read_state(*file, channel, saved_pieces(o, saved.kept_at, saved.file_tensors), saved.replica, staged);
     auto read = [&]<class T>(const std::string& key, std::size_t first, T* dst, std::size_t count, bool on_device) {
-      if (!on_device) return file->read(key, first, std::span(dst, count));
-      staged.resize(count * sizeof(T));
-      T* host = reinterpret_cast<T*>(staged.data());
-      file->read(key, first, std::span(host, count));
-      o.backend_.to_device(dst, host, count);
-      o.wait();  // before `staged` is reused
+      read_piece(*file, channel, key, first, untyped::of(dst), count, on_device, staged);
     };
-    for_each_saved_tensor(o, saved.kept_at, saved.file_tensors, [&](const std::string& key, const saved_range& r, auto* dst) {
-      if (!r.kept_at) return read(replica_key(saved.replica, key), r.first, dst, r.count, r.on_device);
-      for (std::size_t t = 0; t < r.count; ++t) read(key, (*r.kept_at)[t], dst + t, 1, false);
-    });
     o.backend_.params_in(o.data());  // where the backend's passes read them (offload.hpp)
     o.driver_.restore(saved.driver, o.comm_, read);
     o.comm_.take_bytes();
@@ -157,6 +110,38 @@ class checkpointing {
  private:
   Opt& self() { return static_cast<Opt&>(*this); }
   const Opt& self() const { return static_cast<const Opt&>(*this); }
+
+  /// The optimizer's communicator and backend, for save() and load()'s data movement.
+  class io final : public checkpoint_io {
+   public:
+    explicit io(Opt& o) : o_(o) {}
+    int rank() const override { return o_.comm_.rank(); }
+    int size() const override { return o_.comm_.size(); }
+    void all_gather(std::span<float> data, std::span<const std::size_t> counts) override {
+      o_.comm_.all_gather(data, counts);
+    }
+    void all_gather(std::span<std::uint8_t> data, std::span<const std::size_t> counts) override {
+      o_.comm_.all_gather(data, counts);
+    }
+    void to_host(std::byte* dst, const std::byte* src, std::size_t bytes) override { o_.backend_.to_host(dst, src, bytes); }
+    void to_device(std::byte* dst, const std::byte* src, std::size_t bytes) override {
+      o_.backend_.to_device(dst, src, bytes);
+      o_.wait();
+    }
+    void agree(std::string_view what, const std::function<void()>& f) override { o_.agree(what, f); }
+
+   private:
+    Opt& o_;
+  };
+
+  /// My pieces of a state file as load() reads them (for_each_saved_tensor).
+  static std::vector<state_piece> saved_pieces(Opt& o, const std::vector<std::size_t>& kept_at, std::size_t file_tensors) {
+    std::vector<state_piece> pieces;
+    for_each_saved_tensor(o, kept_at, file_tensors, [&](std::string key, const saved_range& range, auto* data) {
+      pieces.push_back({std::move(key), range, untyped::of(data), {}});
+    });
+    return pieces;
+  }
 
   /// What load() takes from a file besides the tensors.
   struct saved_header : saved_counts {
@@ -237,10 +222,7 @@ class checkpointing {
       if (e.message().starts_with(where)) throw;
       fail(where, e.message());
     }
-    for_each_saved_tensor(o, h.kept_at, h.file_tensors, [&](const std::string& name, const saved_range& sr, auto* dst) {
-      using T = std::remove_pointer_t<decltype(dst)>;
-      check_saved_tensor(r, sr.kept_at ? name : replica_key(h.replica, name), state_dtype<T>::value, sr, where);
-    });
+    check_saved_pieces(r, saved_pieces(o, h.kept_at, h.file_tensors), h.replica, where);
     return h;
   }
 

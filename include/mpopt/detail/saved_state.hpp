@@ -12,7 +12,6 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -21,7 +20,6 @@
 #include "../error.hpp"
 #include "../options.hpp"
 #include "../tensor_spec.hpp"
-#include "flat_layout.hpp"
 #include "json_fields.hpp"
 #include "same_settings.hpp"
 #include "spike_guard.hpp"
@@ -194,46 +192,6 @@ inline void check_groups_held(std::span<const std::uint64_t> held, std::span<con
     if (held[g] != in_file[g])
       fail("load(): the file holds ", in_file[g], " tensors of group ", g, ", the ranks hold ", held[g],
            " of them: each must have a place (expert groups: the sets of experts together hold the file's)");
-}
-
-/// One saved tensor (or a run of per-tensor values) whole, for the writer: rank r sends part
-/// senders[r] of it, this rank the first of `mine`. What rank 0 holds alone is its own; anything else is
-/// all-gathered (collective: every rank calls it for every tensor) in rank order: straight into the
-/// tensor where the parts follow each other so (ZeRO shards), else aside, and each part put in
-/// place. Floats travel as floats, other types as bytes.
-template <class Comm, class T>
-std::span<const T> assemble(Comm& comm, const std::vector<flat_layout::owned_range>& senders, std::span<const T> mine,
-                            std::vector<std::byte>& whole, std::vector<std::byte>& aside) {
-  std::size_t elements = 0;
-  bool others = false;
-  for (std::size_t r = 0; r < senders.size(); ++r) {
-    elements = std::max(elements, senders[r].first + senders[r].count);
-    others = others || (r != 0 && senders[r].count);
-  }
-  if (!others) return mine;  // the writer's own (a null span elsewhere)
-  using word = std::conditional_t<std::is_same_v<T, float>, float, std::uint8_t>;
-  constexpr std::size_t words = sizeof(T) / sizeof(word);
-  std::vector<std::size_t> counts;
-  std::size_t at = 0, my_offset = 0;
-  bool in_place = true;  // the parts follow each other in rank order: gathered, they are the tensor
-  for (std::size_t r = 0; r < senders.size(); ++r) {
-    if (r == std::size_t(comm.rank())) my_offset = at;
-    in_place = in_place && (senders[r].count == 0 || senders[r].first == at);
-    counts.push_back(senders[r].count * words);
-    at += senders[r].count;
-  }
-  in_place = in_place && at == elements;
-  std::vector<std::byte>& into = in_place ? whole : aside;
-  into.resize(at * sizeof(T));
-  const auto sent = std::as_bytes(mine.first(senders[std::size_t(comm.rank())].count));  // replicas: one sends
-  std::copy(sent.begin(), sent.end(), into.begin() + std::ptrdiff_t(my_offset * sizeof(T)));
-  comm.all_gather(std::span<word>(reinterpret_cast<word*>(into.data()), at * words), std::span<const std::size_t>(counts));
-  if (in_place) return {reinterpret_cast<const T*>(whole.data()), elements};
-  whole.assign(elements * sizeof(T), std::byte{0});
-  for (std::size_t r = 0, from = 0; r < senders.size(); from += senders[r++].count)
-    std::copy_n(aside.begin() + std::ptrdiff_t(from * sizeof(T)), senders[r].count * sizeof(T),
-                whole.begin() + std::ptrdiff_t(senders[r].first * sizeof(T)));
-  return {reinterpret_cast<const T*>(whole.data()), elements};
 }
 
 }  // namespace mpopt::detail

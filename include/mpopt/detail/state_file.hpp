@@ -387,16 +387,20 @@ class state_reader {
   /// Copies elements [first, first + out.size()) of tensor `name` (a shard's part of it).
   template <state_element T>
   void read(std::string_view name, std::size_t first, std::span<T> out) const {
+    read(name, state_dtype<T>::value, sizeof(T), first, std::as_writable_bytes(out));
+  }
+  /// The same for elements of `dtype`, `element_bytes` each: out holds whole elements.
+  void read(std::string_view name, std::string_view dtype, std::size_t element_bytes, std::size_t first,
+            std::span<std::byte> out) const {
     const entry& e = find(name);
-    constexpr std::string_view want = state_dtype<T>::value;
-    if (e.dtype != want)
-      throw error(path_ + ": tensor '" + e.name + "': dtype mismatch: expected " + std::string(want) +
-                  ", found " + e.dtype);
-    const std::uint64_t count = (e.end - e.begin) / sizeof(T);
-    if (first > count || out.size() > count - first)
+    if (e.dtype != dtype)
+      throw error(path_ + ": tensor '" + e.name + "': dtype mismatch: expected " + std::string(dtype) + ", found " +
+                  e.dtype);
+    const std::uint64_t count = (e.end - e.begin) / element_bytes, wanted = out.size() / element_bytes;
+    if (first > count || wanted > count - first)
       throw error(path_ + ": tensor '" + e.name + "': elements [" + std::to_string(first) + ", " +
-                  std::to_string(first + out.size()) + ") are beyond its " + std::to_string(count));
-    read_at(e.begin + first * sizeof(T), std::as_writable_bytes(out));
+                  std::to_string(first + wanted) + ") are beyond its " + std::to_string(count));
+    read_at(e.begin + first * element_bytes, out);
   }
 
  private:
