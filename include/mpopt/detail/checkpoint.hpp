@@ -116,7 +116,6 @@ class checkpointing {
    public:
     explicit io(Opt& o) : o_(o) {}
     int rank() const override { return o_.comm_.rank(); }
-    int size() const override { return o_.comm_.size(); }
     void all_gather(std::span<float> data, std::span<const std::size_t> counts) override {
       o_.comm_.all_gather(data, counts);
     }

@@ -36,7 +36,6 @@ struct state_dtype<bfloat16> : dtype_name<bfloat16> {};
 class checkpoint_io {
  public:
   virtual int rank() const = 0;
-  virtual int size() const = 0;
   /// In place, rank r's piece the counts[r] elements after those of ranks < r (communicator.hpp).
   virtual void all_gather(std::span<float> data, std::span<const std::size_t> counts) = 0;
   virtual void all_gather(std::span<std::uint8_t> data, std::span<const std::size_t> counts) = 0;

@@ -89,21 +89,21 @@ struct expert_placement {
 
 /// Expert group g's placement from what every rank registered (`everyone`: each rank's names,
 /// `mine_too`: those of the ranks of my expert communicator, `joined`: mine; each name ended by a
-/// zero byte) and each rank's rank in its expert communicator (`replica_of`). Throws if the ranks
+/// zero byte) and each rank's rank in its expert communicator (`replica_of`; `rank`: mine in the
+/// optimizer's, `replicas`: the size of my expert communicator). Throws if the ranks
 /// of one expert communicator hold different names, a set of experts is not held by exactly the
 /// ranks of one expert communicator, or two sets share a name.
 inline expert_placement placed_experts(std::size_t g, const std::vector<std::uint8_t>& joined,
                                        const std::vector<std::vector<std::uint8_t>>& everyone,
                                        const std::vector<std::vector<std::uint8_t>>& mine_too,
-                                       std::span<const std::uint64_t> replica_of, int replica_rank, int replicas,
-                                       int rank) {
+                                       std::span<const std::uint64_t> replica_of, int replicas, int rank) {
   const std::string label = "expert group " + std::to_string(g);
   expert_placement p;
   p.group = g;
   p.replica_of.assign(replica_of.begin(), replica_of.end());
   for (std::size_t r = 0; r < mine_too.size(); ++r)
     if (mine_too[r] != joined)
-      fail(label, ": ranks ", replica_rank, " and ", r, " of its expert communicator hold different tensors; an "
+      fail(label, ": ranks ", replica_of[std::size_t(rank)], " and ", r, " of its expert communicator hold different tensors; an "
            "expert group's communicator joins the ranks holding the same experts (DeepSpeed's expert-data-parallel group)");
   std::vector<std::size_t> holders, first;  // per set: how many ranks hold it, the first of them
   for (const auto& list : everyone) {
@@ -164,7 +164,7 @@ std::vector<expert_placement> place_experts(metered<C>& comm, const Groups& grou
     replica[std::size_t(comm.rank())] = std::uint64_t(replicas.rank());
     comm.all_reduce(std::span<std::uint64_t>(replica), reduce_op::max);
     agree(comm, "finalize", [&] {
-      out.push_back(placed_experts(g, joined, everyone, mine_too, replica, replicas.rank(), replicas.size(), comm.rank()));
+      out.push_back(placed_experts(g, joined, everyone, mine_too, replica, replicas.size(), comm.rank()));
     });
   }
   return out;
