@@ -19,6 +19,7 @@
 
 #include <mpopt/mpopt.hpp>
 
+#include "bits.hpp"
 #include "test_backend.hpp"
 
 #include "reference.hpp"
@@ -100,11 +101,6 @@ template <class T>
 T from_float(float x) {
   if constexpr (std::is_same_v<T, float>) return x;
   else return T(x);
-}
-template <class T>
-std::uint32_t bits(T x) {
-  if constexpr (std::is_same_v<T, float>) return std::bit_cast<std::uint32_t>(x);
-  else return x.bits;
 }
 
 /// Configuration of a typed test case: precision x scaler x variant x layout.
@@ -489,10 +485,10 @@ snapshot take(const Opt& opt_c, const std::vector<std::span<typename Opt::param_
   opt.finalize();  // masters and moments exist from finalize() on (step() calls it too)
   snapshot s;
   for (std::size_t i = 0; i < params.size(); ++i) {
-    for (auto x : params[i]) s.params.push_back(bits(x));
-    for (float x : opt.master(i)) s.masters.push_back(bits(x));
-    for (float x : opt.moment(0, i)) s.m.push_back(bits(x));
-    for (float x : opt.moment(1, i)) s.v.push_back(bits(x));
+    append_bits(s.params, params[i]);
+    append_bits(s.masters, opt.master(i));
+    append_bits(s.m, opt.moment(0, i));
+    append_bits(s.v, opt.moment(1, i));
   }
   if constexpr (requires { opt.lamb_coeffs(); })
     for (double c : opt.lamb_coeffs()) s.coeffs.push_back(std::bit_cast<std::uint64_t>(c));

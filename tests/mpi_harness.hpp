@@ -36,6 +36,7 @@
 #include <mpopt/mpi.hpp>
 #include <mpopt/mpopt.hpp>
 
+#include "bits.hpp"
 #include "counter_hash.hpp"
 #include "test_backend.hpp"
 
@@ -156,11 +157,6 @@ template <class T>
 T to(double x) {
   if constexpr (std::is_same_v<T, float>) return float(x);
   else return T(x);  // mpopt::half / mpopt::bfloat16: round to nearest even
-}
-template <class T>
-std::uint32_t bits(T x) {
-  if constexpr (std::is_same_v<T, float>) return std::bit_cast<std::uint32_t>(x);
-  else return x.bits;
 }
 /// Distance in units in the last place between two finite values of a 16-bit float type.
 inline long ulp_distance16(std::uint16_t a, std::uint16_t b) {
@@ -382,10 +378,10 @@ snapshot take(net<Opt>& n) {
   snapshot s;
   for (std::size_t i = 0; i < n.params.size(); ++i) {
     const auto [master, m, v] = state_of(n.opt, i);
-    for (auto x : n.params[i]) s.params.push_back(bits(x));
-    for (float x : master) s.masters.push_back(bits(x));
-    for (float x : m) s.m.push_back(bits(x));
-    for (float x : v) s.v.push_back(bits(x));
+    append_bits(s.params, n.params[i]);
+    append_bits(s.masters, master);
+    append_bits(s.m, m);
+    append_bits(s.v, v);
   }
   if constexpr (std::is_same_v<typename Opt::rule, mpopt::lamb>)
     for (double c : n.opt.lamb_coeffs()) s.coeffs.push_back(std::bit_cast<std::uint64_t>(c));
