@@ -20,11 +20,14 @@
 #include <mpopt/mpopt.hpp>
 
 #include "bits.hpp"
+#include "harness_data.hpp"
 #include "test_backend.hpp"
 
 #include "reference.hpp"
 
 namespace harness {
+
+using harness_data::append_bits;
 
 // ---------------------------------------------------------------- options -> reference
 

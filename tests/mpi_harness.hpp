@@ -38,6 +38,7 @@
 
 #include "bits.hpp"
 #include "counter_hash.hpp"
+#include "harness_data.hpp"
 #include "test_backend.hpp"
 
 #include "mpi_world.hpp"
@@ -45,80 +46,14 @@
 
 namespace {
 
-
 enum class layout { unfused, flat };
 
-// ---------------------------------------------------------------- deterministic data (counter_hash.hpp)
+// ---------------------------------------------------------------- deterministic data (harness_data.hpp)
 
-using grads_t = std::vector<std::vector<double>>;  // true gradient, per tensor
-
-/// The global batch of every step, as micro-batches: micro-batch j = rank * A + a is the a-th
-/// micro-step of rank `rank` (A micro-steps per rank and boundary).
-///  - smooth: g_j = tensor_factor * (common + 0.5 * noise_j), rescaled so that the mean over the
-///    micro-batches has global L2 norm 3 (steps 1, 4, 7, ...: clipping at 1 binds) or 0.4.
-///  - exact: g_j = (common + noise_j) * 2^-e with integers common in [-127, 127], noise_j in
-///    [-64, 64] and e in 14..21 fixed per step and tensor: 8 significant bits, exact in bf16, and in
-///    fp16 times any power-of-two loss scale from 1 to 2^13 (fp16's subnormal grid is 2^-24); every
-///    float sum of up to 8 of them is exact (below 2^-3 on a grid of 2^-21: 18 bits), so the
-///    summation order across ranks cannot matter.
-struct dataset {
-  std::uint64_t seed;
-  std::vector<std::size_t> sizes;
-  bool exact = false;
-
-  std::vector<grads_t> batch(int step, int micro) const {
-    const grads_t c = common(step);
-    std::vector<grads_t> b;
-    for (int j = 0; j < micro; ++j) b.push_back(with_noise(c, step, j));
-    if (!exact) {
-      double ss = 0;
-      for (std::size_t i = 0; i < sizes.size(); ++i)
-        for (std::size_t k = 0; k < sizes[i]; ++k) {
-          double mean = 0;
-          for (const auto& mb : b) mean += mb[i][k];
-          mean /= micro;
-          ss += mean * mean;
-        }
-      const double f = (step % 3 == 1 ? 3.0 : 0.4) / std::sqrt(ss);
-      for (auto& mb : b)
-        for (auto& t : mb)
-          for (double& x : t) x *= f;
-    }
-    return b;
-  }
-  /// Micro-batch j alone (exact data only: smooth data is normalized over the whole batch).
-  grads_t micro_batch(int step, int j) const {
-    CHECK(exact);
-    return with_noise(common(step), step, j);
-  }
-
- private:
-  /// The part every micro-batch shares (exact: integers in [-127, 127]).
-  grads_t common(int step) const {
-    grads_t g(sizes.size());
-    for (std::size_t i = 0; i < sizes.size(); ++i) {
-      const std::uint64_t h = key(seed, std::uint64_t(step), 0xC0FFEE, i);
-      g[i].resize(sizes[i]);
-      for (std::size_t k = 0; k < sizes[i]; ++k)
-        g[i][k] = exact ? double(int(mix(h + k) % 255) - 127) : unit(mix(h + k));
-    }
-    return g;
-  }
-  grads_t with_noise(grads_t g, int step, int j) const {
-    const double grid = std::ldexp(1.0, step % 3 == 1 ? -14 : -17);
-    for (std::size_t i = 0; i < sizes.size(); ++i) {
-      const std::uint64_t h = key(seed, std::uint64_t(step), std::uint64_t(j) + 1, i);
-      if (exact) {
-        const double f = grid * std::ldexp(1.0, -2 * int(i % 3));
-        for (std::size_t k = 0; k < sizes[i]; ++k) g[i][k] = (g[i][k] + double(int(mix(h + k) % 129) - 64)) * f;
-      } else {
-        const double f = (i % 3 == 0) ? 1.0 : (i % 3 == 1) ? 0.3 : 0.1;
-        for (std::size_t k = 0; k < sizes[i]; ++k) g[i][k] = f * (g[i][k] + 0.5 * unit(mix(h + k)));
-      }
-    }
-    return g;
-  }
-};
+using harness_data::append_bits;
+using harness_data::dataset;
+using harness_data::fnv;
+using harness_data::grads_t;
 
 /// Two groups: sizes include 1, odd sizes and one tensor over 65536 elements (several chunks).
 struct shape {
@@ -235,16 +170,14 @@ struct net {
     add(lay, o0, sh.g0, "a");
     add(lay, o1, sh.g1, "b");
     for (std::size_t i = 0; i < params.size(); ++i) {
-      const std::uint64_t h = key(init_seed, 0x1417, i, 0);
-      for (std::size_t k = 0; k < params[i].size(); ++k) params[i][k] = to<P>(unit(mix(h + k)));
+      harness_data::fill_uniform(key(init_seed, 0x1417, i, 0), params[i]);
     }
   }
 
   /// A backward: the true gradient times the current loss scale, rounded to the grad type.
   void write(const grads_t& g) {
     const double s = opt.loss_scale();
-    for (std::size_t i = 0; i < grads.size(); ++i)
-      for (std::size_t k = 0; k < grads[i].size(); ++k) grads[i][k] = to<G>(g[i][k] * s);
+    for (std::size_t i = 0; i < grads.size(); ++i) harness_data::round_scaled(g[i], s, grads[i]);
   }
   /// Reports every gradient done, last tensor first, as a backward pass would (zero2 reduces buckets
   /// as they complete).
@@ -388,17 +321,6 @@ snapshot take(net<Opt>& n) {
   for (std::size_t g = 0; g < n.opt.group_count(); ++g) s.group_steps.push_back(n.opt.group(g).step());
   s.scale = n.opt.loss_scale();
   return s;
-}
-
-/// FNV-1a over 32-bit words.
-template <class V>
-std::uint64_t fnv(const V& words) {
-  std::uint64_t h = 0xCBF29CE484222325ull;
-  for (auto w : words) {
-    h ^= std::uint64_t(w);
-    h *= 0x100000001B3ull;
-  }
-  return h;
 }
 
 /// Every rank gathers every rank's digest of params, masters, moments, trust ratios, step counters

@@ -111,8 +111,7 @@ struct moe_net {
   /// A backward: the reference-indexed gradient times the loss scale.
   void write(const grads_t& g) {
     const double s = opt.loss_scale();
-    for (std::size_t i = 0; i < grads.size(); ++i)
-      for (std::size_t k = 0; k < grads[i].size(); ++k) grads[i][k] = to<G>(g[ref[i]][k] * s);
+    for (std::size_t i = 0; i < grads.size(); ++i) harness_data::round_scaled(g[ref[i]], s, grads[i]);
   }
   void report_ready() {
     for (std::size_t i = grads.size(); i-- > 0;) opt.grad_ready(i);
@@ -123,8 +122,7 @@ struct moe_net {
   void add(Group& g, std::size_t n, const std::string& name, std::size_t r) {
     params.emplace_back(n);
     grads.emplace_back(n, G(0.0f));
-    const std::uint64_t h = key(0x3E, 0x1417, r, 0);
-    for (std::size_t k = 0; k < n; ++k) params.back()[k] = to<P>(unit(mix(h + k)));
+    harness_data::fill_uniform(key(0x3E, 0x1417, r, 0), params.back());
     g.add(params.back(), grads.back(), name);
     ref.push_back(r);
   }
@@ -166,8 +164,7 @@ moe_snapshot moe_take(moe_net<Opt>& n, MPI_Comm experts) {
     const bool expert = n.opt.group(g).expert_parallel();
     for (std::size_t k = 0; k < n.opt.group(g).size(); ++k, ++i) {
       s.ref.push_back(n.ref[i]);
-      s.params.emplace_back();
-      for (auto x : n.params[i]) s.params.back().push_back(bits(x));
+      append_bits(s.params.emplace_back(), n.params[i]);
       s.state.push_back(state_of(n.opt, i, expert ? experts : MPI_COMM_WORLD));
     }
     s.steps.push_back(n.opt.group(g).step());

@@ -74,16 +74,15 @@ struct model {
   std::vector<std::uint32_t> state_bits() const {
     std::vector<std::uint32_t> out;
     for (std::size_t i = 0; i < p.size(); ++i) {
-      for (auto x : p[i]) out.push_back(bits(x));
-      for (float x : opt.master(i)) out.push_back(bits(x));
-      for (std::size_t k = 0; k < Opt::rule::state.size(); ++k)
-        for (float x : opt.moment(k, i)) out.push_back(bits(x));
+      append_bits(out, p[i]);
+      append_bits(out, opt.master(i));
+      for (std::size_t k = 0; k < Opt::rule::state.size(); ++k) append_bits(out, opt.moment(k, i));
     }
     if constexpr (requires { opt.lamb_coeffs(); })
       for (double c : opt.lamb_coeffs()) out.push_back(std::uint32_t(std::bit_cast<std::uint64_t>(c) >> 20));
     if (world_size() > 1) {
-      for (float x : opt.compression().worker_error()) out.push_back(bits(x));
-      for (float x : opt.compression().server_error()) out.push_back(bits(x));
+      append_bits(out, opt.compression().worker_error());
+      append_bits(out, opt.compression().server_error());
     }
     return out;
   }
