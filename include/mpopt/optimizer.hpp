@@ -47,8 +47,7 @@ namespace mpopt {
 template <precision_policy Precision, loss_scaler_policy LossScaler, class Partition, class UpdateRule,
           class Backend = host, communicator Communicator = single_process>
 class optimizer
-    : public detail::tensor_registry<optimizer<Precision, LossScaler, Partition, UpdateRule, Backend, Communicator>,
-                                     Precision, UpdateRule, Backend>,
+    : public detail::tensor_registry<Precision, UpdateRule, Backend>,
       public detail::checkpointing<optimizer<Precision, LossScaler, Partition, UpdateRule, Backend, Communicator>,
                                    Precision, LossScaler, Partition, UpdateRule, Backend>,
       public detail::memory_listing<optimizer<Precision, LossScaler, Partition, UpdateRule, Backend, Communicator>,
@@ -60,7 +59,7 @@ class optimizer
                                   Precision, LossScaler, Partition, UpdateRule, Backend, Communicator> {
   // Registration, checkpoints, the memory report, state access and agreement across ranks live in
   // headers of their own.
-  using registry = detail::tensor_registry<optimizer, Precision, UpdateRule, Backend>;
+  using registry = detail::tensor_registry<Precision, UpdateRule, Backend>;
   using checkpointing = detail::checkpointing<optimizer, Precision, LossScaler, Partition, UpdateRule, Backend>;
   using memory_listing = detail::memory_listing<optimizer, Precision, UpdateRule, Communicator>;
   /// The rule's driver: how a committed step runs the rule's stages (detail/rule_driver.hpp).

@@ -19,12 +19,21 @@
 #include <utility>
 #include <vector>
 
+#include "../communicator.hpp"
+#include "../loss_scale.hpp"
+#include "../precision.hpp"
 #include "../tensor.hpp"
 #include "../tensor_spec.hpp"
 #include "aligned_buffer.hpp"
 #include "step_data.hpp"
 #include "tensor_side.hpp"
 #include "validate.hpp"
+
+namespace mpopt {
+template <precision_policy Precision, loss_scaler_policy LossScaler, class Partition, class UpdateRule, class Backend,
+          communicator Communicator>
+class optimizer;
+}  // namespace mpopt
 
 namespace mpopt::detail {
 
@@ -65,8 +74,10 @@ inline void check_shape(const std::string& name, const tensor_shape& shape, std:
          " elements, the tensor has ", size);
 }
 
-/// Opt, the optimizer, derives from tensor_registry<Opt, ...>.
-template <class Opt, class Precision, class UpdateRule, class Backend>
+/// The optimizer derives from tensor_registry. Its code depends on the element types, the rule's
+/// options and the backend, not on the rest of the optimizer's type: optimizers that share those
+/// share it.
+template <class Precision, class UpdateRule, class Backend>
 class tensor_registry {
  public:
   using param_type = typename Precision::param_type;
@@ -132,7 +143,8 @@ class tensor_registry {
 
    private:
     friend class tensor_registry;
-    friend Opt;
+    template <precision_policy, loss_scaler_policy, class, class, class, communicator>
+    friend class mpopt::optimizer;
     // The optimizer's checkpoints, memory report and agreement read and restore the groups.
     template <class, class, class, class, class, class>
     friend class checkpointing;
@@ -318,7 +330,7 @@ class tensor_registry {
   }
 
   std::vector<std::unique_ptr<param_group>> groups_;
-  bool finalized_ = false;  ///< the groups are fixed (Opt::finalize)
+  bool finalized_ = false;  ///< the groups are fixed (optimizer::finalize)
 
  private:
   /// The memory of every registered tensor, by start address (check_unclaimed). Made at
