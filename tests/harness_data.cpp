@@ -3,6 +3,7 @@
 #include <bit>
 #include <cmath>
 #include <stdexcept>
+#include <type_traits>
 
 #include "counter_hash.hpp"
 
