@@ -1,10 +1,9 @@
 #include "harness_data.hpp"
 
-#include <bit>
 #include <cmath>
 #include <stdexcept>
-#include <type_traits>
 
+#include "bits.hpp"
 #include "counter_hash.hpp"
 
 namespace harness_data {
@@ -75,15 +74,10 @@ void fill_each(std::uint64_t h, std::span<T> out) {
   for (std::size_t k = 0; k < out.size(); ++k) out[k] = T(unit(mix(h + k)));
 }
 template <class T>
-std::uint32_t bits_of(T x) {
-  if constexpr (std::is_same_v<T, float>) return std::bit_cast<std::uint32_t>(x);
-  else return x.bits;
-}
-template <class T>
 void append_each(std::vector<std::uint32_t>& out, std::span<const T> values) {
   const std::size_t at = out.size();
   out.resize(at + values.size());
-  for (std::size_t k = 0; k < values.size(); ++k) out[at + k] = bits_of(values[k]);
+  for (std::size_t k = 0; k < values.size(); ++k) out[at + k] = bits(values[k]);
 }
 template <class W>
 std::uint64_t fnv_each(std::span<const W> words) {
