@@ -254,6 +254,9 @@ TEST_SUITE("layout") {
     run_layouts<opt_t>(groups, two_groups<typename C::rule>(), 30);
   }
 
+  // (Host only: on the device it reaches no device code the other device tests do not, and a
+  // kernel per tiny tensor made it the longest test; tests/README.md, "The device build".)
+#ifndef MPOPT_TEST_DEVICE_BACKEND
   TEST_CASE_TEMPLATE("3000 tiny tensors and tensors at chunk boundaries: flat == user-owned, bit for bit, with 1, 2 and 3 threads",
                      C, LAYOUT_COMBOS) {
     using opt_t = typename C::opt;
@@ -267,6 +270,7 @@ TEST_SUITE("layout") {
     for (std::size_t n : {65535, 65536, 65537, 131071}) groups[1].insert(groups[1].begin() + 100, n);
     run_layouts<opt_t>(groups, two_groups<typename C::rule>(), 30);
   }
+#endif
 }
 
 #ifndef MPOPT_TEST_DEVICE_BACKEND

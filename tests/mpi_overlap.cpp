@@ -109,10 +109,9 @@ using overlap_fp32 = cfg<mpopt::fp32, mpopt::no_scaling, mpopt::adam, layout::fl
 TEST_SUITE("mpi") {
   TEST_CASE_TEMPLATE("overlap_comm gives the same bits as without, step by step and tensor by tensor, with "
                      "collectives left in flight across grad_ready and step",
-                     C, overlap_fp16<mpopt::zero2>, overlap_bf16<mpopt::zero1>, overlap_fp32<mpopt::replicated>
-                     HOST_ONLY(overlap_bf16<mpopt::zero2>, overlap_fp32<mpopt::zero2>, overlap_fp16<mpopt::zero1>,
-                               overlap_fp32<mpopt::zero1>, overlap_fp16<mpopt::replicated>,
-                               overlap_bf16<mpopt::replicated>)) {
+                     C, overlap_fp16<mpopt::zero2>, overlap_bf16<mpopt::zero1>, overlap_fp32<mpopt::replicated>,
+                     overlap_bf16<mpopt::zero2>, overlap_fp32<mpopt::zero2>, overlap_fp16<mpopt::zero1>,
+                     overlap_fp32<mpopt::zero1>, overlap_fp16<mpopt::replicated>, overlap_bf16<mpopt::replicated>) {
     using D = overlapped<C>;
     constexpr bool sharded = !std::is_same_v<typename C::partition, mpopt::replicated>;
     const int w = world_size(), rank = world_rank();

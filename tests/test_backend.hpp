@@ -1,6 +1,6 @@
 // The backend the optimizer tests run on: the host backend, or, built with
 // -DMPOPT_TEST_DEVICE_BACKEND and Thrust's OpenMP system, the device backend (cuda.hpp), so that
-// the same tests hold it to the same float64 references.
+// the same tests hold it to what they hold the host backend to.
 #pragma once
 
 #ifdef MPOPT_TEST_DEVICE_BACKEND
