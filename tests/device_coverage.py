@@ -26,8 +26,9 @@ from gcov_counts import executed
 
 def device_file(name):
     """The device code's files: Thrust, CUB, and mpopt's headers for the device."""
-    if "/thrust/" in name or "/cub/" in name:
-        return name[name.index("/thrust/") + 1:] if "/thrust/" in name else name[name.index("/cub/") + 1:]
+    for library in ("/thrust/", "/cub/"):
+        if library in name:
+            return name[name.index(library) + 1:]
     if "/include/mpopt/" in name:
         base = name.rsplit("/", 1)[-1]
         if any(word in base for word in ("cuda", "device", "offload")):
@@ -65,7 +66,8 @@ def main():
         print(" ".join(sorted(exes)))
         return
     if args.load:
-        cover = {k: ({tuple(x) for x in v[0]}, {tuple(x) for x in v[1]}) for k, v in json.loads(args.load.read_text()).items()}
+        saved = json.loads(args.load.read_text())
+        cover = {name: ({tuple(x) for x in lines}, {tuple(x) for x in functions}) for name, (lines, functions) in saved.items()}
     else:
         reached(build)  # reset
         cover = {}
