@@ -21,19 +21,7 @@ import os
 import pathlib
 import subprocess
 
-from gcov_counts import executed
-
-
-def device_file(name):
-    """The device code's files: Thrust, CUB, and mpopt's headers for the device."""
-    for library in ("/thrust/", "/cub/"):
-        if library in name:
-            return name[name.index(library) + 1:]
-    if "/include/mpopt/" in name:
-        base = name.rsplit("/", 1)[-1]
-        if any(word in base for word in ("cuda", "device", "offload")):
-            return name[name.index("include/mpopt/"):]
-    return None
+from gcov_counts import device_file, executed
 
 
 def device_tests(build):

@@ -6,6 +6,17 @@ import subprocess
 import tempfile
 
 
+def device_file(name):
+    """The device code's files, named from the library's folder: Thrust, CUB, and the headers of
+    include/mpopt named for CUDA, the device or offloading. None for any other file."""
+    for library in ("/thrust/", "/cub/"):
+        if library in name:
+            return name[name.index(library) + 1:]
+    if "include/mpopt/" in name and any(word in name.rsplit("/", 1)[-1] for word in ("cuda", "device", "offload")):
+        return name[name.index("include/mpopt/"):]
+    return None
+
+
 def executed(gcdas, name_of):
     """The lines and functions run, as sets of (name, line number) and (name, demangled function), of
     every source file that name_of(path) names (None leaves the file out)."""

@@ -5,7 +5,7 @@ The device build runs its MPI suites on 2 ranks only (tests/README.md, "The devi
 checks that choice: in a build configured with -Db_coverage=true, it runs each suite on 2 ranks,
 reads gcov's counts, runs it again on 4, and prints every line and function of the library
 (include/mpopt, Thrust, CUB) that only the 4-rank run executed. It fails if one of them is device
-code (Thrust, CUB, or a header of include/mpopt named for CUDA or the device).
+code (Thrust, CUB, or a header of include/mpopt named for CUDA, the device or offloading).
 
   meson setup cov -Db_coverage=true -Dcuda=disabled && ninja -C cov tests/test_device_mpi_suites
   python3 tests/rank_coverage.py cov [--ranks 2 4] [suite ...]
@@ -15,7 +15,7 @@ import os
 import pathlib
 import subprocess
 
-from gcov_counts import executed
+from gcov_counts import device_file, executed
 
 SUITES = ["mpi_zero", "mpi_gradient_types", "mpi_compressed_allreduce", "mpi_onebit", "mpi_onebit_adam",
           "mpi_zero_one_adam"]
@@ -30,8 +30,7 @@ def library_file(name):
 
 
 def device_code(name):
-    base = name.rsplit("/", 1)[-1]
-    return "/thrust/" in name or "/cub/" in name or "cuda" in base or "device" in base
+    return device_file(name) is not None
 
 
 def counts(objdir):
