@@ -26,6 +26,7 @@
 #include "any_optimizer.hpp"
 #include "communicator.hpp"
 #include "deepspeed_config.hpp"
+#include "detail/config.hpp"
 #include "host.hpp"
 #include "lamb.hpp"
 #include "loss_scale.hpp"
@@ -58,11 +59,12 @@ class erased_optimizer final : public optimizer_interface {
     opt_.add_group(options_for(s));
     return opt_.group_count() - 1;
   }
-  std::size_t add_flat_group(const group_settings& s, std::span<const tensor_spec> tensors) override {
+  MPOPT_COLD std::size_t add_flat_group(const group_settings& s, std::span<const tensor_spec> tensors) override {
     opt_.add_flat_group(options_for(s), tensors);
     return opt_.group_count() - 1;
   }
-  void add(std::size_t g, erased_tensor param, erased_tensor grad, std::string name, tensor_shape shape) override {
+  MPOPT_COLD void add(std::size_t g, erased_tensor param, erased_tensor grad, std::string name,
+                      tensor_shape shape) override {
     auto& group = opt_.group(g);
     if (name.empty()) name = "group " + std::to_string(g) + "." + std::to_string(group.size());  // the registry's
     check_type(name, "parameter", param.type, element_type_of<param_t>);
@@ -96,7 +98,7 @@ class erased_optimizer final : public optimizer_interface {
 
   double loss_scale() const override { return opt_.loss_scale(); }
   const optimizer_options& config() const override { return opt_.config(); }
-  std::string policies() const override {
+  MPOPT_COLD std::string policies() const override {
     std::string s;
     for (std::string_view n :
          {Precision::name, Scaler::name, Partition::name, Rule::name, Backend::name, Communicator::name})
@@ -141,7 +143,7 @@ class erased_optimizer final : public optimizer_interface {
 };
 
 template <class Precision, class Scaler, class Partition, class Rule, class C>
-any_optimizer make_erased(C&& comm, const deepspeed_config& c, const typename Scaler::options& s,
+MPOPT_COLD any_optimizer make_erased(C&& comm, const deepspeed_config& c, const typename Scaler::options& s,
                           const typename Rule::options& r) {
   using impl = erased_optimizer<Precision, Scaler, Partition, Rule, host, C>;
   return any_optimizer(std::make_unique<impl>(std::move(comm), c.options, s, r));

@@ -166,7 +166,12 @@ class optimizer
   /// first call; calling it earlier fixes the parameter set and surfaces layout errors early. It is
   /// collective: every rank calls it, and all must have registered the same groups and tensors.
   void finalize() {
-    if (finalized_) return;
+    if (!finalized_) allocate();
+  }
+
+ private:
+  /// finalize()'s work, once.
+  MPOPT_COLD void allocate() {
     agree("finalize", [&] {
       if (groups_.empty()) detail::fail("no parameter groups: add a group before the first step");
       for (const auto& g : groups_)
@@ -210,6 +215,8 @@ class optimizer
     driver_.started(c);
     comm_.take_bytes();  // setup traffic is not a step's
   }
+
+ public:
 
   /// Tensor i's gradient for this micro-step is complete (call it during backward, as each gradient
   /// is done). Under zero2 (and overlap_comm, in the window's last backward, under every partition)
@@ -450,7 +457,7 @@ class optimizer
     counts_.skip(scaler_, options_.max_consecutive_skips, [&] {
       if (!overflow) return std::string(spiked == detail::spike::loss ? "a loss spike" : "a gradient norm spike");
       return detail::nonfinite_report(work_, chunk_nonfinite_.data(), tensors_.size(),
-                                      [&](std::size_t t) { return tensor_name(t); });
+                                      [&](std::size_t t) -> const std::string& { return tensor_name(t); });
     }, overflow);
     micro_step_ = 0;
   }

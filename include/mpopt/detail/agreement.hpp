@@ -20,6 +20,7 @@
 #include "../options.hpp"
 #include "../precision.hpp"
 #include "agree.hpp"
+#include "config.hpp"
 #include "exchange_context.hpp"
 #include "rule_driver.hpp"
 #include "spike_guard.hpp"
@@ -183,7 +184,7 @@ class agreement {
   /// Every rank must hold the same policies, options (the optimizer's, the scaler's, each group's,
   /// the communicator's) and tensors; otherwise every rank throws, naming what differs on which
   /// ranks, before any gradient moves. What decides the number of settings is compared first.
-  void check_same_settings() {
+  MPOPT_COLD void check_same_settings() {
     Opt& o = self();
     const std::string policies = policies_text(
         {Precision::name, LossScaler::name, Partition::name, UpdateRule::name, Backend::name, Communicator::name},

@@ -3,8 +3,10 @@
 // options, in a safetensors file (README, "Checkpoints"; the container: state_file.hpp). Sharded
 // state is gathered tensor by tensor on save and each rank reads its own part on load, so a file
 // loads at any world size. The optimizer derives from checkpointing<itself, its policies>, which
-// lists its tensors for checkpoint_io.hpp to write and read; what does not depend on the policies is
-// there and in saved_state.hpp.
+// describes its tensors without their types (a checkpoint_view) and does what needs the types: the
+// rule's options, the scaler, the driver's state. The rest is compiled once, not once per optimizer
+// type: checkpoint_pieces.hpp (which pieces a file holds), checkpoint_io.hpp (writing and reading
+// them) and saved_state.hpp (the metadata).
 #pragma once
 
 #include <algorithm>
@@ -27,6 +29,8 @@
 #include "../rule.hpp"
 #include "../tensor.hpp"
 #include "checkpoint_io.hpp"
+#include "checkpoint_pieces.hpp"
+#include "config.hpp"
 #include "expert_placement.hpp"
 #include "flat_layout.hpp"
 #include "json_fields.hpp"
@@ -42,14 +46,12 @@ namespace detail {
 
 template <class Opt, class Precision, class LossScaler, class Partition, class UpdateRule, class Backend>
 class checkpointing {
-  static constexpr std::size_t state_count = UpdateRule::state.size();
-
  public:
   /// Writes every parameter, master and moment by tensor name, with the scaler, counters and group
   /// options, to a safetensors file (format: README, "Checkpoints"); of expert groups, every rank's
   /// experts. Every rank calls it; rank 0 writes, tensor by tensor as those held elsewhere are
   /// gathered (one at a time), and a failure there throws on every rank.
-  void save(const std::filesystem::path& path) {
+  MPOPT_COLD void save(const std::filesystem::path& path) {
     Opt& o = self();
     if (!o.finalized_) fail("save(): nothing to save before the first step (or finalize())");
     if (o.micro_step_ != 0)
@@ -57,24 +59,25 @@ class checkpointing {
            ": save after the accumulation boundary");
     o.comm_.at("save()", o.next_step() - 1);
     o.finish_step();
+    const checkpoint_view v = view();
     std::vector<state_piece> pieces;  // in file order: each rank's copy where the replicas differ
-    for (int r = 0; r < std::max(1, replicas(o)); ++r)
-      for_each_file_tensor(o, [&](std::string key, const saved_range& range, const auto* data, const auto& senders) {
-        pieces.push_back({std::move(key), range, untyped::of(data), senders});
-      }, r);
+    for (int r = 0; r < std::max(1, replicas(o)); ++r) {
+      std::vector<state_piece> copy = file_pieces(v, r);
+      pieces.insert(pieces.end(), std::make_move_iterator(copy.begin()), std::make_move_iterator(copy.end()));
+    }
     std::vector<state_stream::tensor> extras;  // what the rule's driver keeps besides (1-bit LAMB's errors)
     o.driver_.for_each_extra(o.comm_.size(), [&](std::string key, std::size_t elements) {
       extras.push_back({std::move(key), "F32", {std::int64_t(elements)}});
     });
     io channel(o);
-    write_state(channel, path, [&] { return describe(); }, pieces, std::move(extras),
+    write_state(channel, path, [&] { return describe(v); }, pieces, std::move(extras),
                 [&](const auto& write) { o.driver_.save_extra(o.comm_, o.backend_, write); });
   }
 
   /// Restores a save()d state. The file must come from an optimizer of the same policies and the same
   /// tensors (names, sizes, groups), saved at any world size. Every rank reads and checks it; only
   /// when all ranks found it good does anything change, otherwise every rank throws.
-  void load(const std::filesystem::path& path, load_options lo = {}) {
+  MPOPT_COLD void load(const std::filesystem::path& path, load_options lo = {}) {
     Opt& o = self();
     std::optional<state_reader> file;
     saved_header saved;
@@ -88,7 +91,8 @@ class checkpointing {
     o.wait_params();  // no gather in flight may land on what is read
     io channel(o);
     std::vector<std::byte> staged;  // a tensor for device memory, read on the host first
-    read_state(*file, channel, saved_pieces(o, saved.kept_at, saved.file_tensors), saved.replica, staged);
+    read_state(*file, channel, held_pieces(view(), saved.found.kept_at, saved.found.file_tensors), saved.replica,
+               staged);
     auto read = [&]<class T>(const std::string& key, std::size_t first, T* dst, std::size_t count, bool on_device) {
       read_piece(*file, channel, key, first, untyped::of(dst), count, on_device, staged);
     };
@@ -133,13 +137,31 @@ class checkpointing {
     Opt& o_;
   };
 
-  /// My pieces of a state file as load() reads them (for_each_saved_tensor).
-  static std::vector<state_piece> saved_pieces(Opt& o, const std::vector<std::size_t>& kept_at, std::size_t file_tensors) {
-    std::vector<state_piece> pieces;
-    for_each_saved_tensor(o, kept_at, file_tensors, [&](std::string key, const saved_range& range, auto* data) {
-      pieces.push_back({std::move(key), range, untyped::of(data), {}});
+  /// The optimizer's tensors and state without their types (checkpoint_pieces.hpp lists a file's
+  /// pieces from it). Before finalize() its state pointers are null.
+  MPOPT_COLD checkpoint_view view() const {
+    const Opt& o = self();
+    checkpoint_view v;
+    for (const auto& g : o.groups_) {
+      auto& group = v.groups.emplace_back();
+      group.expert_parallel = g->expert_parallel();
+      for (const auto& p : o.experts_)
+        if (p.group == g->index_) group.experts = &p;
+      for (const auto& e : g->entries_) group.tensors.push_back({&e.name, e.size, &e.shape, untyped::of(e.param)});
+    }
+    auto base = [&](const auto& buffer) { return untyped::of(o.finalized_ ? buffer.data() : nullptr); };
+    v.layout = o.finalized_ ? &*o.layout_ : nullptr;
+    v.world = std::size_t(o.comm_.size());
+    v.has_master = Precision::has_master;
+    if constexpr (Precision::has_master) v.master = base(o.master_);
+    for (std::size_t k = 0; k < UpdateRule::state.size(); ++k)
+      v.state.emplace_back(UpdateRule::state[k], base(o.state_[k]));
+    Opt::driver::for_each_kept(o.driver_, [&](std::string key, const auto* values) {
+      v.kept.emplace_back(std::move(key), untyped::of(o.finalized_ ? values : nullptr));
     });
-    return pieces;
+    v.tensors_on_device = tensor_space_of<Backend>() == memory_space::device;
+    v.state_on_device = Backend::space == memory_space::device;
+    return v;
   }
 
   /// What load() takes from a file besides the tensors.
@@ -148,10 +170,7 @@ class checkpointing {
     std::vector<typename UpdateRule::options> groups;
     std::vector<std::uint64_t> group_steps;
     typename Opt::driver::saved driver;  // what the rule's driver keeps besides
-    /// Where each of my tensors is among the file's (per-tensor values are saved in that order).
-    std::vector<std::size_t> kept_at;
-    std::size_t file_tensors = 0;
-    std::vector<std::uint64_t> group_tensors;  // per group: the tensors the file holds of it
+    found_tensors found;  // where my tensors are among the file's
     int replica = 0;  ///< the rank whose copy this rank reads (replicas_differ), else 0
   };
 
@@ -163,34 +182,17 @@ class checkpointing {
 
   /// Checks a state file against this optimizer (policies, groups, tensor names, sizes, dtypes) and
   /// parses its header, changing nothing.
-  saved_header check_saved(const state_reader& r, const std::string& where, const load_options& lo = {}) {
+  MPOPT_COLD saved_header check_saved(const state_reader& r, const std::string& where, const load_options& lo = {}) {
     Opt& o = self();
+    const checkpoint_view v = view();
     saved_header h;
     h.scaler = o.scaler_;
     try {
       const nlohmann::json& meta = r.metadata();
-      const nlohmann::json mine = describe();
+      const nlohmann::json mine = describe(v);
       check_saved_policies(meta, mine, where);
       const auto& groups = meta.at("groups");
-      if (groups.size() != o.groups_.size())
-        fail(where, "saved with ", groups.size(), " groups, this optimizer has ", o.groups_.size());
-      std::size_t file_tensors = 0;
-      for (std::size_t g = 0; g < groups.size(); ++g) {
-        const nlohmann::json& saved = groups[g].at("tensors");
-        if (o.groups_[g]->expert_parallel()) {
-          std::vector<std::pair<std::string, std::size_t>> experts;
-          for (const auto& e : o.groups_[g]->entries_) experts.emplace_back(e.name, e.size);
-          find_experts(experts, saved, file_tensors, h.kept_at, where + "expert group " + std::to_string(g) + ": ");
-        } else if (saved != mine["groups"][g]["tensors"]) {
-          fail(where, "group ", g, " holds different tensors: saved ", saved.dump(), ", this optimizer has ",
-               mine["groups"][g]["tensors"].dump());
-        } else {
-          for (std::size_t i = 0; i < saved.size(); ++i) h.kept_at.push_back(file_tensors + i);
-        }
-        file_tensors += saved.size();
-        h.group_tensors.push_back(saved.size());
-      }
-      h.file_tensors = file_tensors;
+      h.found = find_saved_tensors(v, groups, mine["groups"], where);
       // Every number through an exact type and range check (json_fields.hpp), then the checks the
       // options get from the constructor: nothing in the file reaches a conversion or a step unchecked.
       static_cast<saved_counts&>(h) = read_saved_counts(meta, where);
@@ -211,8 +213,8 @@ class checkpointing {
           fail(where, "saved dynamic_scale.iter (", h.scaler.iteration(), ") exceeds the steps taken (",
                h.applied + h.skipped, ")");
       std::size_t elements = 0;
-      for (const auto& g : o.groups_)
-        for (const auto& e : g->entries_) elements += e.size;
+      for (const auto& g : v.groups)
+        for (const auto& e : g.tensors) elements += e.size;
       h.driver = o.driver_.check_saved(meta, r, where, lo, h.applied, o.comm_.size(), elements);
       h.replica = saved_replica(meta, lo, o.comm_.rank(), o.comm_.size(), UpdateRule::name, where);
     } catch (const nlohmann::json::exception& e) {
@@ -221,13 +223,13 @@ class checkpointing {
       if (e.message().starts_with(where)) throw;
       fail(where, e.message());
     }
-    check_saved_pieces(r, saved_pieces(o, h.kept_at, h.file_tensors), h.replica, where);
+    check_saved_pieces(r, held_pieces(v, h.found.kept_at, h.found.file_tensors), h.replica, where);
     return h;
   }
 
   /// Ranks that read different files would train apart: what each read must o.agree, before anything
   /// changes. The group count first, as it decides the length of the rest.
-  void check_same_checkpoint(const saved_header& h) {
+  MPOPT_COLD void check_same_checkpoint(const saved_header& h) {
     Opt& o = self();
     const setting groups[] = {{"the checkpoint's number of groups", std::to_string(h.groups.size())}};
     require_same_settings(o.comm_, groups, same_checkpoint_advice);
@@ -246,137 +248,24 @@ class checkpointing {
       else
         held[g] = o.comm_.rank() == 0 ? o.groups_[g]->size() : 0;
     o.comm_.all_reduce(std::span<std::uint64_t>(held), reduce_op::sum);
-    o.agree("load", [&] { check_groups_held(held, h.group_tensors); });
+    o.agree("load", [&] { check_groups_held(held, h.found.group_tensors); });
   }
 
   /// Policies, scaler, counters and group layout: the metadata of a saved state.
-  nlohmann::json describe() const {
+  MPOPT_COLD nlohmann::json describe(const checkpoint_view& v) const {
     const Opt& o = self();
-    nlohmann::json groups = nlohmann::json::array();
+    std::vector<nlohmann::json> options;
+    std::vector<std::uint64_t> steps;
     for (const auto& g : o.groups_) {
-      nlohmann::json tensors = nlohmann::json::array();
-      const expert_placement* p = o.finalized_ ? placement_of(o, g->index_) : nullptr;
-      for (std::size_t e = 0; e < (p ? p->size() : 1); ++e)  // an expert group: every set of experts
-        for (std::size_t j = 0; j < g->entries_.size(); ++j)
-          add_saved_tensor(tensors, p ? std::string(p->name(e, j)) : g->entries_[j].name, g->entries_[j].size);
-      groups.push_back(saved_group(UpdateRule::to_json(g->options_), g->step_, std::move(tensors)));
+      options.push_back(UpdateRule::to_json(g->options_));
+      steps.push_back(g->step_);
     }
     std::optional<std::uint64_t> seed;
     if constexpr (std::is_same_v<rounding_of_t<Precision>, stochastic_rounding>) seed = o.options_.rounding_seed;
     return state_metadata({Precision::name, LossScaler::name, Partition::name, UpdateRule::name}, o.scaler_.save(),
-                          o.counts_, std::move(groups), seed, replicas(o),
+                          o.counts_, saved_groups(v, options, steps), seed, replicas(o),
                           o.guard_.on() ? o.guard_.save() : nlohmann::json(), o.driver_.describe(o.comm_.size()));
   }
-
-  /// The placement of expert group g; null for any other group.
-  static const expert_placement* placement_of(const Opt& o, std::size_t g) {
-    for (const auto& p : o.experts_)
-      if (p.group == g) return &p;
-    return nullptr;
-  }
-
-  /// Calls f(key, range, pointer) for every tensor of this rank a state file holds: parameters
-  /// whole, optimizer state as far as this rank holds it, and the per-tensor values of the rule's
-  /// driver (found in the file at kept_at, each tensor's position among its file_tensors); pointers are const when
-  /// self is. Before finalize() the state pointers are typed nulls: enough to check a file against
-  /// this optimizer without committing to a layout.
-  template <class Self, class F>
-  static void for_each_saved_tensor(Self& self, const std::vector<std::size_t>& kept_at, std::size_t file_tensors,
-                                    F&& f) {
-    std::size_t t = 0;
-    for (const auto& g : self.groups_)
-      for (const auto& e : g->entries_) {
-        const saved_range whole{t, e.size, 0, e.size, false, tensors_on_device, &e.shape};
-        const auto o = self.finalized_ ? self.layout_->owned(t) : flat_layout::owned_range{};
-        const saved_range held =
-            self.finalized_ ? saved_range{t, e.size, o.first, o.count, self.layout_->sharded(), state_on_device, &e.shape} : whole;
-        auto state = [&](auto& buffer) { return self.finalized_ ? buffer.data() + o.state : nullptr; };
-        f("param/" + e.name, whole, e.param);
-        if constexpr (Precision::has_master) f("master/" + e.name, held, state(self.master_));
-        for (std::size_t k = 0; k < state_count; ++k)
-          f(std::string(UpdateRule::state[k]) + "/" + e.name, held, state(self.state_[k]));
-        ++t;
-      }
-    // What the rule's driver keeps per tensor (LAMB's tensor_state), one value each, of the file's
-    // file_tensors.
-    const saved_range per_tensor{t, file_tensors, 0, t, false, false, nullptr, &kept_at};
-    Opt::driver::for_each_kept(self.driver_, [&](std::string key, auto* values) {
-      f(std::move(key), per_tensor, self.finalized_ ? values : nullptr);
-    });
-  }
-
-  /// Calls f(key, range, pointer, senders) for every tensor save() writes, in file order: each
-  /// group's tensors, and of an expert group those of every set of experts, set after set (a
-  /// checkpoint holds what one process holding every expert would save); then the per-tensor values
-  /// of the rule's driver, in the same order, a set at a time. The pointer is to this rank's copy,
-  /// null where it holds another set; senders[r] is the part rank r sends to the writer (assemble).
-  ///
-  /// With replica r > 0: rank r's copy of each parameter, master and state tensor (replica_key), and
-  /// nothing else (replicas differ only where no group is sharded or of experts: replicas_differ).
-  static void for_each_file_tensor(Opt& o, auto&& f, int replica = 0) {
-    using range = flat_layout::owned_range;
-    const auto w = std::size_t(o.comm_.size());
-    std::vector<range> senders(w);
-    auto from = [&](std::size_t rank, std::size_t n) -> const std::vector<range>& {
-      std::fill(senders.begin(), senders.end(), range{});
-      if (rank >= w) fail("checkpoint: no rank ", rank, " among ", w);  // an invariant, stated for g++'s -Warray-bounds
-      senders[rank] = {0, n, 0};
-      return senders;
-    };
-    // Group g's tensor t, of set e: where each rank's part of its state is.
-    auto state_senders = [&](const expert_placement* p, std::size_t e, std::size_t t, std::size_t n) -> const std::vector<range>& {
-      if (replica) return from(std::size_t(replica), n);
-      if (!o.layout_->sharded()) return from(p ? p->first_replica(e) : 0, n);
-      const auto pieces = o.layout_->pieces(t);
-      for (std::size_t r = 0; r < w; ++r)
-        senders[r] = !p ? pieces[r] : p->ep_of[r] == e ? pieces[p->replica_of[r]] : range{};
-      return senders;
-    };
-    std::size_t first = 0;  // the group's first tensor
-    for (const auto& g : o.groups_) {
-      const expert_placement* p = placement_of(o, g->index_);
-      for (std::size_t e = 0; e < (p ? p->size() : 1); ++e)
-        for (std::size_t j = 0; j < g->entries_.size(); ++j) {
-          const auto& entry = g->entries_[j];
-          const std::size_t t = first + j;
-          const bool mine = !p || e == p->mine;
-          const std::string entry_name = p ? std::string(p->name(e, j)) : entry.name;
-          const auto own = o.layout_->owned(t);
-          const saved_range whole{t, entry.size, 0, entry.size, false, tensors_on_device, &entry.shape};
-          const saved_range held{t, entry.size, own.first, own.count, o.layout_->sharded(), state_on_device, &entry.shape};
-          auto state = [&](auto& buffer) { return mine ? buffer.data() + own.state : nullptr; };
-          const std::size_t param_sender = replica ? std::size_t(replica) : p ? p->first_replica(e) : 0;
-          f(replica_key(replica, "param/" + entry_name), whole, mine ? entry.param : nullptr, from(param_sender, entry.size));
-          if constexpr (Precision::has_master)
-            f(replica_key(replica, "master/" + entry_name), held, state(o.master_), state_senders(p, e, t, entry.size));
-          for (std::size_t k = 0; k < state_count; ++k)
-            f(replica_key(replica, std::string(UpdateRule::state[k]) + "/" + entry_name), held, state(o.state_[k]),
-              state_senders(p, e, t, entry.size));
-        }
-      first += g->entries_.size();
-    }
-    if (replica) return;
-    std::size_t file_tensors = 0;
-    for (const auto& g : o.groups_) {
-      const expert_placement* p = placement_of(o, g->index_);
-      file_tensors += g->entries_.size() * (p ? p->size() : 1);
-    }
-    Opt::driver::for_each_kept(o.driver_, [&](std::string key, auto* values) {
-      std::size_t t = 0, at = 0;
-      for (const auto& g : o.groups_) {
-        const expert_placement* p = placement_of(o, g->index_);
-        const std::size_t n = g->entries_.size();
-        for (std::size_t e = 0; e < (p ? p->size() : 1); ++e, at += n) {
-          const saved_range run{t, file_tensors, at, n, false, false, nullptr, nullptr, true};
-          f(key, run, !p || e == p->mine ? values + t : nullptr, from(p ? p->first_replica(e) : 0, n));
-        }
-        t += n;
-      }
-    });
-  }
-
-  static constexpr bool state_on_device = Backend::space == memory_space::device;
-  static constexpr bool tensors_on_device = tensor_space_of<Backend>() == memory_space::device;
 };
 
 }  // namespace detail

@@ -21,6 +21,7 @@
 
 #include "../error.hpp"
 #include "../numeric.hpp"
+#include "config.hpp"
 #include "flat_layout.hpp"
 #include "saved_state.hpp"
 #include "state_file.hpp"
@@ -79,9 +80,10 @@ struct state_piece {
 /// else is all-gathered (collective: every rank calls it for every tensor) in rank order: straight
 /// into the tensor where the parts follow each other so (ZeRO shards), else aside, and each part
 /// put in place.
-inline std::span<const std::byte> assemble(checkpoint_io& io, const std::vector<flat_layout::owned_range>& senders,
-                                           std::span<const std::byte> mine, const untyped& type,
-                                           std::vector<std::byte>& whole, std::vector<std::byte>& aside) {
+MPOPT_COLD inline std::span<const std::byte> assemble(checkpoint_io& io,
+                                                      const std::vector<flat_layout::owned_range>& senders,
+                                                      std::span<const std::byte> mine, const untyped& type,
+                                                      std::vector<std::byte>& whole, std::vector<std::byte>& aside) {
   std::size_t elements = 0;
   bool others = false;
   for (std::size_t r = 0; r < senders.size(); ++r) {
@@ -119,7 +121,7 @@ inline std::span<const std::byte> assemble(checkpoint_io& io, const std::vector<
 /// gathered whole as it comes) and then `extras`, which write_extras(write) writes after them. Every
 /// rank takes part in every gather, even after rank 0 failed to write: no rank leaves a collective
 /// alone. The failure is agreed on at the end.
-inline void write_state(checkpoint_io& io, const std::filesystem::path& path,
+MPOPT_COLD inline void write_state(checkpoint_io& io, const std::filesystem::path& path,
                         const std::function<nlohmann::json()>& metadata, std::span<const state_piece> pieces,
                         std::vector<state_stream::tensor> extras,
                         const std::function<void(const std::function<void(std::span<const std::byte>)>&)>& write_extras) {
@@ -170,7 +172,7 @@ inline void write_state(checkpoint_io& io, const std::filesystem::path& path,
 
 /// Refuses a file that lacks one of my pieces or holds it in another dtype or shape. Rank
 /// `replica`'s copies of parameters and state are read (replica_key), per-tensor values by position.
-inline void check_saved_pieces(const state_reader& r, std::span<const state_piece> pieces, int replica,
+MPOPT_COLD inline void check_saved_pieces(const state_reader& r, std::span<const state_piece> pieces, int replica,
                                const std::string& where) {
   for (const auto& p : pieces)
     check_saved_tensor(r, p.range.kept_at ? p.key : replica_key(replica, p.key), p.data.dtype, p.range, where);
@@ -178,8 +180,9 @@ inline void check_saved_pieces(const state_reader& r, std::span<const state_piec
 
 /// Reads elements [first, first + count) of tensor `key` into `to`, in the backend's memory where
 /// `on_device` (through `staged`, host memory).
-inline void read_piece(const state_reader& file, checkpoint_io& io, const std::string& key, std::size_t first,
-                       const untyped& to, std::size_t count, bool on_device, std::vector<std::byte>& staged) {
+MPOPT_COLD inline void read_piece(const state_reader& file, checkpoint_io& io, const std::string& key,
+                                  std::size_t first, const untyped& to, std::size_t count, bool on_device,
+                                  std::vector<std::byte>& staged) {
   const std::size_t bytes = count * to.element_bytes;
   if (!on_device) return file.read(key, to.dtype, to.element_bytes, first, {to.data, bytes});
   staged.resize(bytes);
@@ -188,8 +191,8 @@ inline void read_piece(const state_reader& file, checkpoint_io& io, const std::s
 }
 
 /// load()'s reading: every piece of mine from the file (checked by check_saved_pieces).
-inline void read_state(const state_reader& file, checkpoint_io& io, std::span<const state_piece> pieces, int replica,
-                       std::vector<std::byte>& staged) {
+MPOPT_COLD inline void read_state(const state_reader& file, checkpoint_io& io, std::span<const state_piece> pieces,
+                                  int replica, std::vector<std::byte>& staged) {
   for (const auto& p : pieces) {
     const saved_range& r = p.range;
     if (!r.kept_at) {

@@ -15,6 +15,15 @@
 #define MPOPT_DEVICE_COMPILER 0
 #endif
 
+// Code that runs once per run or only on error (checkpoints, setup, the cross-rank checks, reports):
+// optimized for size, so that nothing is inlined into it that grows it. Per optimizer type it is
+// then compiled into little code, and fast.
+#if defined(__GNUC__)
+#define MPOPT_COLD __attribute__((cold))
+#else
+#define MPOPT_COLD
+#endif
+
 // OpenMP is optional: without -fopenmp the host backend runs on one thread and emits no
 // unknown-pragma warnings.
 #if defined(_OPENMP)

@@ -10,6 +10,7 @@
 
 #include "../memory_report.hpp"
 #include "../precision.hpp"
+#include "config.hpp"
 #include "flat_layout.hpp"
 #include "step_decision.hpp"
 #include "work_list.hpp"
@@ -21,7 +22,7 @@ class memory_listing {
  public:
   /// Every buffer this rank holds for the optimizer, with its size; the user's tensors are listed
   /// too, marked as theirs. State buffers appear once finalize() (or the first step) made them.
-  mpopt::memory_report memory_report() const {
+  MPOPT_COLD mpopt::memory_report memory_report() const {
     const Opt& o = static_cast<const Opt&>(*this);
     using param_type = typename Opt::param_type;
     using grad_type = typename Opt::grad_type;

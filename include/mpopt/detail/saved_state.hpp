@@ -20,6 +20,7 @@
 #include "../error.hpp"
 #include "../options.hpp"
 #include "../tensor_spec.hpp"
+#include "config.hpp"
 #include "json_fields.hpp"
 #include "same_settings.hpp"
 #include "spike_guard.hpp"
@@ -30,7 +31,7 @@ namespace mpopt::detail {
 
 /// Where the file holds rank r's copy of a parameter's tensor: rank 0's under its name, the
 /// others' (replicas_differ) under "rank/<r>/" and the name.
-inline std::string replica_key(int r, const std::string& key) {
+MPOPT_COLD inline std::string replica_key(int r, const std::string& key) {
   return r == 0 ? key : "rank/" + std::to_string(r) + "/" + key;
 }
 
@@ -72,7 +73,7 @@ struct saved_range {
 };
 
 /// Refuses a file whose tensor `key` is missing, or not of `dtype` and a shape that fits `range`.
-inline void check_saved_tensor(const state_reader& r, const std::string& key, std::string_view dtype,
+MPOPT_COLD inline void check_saved_tensor(const state_reader& r, const std::string& key, std::string_view dtype,
                                const saved_range& range, const std::string& where) {
   if (!r.contains(key)) fail(where, "tensor '", key, "' is missing");
   const std::vector<std::int64_t>& shape = r.shape(key);
@@ -88,20 +89,21 @@ struct saved_policies {
 };
 
 /// One group's tensors in the metadata: names and sizes in file order.
-inline void add_saved_tensor(nlohmann::json& tensors, const std::string& name, std::size_t size) {
+MPOPT_COLD inline void add_saved_tensor(nlohmann::json& tensors, const std::string& name, std::size_t size) {
   tensors.push_back({{"name", name}, {"size", size}});
 }
 /// One group in the metadata.
-inline nlohmann::json saved_group(nlohmann::json options, std::uint64_t step, nlohmann::json tensors) {
+MPOPT_COLD inline nlohmann::json saved_group(nlohmann::json options, std::uint64_t step, nlohmann::json tensors) {
   return {{"options", std::move(options)}, {"step", step}, {"tensors", std::move(tensors)}};
 }
 
 /// The metadata of a saved state: policies, scaler, counters and groups; `extra`: what the rule's
 /// driver adds. `rounding_seed` where the precision rounds stochastically, `replicas` where every
 /// rank's copy is saved (0: rank 0's alone), `guard` where the spike guard is on (null: off).
-inline nlohmann::json state_metadata(const saved_policies& p, nlohmann::json scaler, const step_counts& counts,
-                                     nlohmann::json groups, std::optional<std::uint64_t> rounding_seed, int replicas,
-                                     nlohmann::json guard, const nlohmann::json& extra) {
+MPOPT_COLD inline nlohmann::json state_metadata(const saved_policies& p, nlohmann::json scaler,
+                                                const step_counts& counts, nlohmann::json groups,
+                                                std::optional<std::uint64_t> rounding_seed, int replicas,
+                                                nlohmann::json guard, const nlohmann::json& extra) {
   nlohmann::json d = {{"precision", p.precision},     {"loss_scaler", p.loss_scaler},
                       {"partition", p.partition},     {"rule", p.rule},
                       {"scaler", std::move(scaler)},  {"applied_steps", counts.applied},
@@ -116,7 +118,8 @@ inline nlohmann::json state_metadata(const saved_policies& p, nlohmann::json sca
 }
 
 /// Refuses a file saved with other policies than `mine` (a describe()d metadata).
-inline void check_saved_policies(const nlohmann::json& meta, const nlohmann::json& mine, const std::string& where) {
+MPOPT_COLD inline void check_saved_policies(const nlohmann::json& meta, const nlohmann::json& mine,
+                                            const std::string& where) {
   for (const char* key : {"precision", "loss_scaler", "rule"})  // any partition: the file is per parameter
     if (meta.at(key) != mine.at(key))
       fail(where, "saved with ", key, " ", meta.at(key).dump(), ", this optimizer has ", mine.at(key).dump());
@@ -126,8 +129,9 @@ inline void check_saved_policies(const nlohmann::json& meta, const nlohmann::jso
 /// expert of the run that saved it): each of mine (name, size) is there with its size, and kept_at
 /// gets its position (the group's start at `first`). That the sets of experts together hold them
 /// all is checked across ranks (the optimizer's check_same_checkpoint).
-inline void find_experts(std::span<const std::pair<std::string, std::size_t>> mine, const nlohmann::json& saved,
-                         std::size_t first, std::vector<std::size_t>& kept_at, const std::string& where) {
+MPOPT_COLD inline void find_experts(std::span<const std::pair<std::string, std::size_t>> mine,
+                                    const nlohmann::json& saved, std::size_t first, std::vector<std::size_t>& kept_at,
+                                    const std::string& where) {
   std::map<std::string, std::pair<std::size_t, std::size_t>> at;  // name -> (position, size)
   for (std::size_t i = 0; i < saved.size(); ++i)
     at[saved[i].at("name").get<std::string>()] = {i, saved[i].at("size").get<std::size_t>()};
@@ -146,7 +150,7 @@ struct saved_counts {
   std::optional<std::uint64_t> rounding_seed;  // saved under stochastic rounding
   spike_guard::saved guard;  // the spike guard's windows, where it was on
 };
-inline saved_counts read_saved_counts(const nlohmann::json& meta, const std::string& where) {
+MPOPT_COLD inline saved_counts read_saved_counts(const nlohmann::json& meta, const std::string& where) {
   saved_counts c;
   c.applied = json_count(meta, "applied_steps", max_steps);
   c.skipped = json_count(meta, "skipped_steps", max_steps);
@@ -159,7 +163,7 @@ inline saved_counts read_saved_counts(const nlohmann::json& meta, const std::str
 /// The rank whose copy of the parameters and state this rank reads: where every rank's copy was
 /// saved ("replicas", the rule steps each rank on its own between synchronisations) and the world
 /// size is the same, its own; else rank 0's, which a different world size takes only when asked to.
-inline int saved_replica(const nlohmann::json& meta, const load_options& lo, int rank, int world,
+MPOPT_COLD inline int saved_replica(const nlohmann::json& meta, const load_options& lo, int rank, int world,
                          std::string_view rule, const std::string& where) {
   if (!meta.contains("replicas")) return 0;
   const int saved_world = int(json_integer(meta, "replicas", 2, INT_MAX, "replicas"));
@@ -175,7 +179,8 @@ inline constexpr std::string_view same_checkpoint_advice = "Every rank must load
 
 /// What every rank must have read alike of a checkpoint (ranks that read different files would
 /// train apart): its counters, its scaler (`scaler`: as JSON text) and each group's ("step N, options").
-inline std::vector<setting> loaded_settings(const saved_counts& c, std::string scaler, std::span<const std::string> groups) {
+MPOPT_COLD inline std::vector<setting> loaded_settings(const saved_counts& c, std::string scaler,
+                                                       std::span<const std::string> groups) {
   std::vector<setting> read = {
       {"the checkpoint's step counts", std::to_string(c.applied) + " applied, " + std::to_string(c.skipped) +
                                            " skipped, " + std::to_string(c.consecutive) + " in a row"},
@@ -187,7 +192,7 @@ inline std::vector<setting> loaded_settings(const saved_counts& c, std::string s
 
 /// Refuses a load that would drop tensors: `held`, per group, how many of the file's tensors
 /// (`in_file`) the ranks together hold.
-inline void check_groups_held(std::span<const std::uint64_t> held, std::span<const std::uint64_t> in_file) {
+MPOPT_COLD inline void check_groups_held(std::span<const std::uint64_t> held, std::span<const std::uint64_t> in_file) {
   for (std::size_t g = 0; g < held.size(); ++g)
     if (held[g] != in_file[g])
       fail("load(): the file holds ", in_file[g], " tensors of group ", g, ", the ranks hold ", held[g],

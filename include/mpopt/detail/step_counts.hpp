@@ -4,9 +4,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "../status.hpp"
+#include "config.hpp"
 #include "validate.hpp"
 #include "work_list.hpp"
 
@@ -55,9 +57,9 @@ struct step_counts {
 
 /// Names the tensors whose gradients held inf or NaN on this rank, from the per-chunk flags of the
 /// overflow pass over `work` (name_of(t): tensor t's name).
-template <class NameOf>
-std::string nonfinite_report(const work_list& work, const std::uint8_t* chunk_nonfinite, std::size_t tensors,
-                             NameOf&& name_of) {
+MPOPT_COLD inline std::string nonfinite_report(const work_list& work, const std::uint8_t* chunk_nonfinite,
+                                               std::size_t tensors,
+                                               const std::function<const std::string&(std::size_t)>& name_of) {
   std::string names;
   std::size_t count = 0;
   for (std::size_t t = 0; t < tensors; ++t) {

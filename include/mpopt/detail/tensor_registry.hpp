@@ -25,6 +25,7 @@
 #include "../tensor.hpp"
 #include "../tensor_spec.hpp"
 #include "aligned_buffer.hpp"
+#include "config.hpp"
 #include "step_data.hpp"
 #include "tensor_side.hpp"
 #include "validate.hpp"
@@ -160,7 +161,7 @@ class tensor_registry {
       tensor_shape shape;  ///< as registered; empty: none given
     };
 
-    void add_views(view<param_type> p, view<grad_type> g, std::string name, tensor_shape shape) {
+    MPOPT_COLD void add_views(view<param_type> p, view<grad_type> g, std::string name, tensor_shape shape) {
       if (flat_) fail(label_, " is a flat group: its tensors are fixed by add_flat_group");
       if (name.empty()) name = label_ + "." + std::to_string(entries_.size());
       owner_->check_new_tensor(name, p.size, g.size, p.space, g.space);
@@ -197,7 +198,7 @@ class tensor_registry {
 
   /// A group whose parameters and gradients live in two flat buffers the optimizer owns (the fused
   /// layout): param(i) and grad(i) are views to hand to the model. Parameters start at zero.
-  param_group& add_flat_group(const group_options& o, std::span<const tensor_spec> tensors) {
+  MPOPT_COLD param_group& add_flat_group(const group_options& o, std::span<const tensor_spec> tensors) {
     const std::string label = "group " + std::to_string(groups_.size());
     std::vector<std::string> names;
     std::vector<std::size_t> offsets;
@@ -246,14 +247,14 @@ class tensor_registry {
     return (n + a - 1) / a * a;
   }
 
-  param_group& new_group(const group_options& o) {
+  MPOPT_COLD param_group& new_group(const group_options& o) {
     if (finalized_) fail("cannot add a group after the first step");
     groups_.push_back(std::unique_ptr<param_group>(new param_group(this, std::uint32_t(groups_.size()), o)));
     return *groups_.back();
   }
 
-  void check_new_tensor(const std::string& name, std::size_t param_size, std::size_t grad_size, memory_space param_space,
-                        memory_space grad_space) const {
+  MPOPT_COLD void check_new_tensor(const std::string& name, std::size_t param_size, std::size_t grad_size,
+                                   memory_space param_space, memory_space grad_space) const {
     if (finalized_) fail("cannot add tensor '", name, "' after the first step");
     if (param_size != grad_size)
       fail("tensor '", name, "': parameter has ", param_size, " elements but gradient has ", grad_size);
@@ -270,7 +271,8 @@ class tensor_registry {
   /// Refuses tensor `name` if its parameter and gradient overlap each other or any tensor registered
   /// before: the update would read one tensor's writes as another's input. Each check looks at the
   /// two neighbours in an address-ordered map: O(n log n) for n tensors.
-  void check_unclaimed(const std::string& name, const param_type* param, const grad_type* grad, std::size_t size) const {
+  MPOPT_COLD void check_unclaimed(const std::string& name, const param_type* param, const grad_type* grad,
+                                  std::size_t size) const {
     const auto [p, p_end] = bytes_of(param, size);
     const auto [g, g_end] = bytes_of(grad, size);
     if (std::less<>{}(p, g_end) && std::less<>{}(g, p_end))
@@ -289,7 +291,7 @@ class tensor_registry {
     refuse_overlap(g, g_end, "gradient");
   }
   /// Records the memory of entry i of group g, checked by check_unclaimed.
-  void claim(std::uint32_t group, std::size_t i) {
+  MPOPT_COLD void claim(std::uint32_t group, std::size_t i) {
     const auto& e = groups_[group]->entries_[i];
     const auto [p, p_end] = bytes_of(e.param, e.size);
     const auto [g, g_end] = bytes_of(e.grad, e.size);
@@ -303,7 +305,7 @@ class tensor_registry {
   }
 
   /// The name of tensor i, counting every group's tensors in order.
-  const std::string& tensor_name(std::size_t i) const {
+  MPOPT_COLD const std::string& tensor_name(std::size_t i) const {
     for (const auto& g : groups_) {
       if (i < g->entries_.size()) return g->entries_[i].name;
       i -= g->entries_.size();
@@ -318,7 +320,7 @@ class tensor_registry {
 
   /// Every tensor's slot in the step's table, in registration order (the same on every rank and
   /// layout): its memory, group and first element in the flat order of all tensors.
-  std::vector<tensor_slot<param_type, grad_type>> tensor_table() const {
+  MPOPT_COLD std::vector<tensor_slot<param_type, grad_type>> tensor_table() const {
     std::vector<tensor_slot<param_type, grad_type>> table;
     std::uint64_t first = 0;
     for (std::uint32_t gi = 0; gi < groups_.size(); ++gi)
