@@ -144,7 +144,7 @@ class erased_optimizer final : public optimizer_interface {
 
 template <class Precision, class Scaler, class Partition, class Rule, class C>
 MPOPT_COLD any_optimizer make_erased(C&& comm, const deepspeed_config& c, const typename Scaler::options& s,
-                          const typename Rule::options& r) {
+                                     const typename Rule::options& r) {
   using impl = erased_optimizer<Precision, Scaler, Partition, Rule, host, C>;
   return any_optimizer(std::make_unique<impl>(std::move(comm), c.options, s, r));
 }

@@ -121,10 +121,10 @@ MPOPT_COLD inline std::span<const std::byte> assemble(checkpoint_io& io,
 /// gathered whole as it comes) and then `extras`, which write_extras(write) writes after them. Every
 /// rank takes part in every gather, even after rank 0 failed to write: no rank leaves a collective
 /// alone. The failure is agreed on at the end.
-MPOPT_COLD inline void write_state(checkpoint_io& io, const std::filesystem::path& path,
-                        const std::function<nlohmann::json()>& metadata, std::span<const state_piece> pieces,
-                        std::vector<state_stream::tensor> extras,
-                        const std::function<void(const std::function<void(std::span<const std::byte>)>&)>& write_extras) {
+MPOPT_COLD inline void write_state(
+    checkpoint_io& io, const std::filesystem::path& path, const std::function<nlohmann::json()>& metadata,
+    std::span<const state_piece> pieces, std::vector<state_stream::tensor> extras,
+    const std::function<void(const std::function<void(std::span<const std::byte>)>&)>& write_extras) {
   const bool writer = io.rank() == 0;
   std::optional<state_stream> out;
   io.agree("save", [&] {
@@ -173,7 +173,7 @@ MPOPT_COLD inline void write_state(checkpoint_io& io, const std::filesystem::pat
 /// Refuses a file that lacks one of my pieces or holds it in another dtype or shape. Rank
 /// `replica`'s copies of parameters and state are read (replica_key), per-tensor values by position.
 MPOPT_COLD inline void check_saved_pieces(const state_reader& r, std::span<const state_piece> pieces, int replica,
-                               const std::string& where) {
+                                          const std::string& where) {
   for (const auto& p : pieces)
     check_saved_tensor(r, p.range.kept_at ? p.key : replica_key(replica, p.key), p.data.dtype, p.range, where);
 }

@@ -159,7 +159,7 @@ MPOPT_COLD inline std::vector<state_piece> file_pieces(const checkpoint_view& v,
 /// The metadata's groups: each one's options (as JSON), applied steps and tensors (names and sizes,
 /// of an expert group every set's).
 MPOPT_COLD inline nlohmann::json saved_groups(const checkpoint_view& v, std::span<const nlohmann::json> options,
-                                   std::span<const std::uint64_t> steps) {
+                                              std::span<const std::uint64_t> steps) {
   nlohmann::json groups = nlohmann::json::array();
   for (std::size_t g = 0; g < v.groups.size(); ++g) {
     const auto& group = v.groups[g];
@@ -182,7 +182,7 @@ struct found_tensors {
   std::size_t file_tensors = 0;
 };
 MPOPT_COLD inline found_tensors find_saved_tensors(const checkpoint_view& v, const nlohmann::json& saved,
-                                        const nlohmann::json& described, const std::string& where) {
+                                                   const nlohmann::json& described, const std::string& where) {
   if (saved.size() != v.groups.size())
     fail(where, "saved with ", saved.size(), " groups, this optimizer has ", v.groups.size());
   found_tensors found;

@@ -74,7 +74,7 @@ struct saved_range {
 
 /// Refuses a file whose tensor `key` is missing, or not of `dtype` and a shape that fits `range`.
 MPOPT_COLD inline void check_saved_tensor(const state_reader& r, const std::string& key, std::string_view dtype,
-                               const saved_range& range, const std::string& where) {
+                                          const saved_range& range, const std::string& where) {
   if (!r.contains(key)) fail(where, "tensor '", key, "' is missing");
   const std::vector<std::int64_t>& shape = r.shape(key);
   if (r.dtype(key) != dtype || !range.fits(shape))
@@ -164,7 +164,7 @@ MPOPT_COLD inline saved_counts read_saved_counts(const nlohmann::json& meta, con
 /// saved ("replicas", the rule steps each rank on its own between synchronisations) and the world
 /// size is the same, its own; else rank 0's, which a different world size takes only when asked to.
 MPOPT_COLD inline int saved_replica(const nlohmann::json& meta, const load_options& lo, int rank, int world,
-                         std::string_view rule, const std::string& where) {
+                                    std::string_view rule, const std::string& where) {
   if (!meta.contains("replicas")) return 0;
   const int saved_world = int(json_integer(meta, "replicas", 2, INT_MAX, "replicas"));
   if (saved_world != world && !lo.reset_compression_errors)
