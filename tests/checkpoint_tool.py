@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Tests tools/mpopt_checkpoint.py on checkpoints the C++ side writes and reads: examples/train_mlp
---save (fp16, bf16 with LAMB, fp32; with mpirun, bf16 under ZeRO-2 on two ranks) and --load.
+--save (fp16, bf16 with LAMB, fp32; with --zero2, bf16 under ZeRO-2 on two ranks) and --load.
 
   export: the masters (F32) and the parameters (F16, BF16, F32) bit for bit as the file holds them,
           with the shapes train_mlp registered ([out, in], [out]);
@@ -468,6 +468,7 @@ def case_conversions():
 
 
 def numpy_main():
+    """Every case on one process."""
     H.run_case("conversions: rounding to F16 and BF16, widening back", case_conversions)
     results = {}
     for name, flags, dtype in CONFIGS:
@@ -478,13 +479,14 @@ def numpy_main():
         H.run_case("refusals", case_refusals, trained, template, masters)
         H.run_case("the safetensors package reads the exports", case_safetensors_package, trained, masters,
                    os.path.join(ARGS.workdir, "bf16_lamb", "params32.safetensors"))
-    if ARGS.mpirun:
-        bf16_template = os.path.join(ARGS.workdir, "bf16_adam_template.safetensors")
-        H.run_case("zero2 on two ranks",
-                   lambda: (train(["--precision", "bf16"], "--steps", "0", "--save", bf16_template),
-                            case_zero2(bf16_template)))
-    else:
-        print("== zero2 on two ranks: left out (no --mpirun: train_mlp is not the MPI build, or no mpirun)")
+    print("== zero2 on two ranks: left out (--zero2 runs it)")
+
+
+def zero2_main():
+    bf16_template = os.path.join(ARGS.workdir, "bf16_adam_template.safetensors")
+    H.run_case("zero2 on two ranks",
+               lambda: (train(["--precision", "bf16"], "--steps", "0", "--save", bf16_template),
+                        case_zero2(bf16_template)))
 
 
 # --------------------------------------------------------------------------------------------
@@ -590,9 +592,12 @@ def main():
     p.add_argument("--tool", required=True, help="tools/mpopt_checkpoint.py")
     p.add_argument("--train-mlp", required=True, help="examples/train_mlp (--save, --load)")
     p.add_argument("--mpirun", help="train_mlp is the MPI build: mpirun runs the ZeRO-2 case on two ranks")
+    p.add_argument("--zero2", action="store_true", help="the ZeRO-2 case alone (needs --mpirun)")
     p.add_argument("--workdir", required=True)
     p.add_argument("--torch", action="store_true", help="the PyTorch cases (skipped without PyTorch)")
     ARGS = p.parse_args()
+    if ARGS.zero2 and not ARGS.mpirun:
+        p.error("--zero2 needs --mpirun")
     for name in ("tool", "train_mlp", "workdir"):  # mpirun looks a relative path up in PATH
         if getattr(ARGS, name):
             setattr(ARGS, name, os.path.abspath(getattr(ARGS, name)))
@@ -603,7 +608,7 @@ def main():
         ensure_modules(["numpy"], "apt-get install python3-numpy (.ci/setup does)")
     shutil.rmtree(ARGS.workdir, ignore_errors=True)
     os.makedirs(ARGS.workdir)
-    torch_main() if ARGS.torch else numpy_main()
+    torch_main() if ARGS.torch else zero2_main() if ARGS.zero2 else numpy_main()
     if H.failures:
         print("\n%d of %d checks failed:" % (len(H.failures), H.checks))
         for f in H.failures:
