@@ -468,7 +468,7 @@ def case_conversions():
 
 
 def numpy_main():
-    """Every case on one process."""
+    """Every case that runs on one process (all but ZeRO-2's)."""
     H.run_case("conversions: rounding to F16 and BF16, widening back", case_conversions)
     results = {}
     for name, flags, dtype in CONFIGS:
