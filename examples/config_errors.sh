@@ -62,6 +62,7 @@ expect "--rule beside --config" 2 "--rule conflicts with --config: the configura
   --config "$configs/fp16_adamw.json" --rule lamb
 expect "--batch beside train_micro_batch_size_per_gpu" 2 "--batch conflicts with --config" \
   --config "$configs/fp16_adamw.json" --batch 8
+expect "--compare-fp32 with a value it does not know" 2 "--compare-fp32" --compare-fp32 maybe
 
 # And the shipped configurations are all accepted (two steps each).
 for f in "$configs"/*.json; do

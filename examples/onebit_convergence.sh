@@ -33,7 +33,8 @@ mkdir -p "$out"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export OMP_NUM_THREADS=1
 steps=2000
-task=(--steps "$steps" --train-samples 262144 --schedule linear --print-every 500 "$@")
+# (each run is compared with its counterpart, not with an fp32 run of itself: --compare-fp32 off)
+task=(--steps "$steps" --train-samples 262144 --schedule linear --print-every 500 --compare-fp32 off "$@")
 
 rules=(adam onebit_adam zero_one_adam lamb onebit_lamb)
 declare -A title=([adam]="Adam" [onebit_adam]="1-bit Adam" [zero_one_adam]="0/1 Adam" [lamb]="LAMB"
@@ -51,6 +52,7 @@ for rule in "${rules[@]}"; do
   loss[$rule]=$(sed -n 's/^done: train loss [0-9.]* -> \([0-9.]*\),.*/\1/p' "$out/$rule.log")
   comm[$rule]=$(sed -n 's/^communication: comm_ratio \([0-9.]*\) .*/\1/p' "$out/$rule.log")
   [ -n "${loss[$rule]}" ] && [ -n "${comm[$rule]}" ] || { echo "onebit_convergence.sh: $rule printed no final loss" >&2; exit 1; }
+  ! grep -q "in fp32 without loss scaling" "$out/$rule.log" || { echo "onebit_convergence.sh: $rule ran in fp32 too" >&2; exit 1; }
   # One step's batch loss is noisy: the plot shows its mean over the last 50 steps.
   awk -F, 'NR > 1 { sum += $2; q[NR] = $2; if (NR > 51) sum -= q[NR - 50]; print $1 "," sum / (NR > 51 ? 50 : NR - 1) }' \
     "$out/$rule.csv" > "$out/$rule.mean.csv"

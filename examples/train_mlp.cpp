@@ -28,7 +28,8 @@
 // With fp16 the dynamic loss scale starts at 2^24, far too high on purpose: watch the first steps
 // overflow and get skipped while the scale comes down (the "skipped" column). At the end the same
 // run (same seed, data, initial weights and batches) is repeated in fp32 without loss scaling, and
-// the two results are printed side by side. The exit code is nonzero if the loss did not go down.
+// the two results are printed side by side (--compare-fp32 off skips it). The exit code is nonzero if
+// the loss did not go down.
 //
 // The optimizer comes from a DeepSpeed configuration: the one --config FILE names, read by
 // mpopt::deepspeed_config, or the one the flags stand for. mpopt::make_optimizer (in
@@ -84,7 +85,7 @@ using device_backend = mpopt::host;  // never chosen: parse_args refuses --devic
 // the optimizer's communicator sums the gradients over the ranks (replicated) or reduce-scatters
 // them into shards (--zero 1|2).
 using example::communicator, example::make_communicator, example::with_mpi, example::world_rank, example::world_size,
-    example::gather_on_rank0, example::mean_over_ranks;
+    example::gather_on_rank0, example::mean_over_ranks, example::sum_over_ranks;
 
 constexpr int n_inputs = 32;
 constexpr int n_hidden = 64;
@@ -274,12 +275,14 @@ class mlp {
     return loss / batch;
   }
 
-  /// Mean loss and accuracy over a whole data set (forward only).
+  /// Mean loss and accuracy over a whole data set (forward only). Every rank calls it; each
+  /// evaluates every W-th chunk of samples, and the sums meet on every rank.
   evaluation evaluate(const dataset& d) {
     constexpr std::size_t chunk = 256;
     load_parameters();
     evaluation e;
-    for (std::size_t first = 0; first < d.size(); first += chunk) {
+    const std::size_t ranks = std::size_t(world_size());
+    for (std::size_t first = std::size_t(world_rank()) * chunk; first < d.size(); first += ranks * chunk) {
       const int batch = int(std::min(chunk, d.size() - first));
       forward(std::span(d.x).subspan(first * n_inputs, std::size_t(batch) * n_inputs), batch);
       for (int n = 0; n < batch; ++n) {
@@ -289,8 +292,8 @@ class mlp {
         e.accuracy += (std::max_element(z, z + n_classes) - z == label) ? 1 : 0;
       }
     }
-    e.loss /= double(d.size());
-    e.accuracy /= double(d.size());
+    e.loss = sum_over_ranks(e.loss) / double(d.size());
+    e.accuracy = sum_over_ranks(e.accuracy) / double(d.size());
     return e;
   }
 
@@ -386,6 +389,7 @@ struct config {
   std::size_t train_samples = 8192;
   std::uint64_t freeze_step = 0;  // the compressing rules; 0: 20% of the steps
   bool bias_correction = true;    // adam, lamb
+  bool compare_fp32 = true;       // repeat a 16-bit run in fp32 and compare the two
   std::string schedule = "constant";  // constant | linear (decay to 0 over the steps)
   std::string csv;                // write "step,loss" here (the batch loss averaged over ranks)
   std::string load;               // resume from this checkpoint before the first step
@@ -397,7 +401,7 @@ struct config {
 constexpr std::string_view usage = R"(usage: train_mlp [options]
 
 Trains a 32-64-64-10 MLP on a synthetic 10-class task with mixed precision, then repeats the
-run in fp32 without loss scaling for comparison.
+run in fp32 without loss scaling for comparison (--compare-fp32 off: not).
 
   --precision fp16|bf16|fp32    parameter and gradient type (default fp16)
   --scaler dynamic|static|none  loss scaling; dynamic or static need fp16 (default: dynamic
@@ -423,6 +427,8 @@ run in fp32 without loss scaling for comparison.
                                 default: 20% of --steps)
   --bias-correction on|off      adam's and lamb's bias correction (default on; the compressing
                                 rules have none, so compare them with off)
+  --compare-fp32 on|off         after a 16-bit run, the same run in fp32 without loss scaling,
+                                and the two side by side (default on)
   --csv FILE                    write "step,loss" per step, the batch loss averaged over ranks
   --schedule constant|linear    learning rate over the steps: constant (default) or decaying
                                 linearly to 0 (group.set_lr before each step)
@@ -503,6 +509,10 @@ bool parse_args(int argc, char** argv, config& c) {
     else if (flag == "--overlap") {
       check_choice(flag, value, {"on", "off"});
       c.overlap = value == "on";
+    }
+    else if (flag == "--compare-fp32") {
+      check_choice(flag, value, {"on", "off"});
+      c.compare_fp32 = value == "on";
     }
     else if (flag == "--layout") check_choice(flag, c.layout = value, {"fused", "unfused"});
     else if (flag == "--loss-scale") c.loss_scale = parse_number<double>(flag, value, 1);
@@ -877,14 +887,16 @@ int run(const config& c, const task& data) {
   const run_result r = train<Opt>(c, data, true);
   std::optional<run_result> fp32;
   if constexpr (!std::is_same_v<typename Opt::precision, mpopt::fp32>) {
-    using reference =
-        mpopt::optimizer<mpopt::fp32, mpopt::no_scaling, mpopt::replicated, typename Opt::rule, mpopt::host, communicator>;
-    config fc = c;
-    fc.precision = "fp32";
-    fc.scaler = "none";
-    fc.load.clear();  // the checkpoints are the mixed-precision run's
-    fc.save.clear();
-    fp32 = train<reference>(fc, data, false);
+    if (c.compare_fp32) {
+      using reference =
+          mpopt::optimizer<mpopt::fp32, mpopt::no_scaling, mpopt::replicated, typename Opt::rule, mpopt::host, communicator>;
+      config fc = c;
+      fc.precision = "fp32";
+      fc.scaler = "none";
+      fc.load.clear();  // the checkpoints are the mixed-precision run's
+      fc.save.clear();
+      fp32 = train<reference>(fc, data, false);
+    }
   }
   return report(c, describe(c), Opt::partition::name, r, fp32);
 }
@@ -958,7 +970,7 @@ int run_configured(config c, const mpopt::deepspeed_config& ds, const std::strin
   };
   const run_result r = train_in(c, ds, true);
   std::optional<run_result> fp32;
-  if (ds.precision != mpopt::config_precision::fp32) {  // the same configuration with fp16 and bf16 off
+  if (c.compare_fp32 && ds.precision != mpopt::config_precision::fp32) {  // the same configuration in fp32
     mpopt::deepspeed_config reference = ds;
     reference.precision = mpopt::config_precision::fp32;
     reference.scaler = mpopt::config_scaler::none;
