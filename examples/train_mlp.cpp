@@ -401,7 +401,7 @@ struct config {
 constexpr std::string_view usage = R"(usage: train_mlp [options]
 
 Trains a 32-64-64-10 MLP on a synthetic 10-class task with mixed precision, then repeats the
-run in fp32 without loss scaling for comparison (--compare-fp32 off: not).
+run in fp32 without loss scaling for comparison (unless --compare-fp32 off).
 
   --precision fp16|bf16|fp32    parameter and gradient type (default fp16)
   --scaler dynamic|static|none  loss scaling; dynamic or static need fp16 (default: dynamic
