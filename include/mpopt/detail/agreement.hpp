@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -189,24 +190,22 @@ class agreement {
     const std::string policies = policies_text(
         {Precision::name, LossScaler::name, Partition::name, UpdateRule::name, Backend::name, Communicator::name},
         type_name<typename Opt::accumulate_type>, type_name<typename Opt::communicate_type>);
-    const setting shape[] = {{"policies", policies}, {"number of groups", std::to_string(o.groups_.size())}};
-    require_same_settings(o.comm_, shape, same_settings_advice);
+    require_same_settings(o.comm_, settings_shape(policies, o.groups_.size()), same_settings_advice);
 
-    std::vector<setting> all = option_settings(o.options_, rounding_of_t<Precision>::name);
-    add_settings(all, std::string(LossScaler::name) + ".", o.scaler_.settings());
-    add_settings(all, std::string(LossScaler::name) + " state.", o.scaler_.save());
+    std::optional<bool> deterministic;
     if constexpr (requires { o.comm_.inner().options().deterministic; })
-      all.push_back({std::string(Communicator::name) + ".deterministic",
-                     o.comm_.inner().options().deterministic ? "true" : "false"});
+      deterministic = o.comm_.inner().options().deterministic;
+    std::vector<setting> all =
+        pipeline_settings(o.options_, rounding_of_t<Precision>::name, LossScaler::name, o.scaler_.settings(),
+                          o.scaler_.save(), Communicator::name, deterministic);
     for (std::size_t gi = 0; gi < o.groups_.size(); ++gi) {
       const auto& g = o.groups_[gi];
-      add_settings(all, g->label_ + ".", UpdateRule::to_json(g->options_));
       // An expert group's communicator; its tensors' names differ between sets of experts
       // (expert_placement.hpp checks them).
       const std::size_t replicas = g->expert_parallel() ? std::size_t(o.group_comms_[gi]->size()) : 0;
       tensors_summary tensors(g->label_, replicas);
       for (const auto& e : g->entries_) tensors.add(e.name, e.size, e.shape);
-      tensors.settle(all);
+      add_group_settings(all, g->label_, UpdateRule::to_json(g->options_), tensors);
     }
     require_same_settings(o.comm_, std::span<const setting>(all), same_settings_advice);
   }

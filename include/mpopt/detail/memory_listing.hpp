@@ -5,8 +5,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "../memory_report.hpp"
 #include "../precision.hpp"
@@ -17,6 +19,41 @@
 
 namespace mpopt::detail {
 
+// The report's lines, built by functions that do not depend on the optimizer's types: compiled
+// once, not once per optimizer type. The optimizer's memory_report() adds the numbers.
+
+/// A group whose tensors the optimizer allocated (flat): its buffers are the optimizer's.
+MPOPT_COLD inline void list_flat_group(mpopt::memory_report& r, const std::string& label, std::size_t param_bytes,
+                                       std::size_t grad_bytes) {
+  r.buffers.push_back({label + " parameters", "flat parameter buffer (views handed to the model)", param_bytes, true});
+  r.buffers.push_back({label + " gradients", "flat gradient buffer", grad_bytes, true});
+}
+
+/// The model's own tensors, where there are any: listed, marked as the user's.
+MPOPT_COLD inline void list_user_tensors(mpopt::memory_report& r, std::size_t param_bytes, std::size_t grad_bytes) {
+  if (!param_bytes) return;
+  r.buffers.push_back({"parameters", "the model's parameter tensors", param_bytes, false});
+  r.buffers.push_back({"gradients", "the model's gradient tensors", grad_bytes, false});
+}
+
+/// The fp32 masters (where the precision has them) and each of the rule's state buffers.
+MPOPT_COLD inline void list_state(mpopt::memory_report& r, bool has_master, std::span<const std::string_view> names,
+                                  std::string_view rule, std::size_t bytes) {
+  if (has_master) r.buffers.push_back({"master", "fp32 master weights", bytes, true});
+  for (const std::string_view name : names)
+    r.buffers.push_back({std::string(name), std::string(rule) + " state (fp32)", bytes, true});
+}
+
+/// The communicators' own buffers, where they have any: the optimizer's, then each expert group's.
+MPOPT_COLD inline void list_workspaces(mpopt::memory_report& r, std::string_view purpose, std::size_t bytes,
+                                       std::span<const std::size_t> expert_bytes) {
+  if (bytes) r.buffers.push_back({"communicator workspace", std::string(purpose), bytes, true});
+  for (std::size_t k = 0; k < expert_bytes.size(); ++k)
+    if (expert_bytes[k])
+      r.buffers.push_back(
+          {"expert communicator " + std::to_string(k) + " workspace", std::string(purpose), expert_bytes[k], true});
+}
+
 template <class Opt, class Precision, class UpdateRule, class Communicator>
 class memory_listing {
  public:
@@ -24,28 +61,17 @@ class memory_listing {
   /// too, marked as theirs. State buffers appear once finalize() (or the first step) made them.
   MPOPT_COLD mpopt::memory_report memory_report() const {
     const Opt& o = static_cast<const Opt&>(*this);
-    using param_type = typename Opt::param_type;
-    using grad_type = typename Opt::grad_type;
+    constexpr std::size_t param_bytes = sizeof(typename Opt::param_type), grad_bytes = sizeof(typename Opt::grad_type);
     mpopt::memory_report r;
-    std::size_t user_params = 0;
+    std::size_t user_elements = 0;
     for (const auto& g : o.groups_) {
-      if (g->flat_) {
-        r.buffers.push_back({g->label_ + " parameters", "flat parameter buffer (views handed to the model)",
-                             g->flat_param_.size() * sizeof(param_type), true});
-        r.buffers.push_back({g->label_ + " gradients", "flat gradient buffer", g->flat_grad_.size() * sizeof(grad_type), true});
-      } else {
-        for (const auto& e : g->entries_) user_params += e.size;
-      }
+      if (g->flat_) list_flat_group(r, g->label_, g->flat_param_.size() * param_bytes, g->flat_grad_.size() * grad_bytes);
+      else
+        for (const auto& e : g->entries_) user_elements += e.size;
     }
-    if (user_params) {
-      r.buffers.push_back({"parameters", "the model's parameter tensors", user_params * sizeof(param_type), false});
-      r.buffers.push_back({"gradients", "the model's gradient tensors", user_params * sizeof(grad_type), false});
-    }
+    list_user_tensors(r, user_elements * param_bytes, user_elements * grad_bytes);
     if (!o.finalized_) return r;
-    const std::size_t state = o.state_elements_ * sizeof(float);
-    if constexpr (Precision::has_master) r.buffers.push_back({"master", "fp32 master weights", state, true});
-    for (std::string_view name : UpdateRule::state)
-      r.buffers.push_back({std::string(name), std::string(UpdateRule::name) + " state (fp32)", state, true});
+    list_state(r, Precision::has_master, UpdateRule::state, UpdateRule::name, o.state_elements_ * sizeof(float));
     const std::size_t driver_bookkeeping = o.driver_.list_memory(r);
     const std::size_t exchange_bookkeeping = o.exchange_.list_memory(r);
     std::size_t bookkeeping =
@@ -61,14 +87,11 @@ class memory_listing {
     for (const auto& p : o.experts_) bookkeeping += p.bytes();
     r.buffers.push_back({"work list", "tensor table, layout, chunks, buckets, partial sums, per-group scalars", bookkeeping, true});
     if constexpr (requires { o.comm_.inner().workspace_bytes(); }) {
-      std::string purpose = "the communicator's own buffers";
+      std::string_view purpose = "the communicator's own buffers";
       if constexpr (requires { Communicator::workspace_purpose; }) purpose = Communicator::workspace_purpose;
-      if (o.comm_.inner().workspace_bytes())
-        r.buffers.push_back({"communicator workspace", purpose, o.comm_.inner().workspace_bytes(), true});
-      for (std::size_t k = 0; k < o.expert_comms_.size(); ++k)
-        if (o.expert_comms_[k]->inner().workspace_bytes())
-          r.buffers.push_back({"expert communicator " + std::to_string(k) + " workspace", purpose,
-                               o.expert_comms_[k]->inner().workspace_bytes(), true});
+      std::vector<std::size_t> expert_bytes;
+      for (const auto& c : o.expert_comms_) expert_bytes.push_back(c->inner().workspace_bytes());
+      list_workspaces(r, purpose, o.comm_.inner().workspace_bytes(), expert_bytes);
     }
     return r;
   }

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -19,6 +20,7 @@
 #include "../communicator.hpp"
 #include "../options.hpp"
 #include "../tensor_spec.hpp"
+#include "config.hpp"
 #include "state_file.hpp"  // checksum64
 #include "validate.hpp"
 
@@ -140,6 +142,24 @@ inline std::vector<setting> option_settings(const optimizer_options& o, std::str
   return all;
 }
 
+/// What decides the number of the other settings: the policies (policies_text) and the groups.
+MPOPT_COLD inline std::vector<setting> settings_shape(const std::string& policies, std::size_t groups) {
+  return {{"policies", policies}, {"number of groups", std::to_string(groups)}};
+}
+
+/// The step pipeline's options, the scaler's options and state (`scaler`: its name) and the
+/// communicator's `deterministic`, where it has one (`comm`: its name).
+MPOPT_COLD inline std::vector<setting> pipeline_settings(const optimizer_options& o, std::string_view rounding,
+                                                         std::string_view scaler, const nlohmann::json& scaler_options,
+                                                         const nlohmann::json& scaler_state, std::string_view comm,
+                                                         std::optional<bool> deterministic) {
+  std::vector<setting> all = option_settings(o, rounding);
+  add_settings(all, std::string(scaler) + ".", scaler_options);
+  add_settings(all, std::string(scaler) + " state.", scaler_state);
+  if (deterministic) all.push_back({std::string(comm) + ".deterministic", *deterministic ? "true" : "false"});
+  return all;
+}
+
 /// A group's tensors as two settings: who holds them, and a short summary whose hash covers every
 /// name, size and shape, in order. Of an expert group (replicas > 0: the ranks of its communicator)
 /// the names are left out: they differ between sets of experts (expert_placement.hpp checks them).
@@ -171,5 +191,12 @@ class tensors_summary {
   std::string label_, text_;
   std::size_t replicas_, elements_ = 0, tensors_ = 0;
 };
+
+/// A group's options (as JSON) and tensors (`tensors`: all of them added).
+MPOPT_COLD inline void add_group_settings(std::vector<setting>& all, const std::string& label,
+                                          const nlohmann::json& options, const tensors_summary& tensors) {
+  add_settings(all, label + ".", options);
+  tensors.settle(all);
+}
 
 }  // namespace mpopt::detail
