@@ -11,8 +11,9 @@
 // ("bf16/adam/<partition>" for --filter). Each round times, alternated, after a barrier, 3 of each
 // (the time of one is reported):
 //   t_off      iterations with overlap_comm off (after an untimed one, as for t_on);
-//   t_on       iterations with overlap_comm on, after an untimed one that leaves its all-gather in
-//              flight, as in a training loop; what the last leaves in flight is finished untimed;
+//   t_on       iterations with overlap_comm and leave_param_gather_in_flight on, after an untimed one
+//              that leaves its all-gather in flight, as in a training loop; what the last leaves in
+//              flight is finished untimed;
 //   t_comm     the optimizer's collectives alone: the same mpopt::mpi calls on the same buckets and
 //              per-rank counts, back to back from one staging buffer, no compute;
 //   t_compute  the forward and backward compute alone.
@@ -182,6 +183,7 @@ struct model {
  private:
   static mpopt::optimizer_options with_overlap(mpopt::optimizer_options o, bool on) {
     o.overlap_comm = on;
+    o.leave_param_gather_in_flight = on;  // the forward waits for each layer (iteration)
     return o;
   }
 };

@@ -176,7 +176,8 @@ optimizer on every rank, then prints a sample of generated text.
                                 the update rule (default adam: AdamW). The compressing rules
                                 warm up for 20% of the steps, and need --zero 0
   --zero 0|1|2                  under mpirun: replicated, ZeRO-1 or ZeRO-2 (default 0)
-  --overlap on|off              reduce gradients during backward as tensors finish (default off)
+  --overlap on|off              reduce gradients during backward as tensors finish, and gather the
+                                updated parameters during the next forward (default off)
   --accumulate K                micro-batches per optimizer step (default 1)
   --config FILE                 the optimizer from a DeepSpeed JSON configuration instead: it
                                 decides what --precision, --rule, --zero, --overlap, --lr,
@@ -269,6 +270,7 @@ mpopt::deepspeed_config optimizer_config(const config& c) {
   ds.options.clip_grad = c.clip;
   ds.options.accumulation_steps = c.accumulate;
   ds.options.overlap_comm = c.overlap;
+  ds.options.leave_param_gather_in_flight = c.overlap;  // load_weights() waits before each forward
   ds.options.rounding_seed = c.seed;
   // beta2 0.99: a small model sees few tokens per step (nanoGPT's character-level setting).
   const std::uint64_t freeze = std::uint64_t(std::max(1, c.steps / 5));

@@ -455,7 +455,8 @@ run in fp32 without loss scaling for comparison (unless --compare-fp32 off).
   --zero 0|1|2                  the MPI build only (under mpirun): 0 replicated, 1 ZeRO-1, 2 ZeRO-2;
                                 each rank trains on its own shard of the data (default 0)
   --overlap on|off              reduce gradients during backward as layers finish, and gather the
-                                updated parameters during the next forward (overlap_comm; default off)
+                                updated parameters during the next forward (overlap_comm with
+                                leave_param_gather_in_flight; default off)
   --config FILE                 the optimizer from a DeepSpeed JSON configuration (fp16, bf16,
                                 zero_optimization, optimizer, gradient_clipping, ...; see the
                                 README) through mpopt::make_optimizer. It sets what --precision,
@@ -719,7 +720,7 @@ run_result train(const config& c, const task& data, bool verbose) {
   // overflow, which no sane loss scale would cause.
   Opt opt(make_communicator(),
           {.clip_grad = 1.0, .accumulation_steps = c.accumulate, .max_consecutive_skips = 100, .rounding_seed = c.seed,
-           .overlap_comm = c.overlap},
+           .overlap_comm = c.overlap, .leave_param_gather_in_flight = c.overlap},
           scaler_options<typename Opt::scaler_options>(c));
 
   typename Opt::group_options weights_options{.lr = c.lr, .weight_decay = c.weight_decay};
@@ -998,7 +999,7 @@ mpopt::deepspeed_config flags_config(const config& c) {
   // Clip the true gradient to a global L2 norm of 1; give up (mpopt::error) if 100 steps in a row
   // overflow, which no sane loss scale would cause.
   ds.options = {.clip_grad = 1.0, .accumulation_steps = c.accumulate, .max_consecutive_skips = 100,
-                .rounding_seed = c.seed, .overlap_comm = c.overlap};
+                .rounding_seed = c.seed, .overlap_comm = c.overlap, .leave_param_gather_in_flight = c.overlap};
   ds.adam_options = {.lr = c.lr, .weight_decay = c.weight_decay, .bias_correction = c.bias_correction};
   ds.lamb_options = {.lr = c.lr, .weight_decay = c.weight_decay, .bias_correction = c.bias_correction};
   ds.onebit_adam_options = {.lr = c.lr, .weight_decay = c.weight_decay, .freeze_step = c.freeze_step};

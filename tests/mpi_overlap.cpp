@@ -1,10 +1,11 @@
 // Communication overlapped with backward (optimizer_options::overlap_comm) over MPI: grad_ready
-// starts each completed bucket's reduction and returns, step() waits for what is still running,
-// and under zero1/zero2 the parameters' all-gather is left in flight until wait_params. Against the
-// same run without overlap: the same bits, step by step and tensor by tensor, under every
-// partition, with and without accumulation, with one to three buckets in flight; with a
-// communicator that counts what is in flight, so that the overlap is shown to happen; and with
-// collectives that fail in flight, on every rank.
+// starts each completed bucket's reduction and returns, step() waits for what is still running and
+// returns with the parameters updated; under zero1/zero2 with leave_param_gather_in_flight their
+// all-gather is left in flight until wait_params, and a step begun before every tensor was waited
+// for is refused. Against the same run without overlap: the same bits, step by step and tensor by
+// tensor, under every partition, with and without accumulation, with one to three buckets in
+// flight; with a communicator that counts what is in flight, so that the overlap is shown to
+// happen; and with collectives that fail in flight, on every rank.
 #include <doctest/doctest.h>
 
 #include "mpi_harness.hpp"
@@ -82,9 +83,10 @@ using overlapped = mpopt::optimizer<typename C::precision, typename C::scaler, t
 
 /// Small buckets (many per step), tensors several buckets wide; deterministic sums, so that the
 /// nonblocking collectives' algorithms cannot differ from the blocking ones' at any world size.
-mpopt::optimizer_options overlap_options(bool overlap, int in_flight, int accumulation) {
+/// `leave`: leave_param_gather_in_flight.
+mpopt::optimizer_options overlap_options(bool overlap, int in_flight, int accumulation, bool leave = false) {
   return {.accumulation_steps = accumulation, .bucket_elements = 3000, .overlap_comm = overlap,
-          .buckets_in_flight = in_flight};
+          .buckets_in_flight = in_flight, .leave_param_gather_in_flight = leave};
 }
 tracking_mpi world() { return tracking_mpi{MPI_COMM_WORLD, mpopt::mpi_options{.deterministic = true}}; }
 
@@ -108,7 +110,8 @@ using overlap_fp32 = cfg<mpopt::fp32, mpopt::no_scaling, mpopt::adam, layout::fl
 
 TEST_SUITE("mpi") {
   TEST_CASE_TEMPLATE("overlap_comm gives the same bits as without, step by step and tensor by tensor, with "
-                     "collectives left in flight across grad_ready and step",
+                     "collectives left in flight across grad_ready and step, and the parameters' gathers with "
+                     "leave_param_gather_in_flight",
                      C, overlap_fp16<mpopt::zero2>, overlap_bf16<mpopt::zero1>, overlap_fp32<mpopt::replicated>,
                      overlap_bf16<mpopt::zero2>, overlap_fp32<mpopt::zero2>, overlap_fp16<mpopt::zero1>,
                      overlap_fp32<mpopt::zero1>, overlap_fp16<mpopt::replicated>, overlap_bf16<mpopt::replicated>) {
@@ -124,15 +127,26 @@ TEST_SUITE("mpi") {
       const shape sh = random_shape(0x0C + std::uint64_t(w) * 16 + std::uint64_t(in_flight));
       const dataset ds{0x0C, sh.all(), true};
       const auto so = C::scaler_options(2);
-      net<D> on(C::lay, sh, 3, world(), overlap_options(true, in_flight, accumulation), so);
+      net<D> on(C::lay, sh, 3, world(), overlap_options(true, in_flight, accumulation, true), so);
+      net<D> ready(C::lay, sh, 3, world(), overlap_options(true, in_flight, accumulation), so);
       net<D> off(C::lay, sh, 3, world(), overlap_options(false, in_flight, accumulation), so);
       for (int s = 0; s < 4; ++s) {
         CAPTURE(s);
         const auto st_on = run_boundary(on, ds, s, accumulation, rank);
+        const auto st_ready = run_boundary(ready, ds, s, accumulation, rank);
         const auto st_off = run_boundary(off, ds, s, accumulation, rank);
         CHECK(st_on.result == st_off.result);
         CHECK(st_on.grad_norm == st_off.grad_norm);
         CHECK(st_on.comm_bytes == st_off.comm_bytes);
+        CHECK(st_ready.comm_bytes == st_off.comm_bytes);
+        // By default step() returns with nothing in flight and every tensor the other run's.
+        CHECK(ready.opt.communicator().running == 0);
+        std::size_t stale = 0;
+        for (std::size_t i = 0; i < ready.params.size(); ++i)
+          stale += std::memcmp(ready.params[i].data(), off.params[i].data(), ready.params[i].size_bytes()) != 0;
+        CHECK_MESSAGE(stale == 0, stale << " tensors differ when step() returned");
+        const std::string ready_diff = take(ready).difference(take(off));
+        CHECK_MESSAGE(ready_diff.empty(), "overlap_comm differs from a run without: " << ready_diff);
         auto& comm = on.opt.communicator();
         // Nothing but the gathers may still run: those of the last buckets, which the forward reads last.
         if (sharded && st_on.applied) CHECK(comm.running > 0);
@@ -144,7 +158,7 @@ TEST_SUITE("mpi") {
           differ += std::memcmp(on.params[i].data(), off.params[i].data(), on.params[i].size_bytes()) != 0;
         }
         CHECK_MESSAGE(differ == 0, differ << " tensors differ after wait_params(i)");
-        if (s % 2) on.opt.wait_params();  // or left to the next grad_ready
+        if (s % 2) on.opt.wait_params();  // each tensor was waited for: nothing needs waiting
         else CHECK(comm.running <= in_flight);
         on.opt.wait_params();
         CHECK(comm.running == 0);
@@ -164,7 +178,7 @@ TEST_SUITE("mpi") {
     CAPTURE(w);
     const shape sh{{5000, 1, 7001}, {3, 9000}};
     const dataset ds{0x5EE, sh.all(), true};
-    net<D> n(layout::unfused, sh, 1, world(), overlap_options(true, 2, 2));
+    net<D> n(layout::unfused, sh, 1, world(), overlap_options(true, 2, 2, !std::is_same_v<P, mpopt::replicated>));
     auto& comm = n.opt.communicator();
     for (int a = 0; a < 2; ++a) {
       n.write(ds.micro_batch(0, rank * 2 + a));
@@ -193,7 +207,7 @@ TEST_SUITE("mpi") {
     const shape sh = random_shape(0xFA11 + w);
     const dataset ds{0xFA11, sh.all(), true};
     const auto so = mpopt::dynamic_scale_options{.init_scale = 1024};
-    net<D> n(layout::unfused, sh, 2, world(), overlap_options(true, 2, 1), so);
+    net<D> n(layout::unfused, sh, 2, world(), overlap_options(true, 2, 1, true), so);
     net<D> clean(layout::unfused, sh, 2, world(), overlap_options(true, 2, 1), so);
     auto step = [&](net<D>& x, int s) { return run_boundary(x, ds, s, 1, rank); };
     CHECK(step(n, 0).applied);
@@ -218,6 +232,7 @@ TEST_SUITE("mpi") {
     CHECK(step(clean, 1).applied);
     const int buckets = comm.gathers - gathers;
     CHECK(buckets > 2);
+    n.opt.wait_params();
 
     // The last bucket's all-gather fails in flight: the step is committed; wait_params() throws,
     // finish_step() completes it.
@@ -238,22 +253,87 @@ TEST_SUITE("mpi") {
     std::string diff = take(n).difference(take(clean));
     CHECK_MESSAGE(diff.empty(), "finish_step() differs from a step that never failed: " << diff);
 
-    // Once more, left for the next step() to finish.
+    // Once more, not waited for: the next step() refuses to begin (its forward read old values),
+    // waiting throws the failure, and finish_step() gathers again; the run goes on.
     comm.fail_gather_at = comm.gathers + buckets - 1;
-    for (int s = 3; s < 6; ++s) {
+    CHECK(step(n, 3).applied);
+    CHECK(step(clean, 3).applied);
+    CHECK_THROWS_WITH_AS(step(n, 4), doctest::Contains("was not waited for"), mpopt::error);
+    CHECK_THROWS_WITH_AS(n.opt.wait_params(), doctest::Contains("failed in flight"), mpopt::error);
+    n.opt.finish_step();
+    for (int s = 4; s < 6; ++s) {
       CAPTURE(s);
-      if (s == 4) CHECK_THROWS_AS(step(n, s), mpopt::error);  // finishing step 3's gathers fails
       CHECK(step(n, s).applied);
       CHECK(step(clean, s).applied);
+      n.opt.wait_params();
     }
-    n.opt.wait_params();
-    clean.opt.wait_params();
     diff = take(n).difference(take(clean));
     CHECK_MESSAGE(diff.empty(), "a run with failed collectives in flight differs from a clean one: " << diff);
     check_same_on_every_rank(n);
+
+    // By default step() waits for the gathers itself: one failing throws from step(), with the step
+    // committed, and the next step() finishes it first.
+    net<D> m(layout::unfused, sh, 2, world(), overlap_options(true, 2, 1), so);
+    net<D> m_clean(layout::unfused, sh, 2, world(), overlap_options(true, 2, 1), so);
+    auto& m_comm = m.opt.communicator();
+    CHECK(step(m, 0).applied);
+    CHECK(step(m_clean, 0).applied);
+    m_comm.fail_gather_at = m_comm.gathers + buckets - 1;
+    CHECK_THROWS_WITH_AS(step(m, 1), doctest::Contains("committed on every rank but unfinished"), mpopt::error);
+    CHECK(step(m_clean, 1).applied);
+    for (int s = 2; s < 4; ++s) {
+      CHECK(step(m, s).applied);
+      CHECK(step(m_clean, s).applied);
+    }
+    CHECK(m_comm.running == 0);
+    diff = take(m).difference(take(m_clean));
+    CHECK_MESSAGE(diff.empty(), "a step whose gather failed, finished by the next, differs from a clean one: " << diff);
   }
 
-  TEST_CASE("overlap_comm needs a communicator with nonblocking collectives; buckets_in_flight is checked") {
+  TEST_CASE_TEMPLATE("leave_param_gather_in_flight: grad_ready(), step() and save() refuse to begin a step before "
+                     "every tensor was waited for, naming one, and change nothing", P, mpopt::zero2, mpopt::zero1) {
+    using D = mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, P, mpopt::adam, test_backend, tracking_mpi>;
+    const int w = world_size(), rank = world_rank();
+    CAPTURE(w);
+    const shape sh = random_shape(0x3A17 + w);
+    const dataset ds{0x3A17, sh.all(), true};
+    const auto so = mpopt::dynamic_scale_options{.init_scale = 1024};
+    net<D> n(layout::unfused, sh, 2, world(), overlap_options(true, 2, 1, true), so);
+    net<D> ready(layout::unfused, sh, 2, world(), overlap_options(true, 2, 1), so);
+    CHECK(run_boundary(n, ds, 0, 1, rank).applied);
+    CHECK(run_boundary(ready, ds, 0, 1, rank).applied);
+    const std::size_t last = n.params.size() - 1;  // every tensor but the last waited for
+    for (std::size_t i = 0; i < last; ++i) n.opt.wait_params(i);
+    const std::string named = "' (" + std::to_string(last) + ") was not waited for";
+    auto refused = [&](const char* call, auto&& f) {
+      std::string message;
+      try {
+        f();
+      } catch (const mpopt::error& e) {
+        message = e.message();
+      }
+      CHECK_MESSAGE(message.starts_with(std::string(call) + ": tensor '"), message);
+      CHECK_MESSAGE(message.find(named) != std::string::npos, message);
+    };
+    n.write(ds.micro_batch(1, rank));
+    refused("grad_ready()", [&] { n.opt.grad_ready(last); });
+    refused("step()", [&] { n.opt.step(); });
+    const auto file = std::filesystem::temp_directory_path() / ("mpopt_unwaited_" + std::to_string(rank));
+    refused("save()", [&] { n.opt.save(file); });
+    CHECK_FALSE(std::filesystem::exists(file));
+    // Once waited for, the run goes on as one that was never refused.
+    n.opt.wait_params(last);
+    for (int s = 1; s < 3; ++s) {
+      CHECK(run_boundary(n, ds, s, 1, rank).applied);
+      CHECK(run_boundary(ready, ds, s, 1, rank).applied);
+      n.opt.wait_params();
+    }
+    const std::string diff = take(n).difference(take(ready));
+    CHECK_MESSAGE(diff.empty(), "a refused step changed something: " << diff);
+  }
+
+  TEST_CASE("overlap_comm needs a communicator with nonblocking collectives, leave_param_gather_in_flight needs "
+            "overlap_comm; buckets_in_flight is checked") {
     using B = mpopt::optimizer<mpopt::fp32, mpopt::no_scaling, mpopt::zero2, mpopt::adam, mpopt::host, blocking_only>;
     using M = mpopt::optimizer<mpopt::fp32, mpopt::no_scaling, mpopt::zero2, mpopt::adam, mpopt::host, mpopt::mpi>;
     std::string message;
@@ -265,6 +345,8 @@ TEST_SUITE("mpi") {
     CHECK_MESSAGE(message.find("overlap_comm needs a communicator with nonblocking collectives") != std::string::npos,
                   message);
     B fine(mpopt::optimizer_options{.overlap_comm = false});
+    CHECK_THROWS_WITH_AS(M(mpopt::mpi{MPI_COMM_WORLD}, mpopt::optimizer_options{.leave_param_gather_in_flight = true}),
+                         doctest::Contains("leave_param_gather_in_flight needs overlap_comm"), mpopt::error);
     for (int bad : {0, -1, 65})
       CHECK_THROWS_WITH_AS(M(mpopt::mpi{MPI_COMM_WORLD}, mpopt::optimizer_options{.overlap_comm = true,
                                                                                  .buckets_in_flight = bad}),

@@ -270,11 +270,12 @@ void device_checkpoint() {
   });
 }
 
-/// Under zero2 with overlap_comm the gathers of step() are in flight when it returns: wait_params(i)
-/// finishes tensor i's and copies it back alone; the others follow at wait_params().
+/// Under zero2 with leave_param_gather_in_flight the gathers of step() are in flight when it
+/// returns: wait_params(i) finishes tensor i's and copies it back alone; the others follow at
+/// wait_params().
 void wait_one() {
   run("wait_params(i)", [&] {
-    const mpopt::optimizer_options o{.bucket_elements = 700, .overlap_comm = true};
+    const mpopt::optimizer_options o{.bucket_elements = 700, .overlap_comm = true, .leave_param_gather_in_flight = true};
     trainee<mpopt::fp16, mpopt::dynamic_scale, mpopt::zero2, mpopt::adam, offload> off({}, o);
     trainee<mpopt::fp16, mpopt::dynamic_scale, mpopt::zero2, mpopt::adam, mpopt::host> host({}, o);
     for (int s = 0; s < 2; ++s) {

@@ -210,7 +210,8 @@ class any_optimizer {
   step_status step() { return impl_->step(); }
   step_status step(double loss) { return impl_->step(loss); }  ///< with the loss, for the spike guard
   void finish_step() { impl_->finish_step(); }
-  /// optimizer::wait_params: with overlap_comm, the parameters' all-gather finished (i: tensor i's only).
+  /// optimizer::wait_params: under leave_param_gather_in_flight, the parameters' all-gather finished
+  /// (i: tensor i's only).
   void wait_params(std::size_t i = std::size_t(-1)) { impl_->wait_params(i); }
   void zero_grad() { impl_->zero_grad(); }
 

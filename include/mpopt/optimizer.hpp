@@ -21,6 +21,7 @@
 #include "detail/checkpoint.hpp"
 #include "detail/expert_placement.hpp"
 #include "detail/flat_layout.hpp"
+#include "detail/index_set.hpp"
 #include "detail/memory_listing.hpp"
 #include "detail/metered.hpp"
 #include "detail/rule_driver.hpp"
@@ -204,6 +205,7 @@ class optimizer
     decision_sums_ = buffer<double>::zeroed(2);
     rank_ordered_sum_ = detail::rank_ordered_sum(work_);
     coefficients_.resize(groups_.size());
+    if (options_.leave_param_gather_in_flight) unwaited_.reserve(tensors_.size());
     gradients_ = data();
     auto c = update_context();
     driver_.allocate(c);
@@ -225,6 +227,7 @@ class optimizer
   void grad_ready(std::size_t i) {
     finalize();
     comm_.at("grad_ready()", next_step());
+    require_params_waited("grad_ready()");
     finish_step();
     tensor_at(i);
     bool first_report = true;
@@ -266,15 +269,21 @@ class optimizer
   /// changed the moments; if a collective after that fails (LAMB's per-tensor norms, the
   /// all-gather of updated parameters), step() throws with the parameters not all updated yet.
   /// This runs what is left, on every rank; step(), grad_ready() and save() call it first.
-  void finish_step() { complete_step(every_tensor); }
+  void finish_step() {
+    complete_step(every_tensor);
+    unwaited_.clear();
+  }
 
-  /// Under overlap_comm with zero1/zero2, step() returns with the all-gather of the updated
-  /// parameters still running, so that the next forward overlaps it: this returns once every
-  /// parameter (or tensor i's) holds the update. Call it before the forward reads them; the next
-  /// step(), grad_ready(), save() or load() waits for all of it anyway. Otherwise it returns at once.
+  /// Under leave_param_gather_in_flight (zero1/zero2 with overlap_comm), step() returns with the
+  /// all-gather of the updated parameters still running, so that the next forward overlaps it:
+  /// this returns once every parameter (or tensor i's) holds the update. Call it before the forward
+  /// reads them: the next grad_ready(), step() or save() throws if a tensor was not waited for.
+  /// Otherwise the parameters are updated when step() returns, and this returns at once.
   void wait_params(std::size_t i = every_tensor) {
     if (i != every_tensor) tensor_at(i);
     complete_step(i);
+    if (i == every_tensor) unwaited_.clear();
+    else unwaited_.erase(i);
   }
 
   /// Sets every gradient to zero (for backward passes that add into their gradients).
@@ -291,6 +300,7 @@ class optimizer
   step_status step_with(double loss) {
     finalize();
     comm_.at("step()", next_step());
+    require_params_waited("step()");
     finish_step();
     backend_.gradients_in(data());
     step_status st;
@@ -473,7 +483,22 @@ class optimizer
     auto c = update_context();
     driver_.begin(c);
     pending_stage_ = stage::rule;
-    complete_step(options_.overlap_comm && exchange::sharded ? leave_in_flight : every_tensor);  // gathers only
+    if (options_.leave_param_gather_in_flight && exchange::sharded) {
+      complete_step(leave_in_flight);
+      if (pending_stage_ == stage::params_in_flight) unwaited_.reset(tensors_.size());
+    } else {
+      complete_step(every_tensor);
+    }
+  }
+
+  /// Under leave_param_gather_in_flight, a call that begins the next step comes after a forward
+  /// that waited for every parameter (wait_params): otherwise that forward read the last step's.
+  void require_params_waited(const char* call) const {
+    if (unwaited_.empty()) return;
+    const std::size_t t = unwaited_.first();
+    detail::fail(call, ": tensor '", tensor_name(t), "' (", t, ") was not waited for since the last step left its "
+                 "all-gather in flight (leave_param_gather_in_flight), so the forward read its old values: call "
+                 "wait_params(", t, ") before the forward reads it, or wait_params() for every tensor");
   }
 
   [[no_unique_address]] Backend backend_;  // first in, last out: its stream outlives the state
@@ -513,6 +538,7 @@ class optimizer
   int micro_step_ = 0;
   detail::step_counts counts_;
   std::size_t parameters_ = 0;  // elements of all tensors
+  detail::index_set unwaited_;   // tensors whose gather the last step left in flight, not waited for since
   detail::spike_guard guard_;
 };
 

@@ -51,13 +51,18 @@ struct optimizer_options {
   std::uint64_t rounding_seed = 0;
   /// Leave collectives in flight (DeepSpeed's overlap_comm; needs a nonblocking_communicator):
   /// grad_ready() starts each completed bucket's reduction and returns (zero2 every micro-step;
-  /// replicated and zero1 at the window's last one), step() waits only for what is still running,
-  /// and under zero1/zero2 the updated parameters' all-gather is left running until wait_params()
-  /// or the next call that needs them. Results are the same bits as without.
+  /// replicated and zero1 at the window's last one), and step() waits only for what is still
+  /// running. step() returns with every parameter updated, as without. Results are the same bits.
   bool overlap_comm = false;
   /// Buckets whose collectives may be in flight at once under overlap_comm, each with a staging
   /// buffer of its own (bucket_elements wide); DeepSpeed's double buffer is 2.
   int buckets_in_flight = 2;
+  /// Under overlap_comm with zero1/zero2, step() returns with the updated parameters' all-gather
+  /// still running, so that the next forward overlaps it: the other ranks' pieces of a tensor hold
+  /// the last step's values until wait_params(i) (or wait_params() for all) returns. The next
+  /// grad_ready(), step() or save() throws mpopt::error, changing nothing, if a tensor was not
+  /// waited for. Off (the default): step() returns with every parameter updated.
+  bool leave_param_gather_in_flight = false;
   /// Skips steps whose loss or gradient norm spikes (off by default); see spike_guard_options.
   spike_guard_options spike_guard{};
 };
@@ -81,6 +86,8 @@ inline optimizer_options validated(optimizer_options o, bool unscaled, bool nonb
   require_float_scale("gradient_predivide", o.gradient_predivide);
   if (o.buckets_in_flight < 1 || o.buckets_in_flight > 64)
     fail("buckets_in_flight must be in [1, 64], got ", o.buckets_in_flight);
+  if (o.leave_param_gather_in_flight && !o.overlap_comm)
+    fail("leave_param_gather_in_flight needs overlap_comm: without it every collective is waited for at once");
   if (o.overlap_comm && !nonblocking)
     fail("overlap_comm needs a communicator with nonblocking collectives (mpopt::nonblocking_communicator: "
          "start_all_reduce, start_reduce_scatter, start_all_gather), as mpopt::mpi and mpopt::nccl have");

@@ -87,7 +87,10 @@ class checkpointing {
     MPOPT_COLD int micro_step() const override { return o_.micro_step_; }
     MPOPT_COLD int accumulation_steps() const override { return o_.options_.accumulation_steps; }
     MPOPT_COLD void at(const char* call) override { o_.comm_.at(call, o_.next_step() - 1); }
-    MPOPT_COLD void finish_step() override { o_.finish_step(); }
+    MPOPT_COLD void finish_step() override {
+      o_.require_params_waited("save()");
+      o_.finish_step();
+    }
     MPOPT_COLD void prepare_to_read() override {
       o_.finalize();
       o_.wait_params();  // no gather in flight may land on what is read

@@ -83,7 +83,7 @@ class memory_listing {
         o.uncounted_.capacity() * sizeof(o.uncounted_[0]) + o.group_comms_.capacity() * sizeof(void*) +
         exchange_bookkeeping + driver_bookkeeping;
     if constexpr (requires { o.backend_.list_memory(r); }) bookkeeping += o.backend_.list_memory(r);  // offload's copies
-    bookkeeping += o.experts_.capacity() * sizeof(o.experts_[0]);
+    bookkeeping += o.experts_.capacity() * sizeof(o.experts_[0]) + o.unwaited_.bytes();
     for (const auto& p : o.experts_) bookkeeping += p.bytes();
     r.buffers.push_back({"work list", "tensor table, layout, chunks, buckets, partial sums, per-group scalars", bookkeeping, true});
     if constexpr (requires { o.comm_.inner().workspace_bytes(); }) {

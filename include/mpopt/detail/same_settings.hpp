@@ -136,6 +136,7 @@ inline std::vector<setting> option_settings(const optimizer_options& o, std::str
   add_setting(all, "rounding_seed", o.rounding_seed);
   add_setting(all, "overlap_comm", o.overlap_comm);
   add_setting(all, "buckets_in_flight", o.buckets_in_flight);
+  add_setting(all, "leave_param_gather_in_flight", o.leave_param_gather_in_flight);
   add_setting(all, "spike_guard.window", o.spike_guard.window);
   add_setting(all, "spike_guard.loss_z", o.spike_guard.loss_z);
   add_setting(all, "spike_guard.norm_z", o.spike_guard.norm_z);
