@@ -530,6 +530,24 @@ TEST_CASE("parameter and gradient overlapping in memory are rejected, naming the
   CHECK(g16.size() == 0);
 }
 
+TEST_CASE("master(), moment() and owned() before the state exists say to call finalize(), and answer after it") {
+  fp32_adam opt;
+  std::vector<float> p(5, 1.0f), g(5), q(2), h(2);
+  auto& group = opt.add_group({});
+  group.add(p, g, "w");
+  group.add(q, h, "b");
+  CHECK_ERROR(opt.master(0), "master(0): the optimizer state is made by finalize() or the first step(); call "
+                             "finalize() first (2 tensors are registered)");
+  CHECK_ERROR(opt.moment(0, 1), "moment(1): the optimizer state is made by finalize()");
+  CHECK_ERROR(opt.owned(1), "owned(1): the optimizer state is made by finalize()");
+  opt.finalize();
+  CHECK(opt.master(0).size() == 5);
+  CHECK(opt.moment(1, 1).size() == 2);
+  CHECK(opt.owned(1).first == 0);
+  CHECK(opt.owned(1).count == 2);
+  CHECK_ERROR(opt.master(2), "there are 2 tensors");
+}
+
 TEST_CASE("save() before the first step or in the middle of gradient accumulation throws and writes nothing") {
   temp_dir dir;
   {

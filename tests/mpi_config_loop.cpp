@@ -83,6 +83,16 @@ std::vector<std::uint16_t> train(bool overlap_comm, bool fast, int steps) {
     }
   }
   opt.wait_params();
+  // Under ZeRO each rank holds the state of a slice of each tensor, which owned(i) names: the
+  // ranks' slices cover every element once.
+  for (std::size_t i = 0; i < model.w.size(); ++i) {
+    const mpopt::owned_elements o = opt.owned(i);
+    CHECK(opt.master(i).size() == o.count);
+    CHECK(o.first + o.count <= model.w[i].size());
+    unsigned long long covered = o.count;
+    MPI_Allreduce(MPI_IN_PLACE, &covered, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+    CHECK(covered == model.w[i].size());
+  }
   return model.bits();
 }
 

@@ -9,6 +9,10 @@
 
 #include "mpi_harness.hpp"
 
+#include <sys/resource.h>
+
+#include <csignal>
+
 namespace {
 
 /// Sharded norms are formed per shard: the fp32 partial sums of the chunks a shard boundary cuts differ
@@ -554,6 +558,60 @@ TEST_SUITE("mpi") {
     CHECK(take(n).difference(mine).empty());
     check_same_on_every_rank(n);
   }
+  TEST_CASE("save() on every rank: the same path, or an error on every rank; a failure to write reaches every rank "
+            "with its reason (a missing directory, a full disk); nothing changes, and a good save then works") {
+    using Z1 = mpopt::optimizer<mpopt::bf16, mpopt::no_scaling, mpopt::zero1, mpopt::lamb, test_backend, mpopt::mpi>;
+    const int w = world_size(), rank = world_rank();
+    CAPTURE(w);
+    const shape sh{{1, 7, 301, 4097}, {3, 65}};
+    const dataset ds{0x5A7E, sh.all(), true};
+    net<Z1> n(layout::unfused, sh, 1, mpopt::mpi{MPI_COMM_WORLD}, zero_options());
+    n.write(ds.micro_batch(0, rank));
+    n.report_ready();
+    CHECK(n.opt.step().applied);
+    const snapshot before = take(n);
+    const shared_dir dir;
+    auto message_of = [](auto&& f) {
+      try {
+        f();
+      } catch (const mpopt::error& e) {
+        return std::string(e.message());
+      }
+      return std::string("no error");
+    };
+    // The writer's reason, on the writer as it is, elsewhere after whose it is.
+    auto check_failed = [&](const std::string& m, const std::string& reason) {
+      CHECK_MESSAGE(m.find(reason) != std::string::npos, m);
+      if (rank != 0) CHECK_MESSAGE(m.starts_with("save() failed on rank 0: "), m);
+    };
+    if (w > 1) {
+      const std::string m = message_of([&] { n.opt.save(dir / ("rank" + std::to_string(rank) + ".safetensors")); });
+      CHECK_MESSAGE(m.starts_with("the ranks disagree on the path given to save() (rank 0: "), m);
+      CHECK_FALSE(std::filesystem::exists(dir / "rank0.safetensors"));
+    }
+    check_failed(message_of([&] { n.opt.save(dir / "missing" / "state.safetensors"); }), "No such file or directory");
+    // A full disk: rank 0 may write 4 KiB (the file is larger), and the signal of a write past it is ignored.
+    rlimit was{};
+    if (rank == 0) {
+      std::signal(SIGXFSZ, SIG_IGN);
+      getrlimit(RLIMIT_FSIZE, &was);
+      rlimit small = was;
+      small.rlim_cur = 4096;
+      setrlimit(RLIMIT_FSIZE, &small);
+    }
+    const std::string full = message_of([&] { n.opt.save(dir / "full.safetensors"); });
+    if (rank == 0) setrlimit(RLIMIT_FSIZE, &was);
+    check_failed(full, "File too large");
+    CHECK_FALSE(std::filesystem::exists(dir / "full.safetensors"));
+    MPI_Barrier(MPI_COMM_WORLD);
+    for (const auto& entry : std::filesystem::directory_iterator(dir.path))  // no temporary file left behind
+      CHECK_MESSAGE(entry.path().string().find(".tmp") == std::string::npos, entry.path().string());
+    CHECK(take(n).difference(before).empty());
+    n.opt.save(dir / "good.safetensors");
+    n.opt.load(dir / "good.safetensors");
+    CHECK(take(n).difference(before).empty());
+  }
+
   TEST_CASE_TEMPLATE("stochastic rounding gives one process's bits on any number of ranks, under every partition", P,
                      mpopt::zero1, mpopt::zero2, mpopt::replicated) {
     // No clipping, which would read the norm's per-shard sums: the masters agree bit for bit and

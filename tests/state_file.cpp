@@ -6,15 +6,24 @@
 
 #include <mpopt/detail/state_file.hpp>
 
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
+#include <csignal>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <random>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -58,6 +67,79 @@ bytes to_bytes(const C& c) {
 }
 
 bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+/// The temporary files of `name` in `dir` (replacing_file.hpp: name.tmp.<writer>.<n>).
+std::vector<std::string> temporaries(const fs::path& dir, const std::string& name) {
+  std::vector<std::string> found;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().filename().string().starts_with(name + ".tmp")) found.push_back(e.path().filename().string());
+  return found;
+}
+
+/// A resource limit of this process lowered for the scope (a write past RLIMIT_FSIZE then fails
+/// with EFBIG instead of a signal).
+struct limit {
+  int resource;
+  rlimit was{};
+  limit(int r, rlim_t value) : resource(r) {
+    std::signal(SIGXFSZ, SIG_IGN);
+    getrlimit(resource, &was);
+    rlimit lowered = was;
+    lowered.rlim_cur = value;
+    setrlimit(resource, &lowered);
+  }
+  ~limit() { setrlimit(resource, &was); }
+  limit(const limit&) = delete;
+  limit& operator=(const limit&) = delete;
+};
+
+/// A checkpoint of one writer: its letter in the metadata and in every byte of its tensors, many
+/// small ones, so that writing it takes many writes that another writer could come between.
+constexpr std::size_t writer_tensors = 64, writer_tensor_bytes = 4096;
+void write_as(char writer, const fs::path& p) {
+  state_writer w;
+  w.set_metadata({{"writer", std::string(1, writer)}});
+  const std::vector<std::uint8_t> data(writer_tensor_bytes, std::uint8_t(writer));
+  for (std::size_t t = 0; t < writer_tensors; ++t)
+    w.add<std::uint8_t>("t" + std::to_string(t), {std::int64_t(writer_tensor_bytes)}, data);
+  w.write(p);
+}
+/// Whether p holds one writer's whole checkpoint (the checksum checked on reading).
+bool whole(const fs::path& p) {
+  try {
+    const state_reader r(p);
+    const std::string writer = r.metadata().at("writer").get<std::string>();
+    std::vector<std::uint8_t> data(writer_tensor_bytes);
+    for (std::size_t t = 0; t < writer_tensors; ++t) {
+      r.read<std::uint8_t>("t" + std::to_string(t), std::span<std::uint8_t>(data));
+      if (writer.size() != 1 || !std::ranges::all_of(data, [&](std::uint8_t b) { return b == std::uint8_t(writer[0]); }))
+        return false;
+    }
+    return true;
+  } catch (const mpopt::error& e) {
+    MESSAGE(e.what());
+    return false;
+  }
+}
+/// A child process running f, which exits 0 if f returns.
+template <class F>
+pid_t child(F&& f) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    try {
+      f();
+    } catch (...) {
+      _exit(1);
+    }
+    _exit(0);
+  }
+  return pid;
+}
+int exit_status(pid_t pid) {
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
 
 // Checks the message starts with "mpopt: <path>: " and contains `part`.
 void check_rejected(const fs::path& p, const std::string& part) {
@@ -533,7 +615,7 @@ TEST_CASE("a nonexistent file is reported with its path") {
   check_rejected(p, "No such file or directory");
 }
 
-TEST_CASE("writing to an unwritable path throws with the path and the system error, leaving no .tmp") {
+TEST_CASE("writing to an unwritable path throws with the path and the system error, leaving no temporary file") {
   temp_dir dir;
   const fs::path missing_dir = dir / "no-such-dir" / "ckpt";
   std::string msg = error_of([&] { sample().write(missing_dir); });
@@ -547,7 +629,7 @@ TEST_CASE("writing to an unwritable path throws with the path and the system err
   msg = error_of([&] { sample().write(is_dir); });
   CHECK(has(msg, is_dir.string()));
   CHECK(has(msg, "cannot rename"));
-  CHECK_FALSE(fs::exists(dir / "a-directory.tmp"));
+  CHECK(temporaries(dir.path, "a-directory").empty());
   CHECK(fs::is_directory(is_dir));
 }
 
@@ -557,14 +639,21 @@ TEST_CASE("a failed write leaves the existing checkpoint intact") {
   sample().write(p);
   const bytes before = slurp(p);
 
-  // The temporary file cannot be created.
-  fs::create_directory(dir / "ckpt.tmp");
+  // No file descriptor left to create the temporary file with; then a full disk.
   state_writer w;
   const std::vector<float> one{1.0f};
   w.add<float>("other", {1}, one);
-  CHECK(has(error_of([&] { w.write(p); }), "cannot open for writing"));
+  {
+    const limit no_files(RLIMIT_NOFILE, 3);
+    CHECK(has(error_of([&] { w.write(p); }), "cannot open for writing"));
+  }
   CHECK(slurp(p) == before);
-  fs::remove(dir / "ckpt.tmp");
+  {
+    const limit full_disk(RLIMIT_FSIZE, 16);
+    CHECK(has(error_of([&] { w.write(p); }), "File too large"));
+  }
+  CHECK(slurp(p) == before);
+  CHECK(temporaries(dir.path, "ckpt").empty());
 
   // The metadata cannot be serialized (invalid UTF-8).
   w.set_metadata({{"bad", "\xff\xfe"}});
@@ -582,10 +671,66 @@ TEST_CASE("a successful write replaces an existing checkpoint and leaves no .tmp
   const std::vector<std::int32_t> v{1, 2, 3};
   w.add<std::int32_t>("v", {3}, v);
   w.write(p);
-  CHECK_FALSE(fs::exists(dir / "ckpt.tmp"));
+  CHECK(temporaries(dir.path, "ckpt").empty());
   const state_reader r(p);
   CHECK(r.metadata() == nlohmann::json{{"step", 2}});
   CHECK(r.names() == std::vector<std::string>{"v"});
+}
+
+// Two processes saving to one path at once: each rename puts a whole file of one of them in place.
+// /dev/shm where there is one: what is tested is the naming, locking and renaming, not the disk.
+TEST_CASE("two writers of one path, 1,000 saves each: every read in between finds one writer's whole file, and "
+          "none is left behind") {
+  const fs::path root = fs::is_directory("/dev/shm") ? fs::path("/dev/shm") : fs::temp_directory_path();
+  temp_dir dir("mpopt_writers_", root);
+  const fs::path p = dir / "ckpt";
+  write_as('A', p);
+  const pid_t a = child([&] {
+    for (int i = 0; i < 1000; ++i) write_as('A', p);
+  });
+  const pid_t b = child([&] {
+    for (int i = 0; i < 1000; ++i) write_as('B', p);
+  });
+  int reads = 0, bad = 0;
+  std::map<pid_t, int> status;  // each writer's exit status: 0 if every save() of it succeeded
+  while (status.size() < 2) {   // read while they write
+    bad += !whole(p);
+    ++reads;
+    for (const pid_t pid : {a, b}) {
+      int st = 0;
+      if (!status.contains(pid) && waitpid(pid, &st, WNOHANG) == pid)
+        status[pid] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    }
+  }
+  CHECK(status[a] == 0);
+  CHECK(status[b] == 0);
+  CHECK(bad == 0);
+  CHECK(reads > 0);
+  CHECK(whole(p));
+  CHECK(temporaries(dir.path, "ckpt").empty());
+}
+
+TEST_CASE("writers of one path killed at any moment: the path always holds a whole file, and the next save "
+          "removes the temporary files they left") {
+  const fs::path root = fs::is_directory("/dev/shm") ? fs::path("/dev/shm") : fs::temp_directory_path();
+  temp_dir dir("mpopt_killed_", root);
+  const fs::path p = dir / "ckpt";
+  std::mt19937 rng(7);
+  int left_behind = 0;
+  for (int round = 0; round < 200; ++round) {
+    const pid_t writer = child([&] {
+      for (;;) write_as('K', p);
+    });
+    std::this_thread::sleep_for(std::chrono::microseconds(std::uniform_int_distribution<int>(0, 3000)(rng)));
+    kill(writer, SIGKILL);
+    CHECK(exit_status(writer) == 128 + SIGKILL);
+    if (fs::exists(p)) CHECK(whole(p));
+    left_behind += !temporaries(dir.path, "ckpt").empty();
+    write_as('P', p);
+    CHECK(temporaries(dir.path, "ckpt").empty());
+    CHECK(whole(p));
+  }
+  CHECK(left_behind > 0);  // the kills did land while a temporary file was open
 }
 
 }  // TEST_SUITE

@@ -1,4 +1,4 @@
-// A fresh directory under the system temp folder, removed with everything in it.
+// A fresh directory under the system temp folder (or `root`), removed with everything in it.
 #pragma once
 
 #include <filesystem>
@@ -8,9 +8,10 @@
 
 struct temp_dir {
   std::filesystem::path path;
-  explicit temp_dir(const std::string& prefix = "mpopt_test_") {
+  explicit temp_dir(const std::string& prefix = "mpopt_test_",
+                    const std::filesystem::path& root = std::filesystem::temp_directory_path()) {
     std::random_device rd;
-    path = std::filesystem::temp_directory_path() / (prefix + std::to_string(rd()) + std::to_string(rd()));
+    path = root / (prefix + std::to_string(rd()) + std::to_string(rd()));
     std::filesystem::create_directories(path);
   }
   ~temp_dir() {

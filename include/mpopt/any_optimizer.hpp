@@ -120,6 +120,7 @@ class optimizer_interface {
   virtual element_type grad_type() const = 0;
   virtual std::size_t tensor_count() const = 0;
   virtual std::span<const float> master(std::size_t i) const = 0;
+  virtual owned_elements owned(std::size_t i) const = 0;
   virtual mpopt::memory_report memory_report() const = 0;
   virtual void save(const std::filesystem::path& path) = 0;
   virtual void load(const std::filesystem::path& path, load_options o) = 0;
@@ -226,6 +227,8 @@ class any_optimizer {
   std::size_t tensor_count() const { return impl_->tensor_count(); }
   /// fp32 master weights of tensor i (registration order), the elements this rank holds.
   std::span<const float> master(std::size_t i) const { return impl_->master(i); }
+  /// optimizer::owned: which elements of tensor i master(i) holds on this rank.
+  owned_elements owned(std::size_t i) const { return impl_->owned(i); }
   mpopt::memory_report memory_report() const { return impl_->memory_report(); }
   void save(const std::filesystem::path& path) { impl_->save(path); }
   void load(const std::filesystem::path& path, load_options o = {}) { impl_->load(path, o); }

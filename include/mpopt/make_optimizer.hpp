@@ -113,6 +113,7 @@ class erased_optimizer final : public optimizer_interface {
     return n;
   }
   std::span<const float> master(std::size_t i) const override { return opt_.master(i); }
+  owned_elements owned(std::size_t i) const override { return opt_.owned(i); }
   mpopt::memory_report memory_report() const override { return opt_.memory_report(); }
   void save(const std::filesystem::path& path) override { opt_.save(path); }
   void load(const std::filesystem::path& path, load_options o) override { opt_.load(path, o); }

@@ -55,6 +55,12 @@ class tensor_shape {
   std::vector<std::int64_t> dims_;
 };
 
+/// The elements [first, first + count) of a tensor whose optimizer state this rank holds
+/// (optimizer::owned): all of them unless zero1/zero2 split the tensor across the ranks.
+struct owned_elements {
+  std::size_t first, count;
+};
+
 /// A tensor the optimizer allocates in a flat group: its name, element count and, optionally, its
 /// shape (whose product must be `size`).
 struct tensor_spec {

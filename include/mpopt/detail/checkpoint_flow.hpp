@@ -111,6 +111,9 @@ MPOPT_COLD inline void save_state(checkpoint_subject& s, const std::filesystem::
   if (s.micro_step() != 0)
     fail("save() at micro-step ", s.micro_step(), " of ", s.accumulation_steps(), ": save after the accumulation boundary");
   s.at("save()");
+  // Rank 0 writes: a rank given another path would take its save() for done.
+  const setting where[] = {{"the path given to save()", path.string()}};
+  s.require_same(where, "Every rank must pass save() the same path; rank 0 writes the file");
   s.finish_step();
   const checkpoint_view v = s.view();
   std::vector<state_piece> pieces;  // in file order: each rank's copy where the replicas differ

@@ -4,9 +4,11 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <string>
 
+#include "../tensor_spec.hpp"
 #include "validate.hpp"
 
 namespace mpopt::detail {
@@ -18,27 +20,25 @@ class state_access {
  public:
   std::size_t tensor_count() const { return self().tensors_.size(); }
 
-  /// The elements of tensor i whose state this rank holds: all of them unless sharded.
-  struct owned_elements {
-    std::size_t first, count;
-  };
+  /// The elements of tensor i whose state this rank holds: all of them unless sharded, else
+  /// [first, first + count) of the tensor (zero1/zero2 split each tensor across the ranks).
   owned_elements owned(std::size_t i) const {
-    tensor_at(i);
+    state_of(i, "owned");
     const auto o = self().layout_->owned(i);
     return {o.first, o.count};
   }
-  /// fp32 master weights of tensor i (in registration order), the owned elements; for fp32 the
-  /// parameter itself.
+  /// fp32 master weights of tensor i (in registration order), of its owned(i) elements; for fp32
+  /// the parameter itself.
   std::span<const float> master(std::size_t i) const {
-    const auto& t = tensor_at(i);
+    const auto& t = state_of(i, "master");
     const auto o = self().layout_->owned(i);
     if constexpr (Precision::has_master) return {self().master_.data() + o.state, o.count};
     else return {t.param + o.first, o.count};
   }
   /// State buffer k of the rule (UpdateRule::state[k]: adam's 0 is exp_avg, 1 exp_avg_sq) of
-  /// tensor i, the owned elements.
+  /// tensor i, of its owned(i) elements.
   std::span<const float> moment(std::size_t k, std::size_t i) const {
-    tensor_at(i);
+    state_of(i, "moment");
     if (k >= state_count)
       fail("moment ", k, ": ", UpdateRule::name, " keeps ",
            state_count ? "moments 0 to " + std::to_string(state_count - 1) : std::string("no moments"));
@@ -68,6 +68,14 @@ class state_access {
   }
 
  protected:
+  /// Tensor i, for an accessor of the state, which exists once finalize() (or the first step) made it.
+  const auto& state_of(std::size_t i, const char* accessor) const {
+    const Opt& o = self();
+    if (!o.finalized_)
+      fail(accessor, "(", i, "): the optimizer state is made by finalize() or the first step(); call finalize() "
+           "first (", o.first_tensor_of(std::uint32_t(o.groups_.size())), " tensors are registered)");
+    return tensor_at(i);
+  }
   const auto& tensor_at(std::size_t i) const {
     const auto& tensors = self().tensors_;
     if (i >= tensors.size()) fail("there are ", tensors.size(), " tensors (after finalize), no tensor ", i);

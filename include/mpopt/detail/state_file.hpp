@@ -36,12 +36,13 @@
 #include <nlohmann/json.hpp>
 
 #include "../error.hpp"
+#include "replacing_file.hpp"
 
 #if __has_include(<unistd.h>)
-#include <unistd.h>  // fsync, fseeko
-#define MPOPT_STATE_FILE_HAVE_FSYNC 1
+#include <unistd.h>  // fseeko
+#define MPOPT_STATE_FILE_HAVE_FSEEKO 1
 #else
-#define MPOPT_STATE_FILE_HAVE_FSYNC 0
+#define MPOPT_STATE_FILE_HAVE_FSEEKO 0
 #endif
 
 namespace mpopt::detail {
@@ -160,10 +161,6 @@ inline std::string state_shape_string(const std::vector<std::int64_t>& shape) {
   return s + "]";
 }
 
-inline std::string state_errno_message(const std::filesystem::path& path, const char* what) {
-  return path.string() + ": " + what + ": " + std::strerror(errno);
-}
-
 inline constexpr std::string_view state_format = "mpopt-state";
 inline constexpr std::string_view state_format_version = "1";
 
@@ -185,9 +182,9 @@ inline void check_state_tensor(const std::string& name, std::string_view dtype, 
 
 /// Writes a state file tensor by tensor, holding none of them: the header (every tensor's name, dtype
 /// and shape) goes first, then each tensor's bytes in order, the checksum filled in at the end.
-/// finish() flushes the file to disk and renames path + ".tmp" over `path`: a crash or failure
-/// leaves either the old checkpoint or the new one under the real name, never a partial file.
-/// Destroyed unfinished, it removes the temporary file.
+/// finish() puts it in place of `path` (replacing_file.hpp): a crash, a failure or another writer
+/// leaves a complete checkpoint under the real name, never a partial or mixed file. Destroyed
+/// unfinished, it removes its temporary file.
 class state_stream {
  public:
   struct tensor {
@@ -197,7 +194,7 @@ class state_stream {
   };
 
   state_stream(const std::filesystem::path& path, const nlohmann::json& meta, std::vector<tensor> tensors)
-      : path_(path), tmp_(path.string() + ".tmp"), tensors_(std::move(tensors)) {
+      : path_(path), tensors_(std::move(tensors)) {
     std::string meta_text;
     try {
       meta_text = meta.dump();
@@ -235,20 +232,13 @@ class state_stream {
 
     std::array<std::byte, 8> prefix{};
     for (std::size_t i = 0, n = text.size(); i < 8; ++i, n >>= 8) prefix[i] = static_cast<std::byte>(n & 0xff);
-    file_ = std::fopen(tmp_.c_str(), "wb");
-    if (!file_) throw error(state_errno_message(tmp_, "cannot open for writing"));
+    file_.emplace(path);
     put(prefix.data(), prefix.size());
     put(text.data(), text.size());
   }
 
   state_stream(const state_stream&) = delete;
   state_stream& operator=(const state_stream&) = delete;
-  ~state_stream() {
-    if (!file_) return;
-    std::fclose(file_);
-    std::error_code ec;
-    std::filesystem::remove(tmp_, ec);
-  }
 
   /// The next tensor's bytes, whole.
   void append(std::span<const std::byte> data) {
@@ -265,22 +255,9 @@ class state_stream {
     if (next_ != tensors_.size())
       throw error(path_.string() + ": " + std::to_string(tensors_.size() - next_) + " tensors were not written");
     const std::string sum = checksum64::hex(sum_->finish());
-    if (std::fseek(file_, long(checksum_at_), SEEK_SET) != 0) fail("seek failed");
+    if (std::fseek(file_->stream(), long(checksum_at_), SEEK_SET) != 0) file_->fail("seek failed");
     put(sum.data(), sum.size());
-    if (std::fflush(file_) != 0) fail("flush failed");
-#if MPOPT_STATE_FILE_HAVE_FSYNC
-    if (::fsync(::fileno(file_)) != 0) fail("fsync failed");
-#endif
-    const int rc = std::fclose(file_);
-    file_ = nullptr;
-    if (rc != 0) fail("close failed");
-    std::error_code ec;
-    std::filesystem::rename(tmp_, path_, ec);
-    if (ec) {
-      const std::string msg = path_.string() + ": cannot rename " + tmp_.string() + " into place: " + ec.message();
-      std::filesystem::remove(tmp_, ec);
-      throw error(msg);
-    }
+    file_->commit();
   }
 
  private:
@@ -289,24 +266,16 @@ class state_stream {
     state_tensor_bytes(t.shape, state_dtype_size(t.dtype), n);
     return n;
   }
-  [[noreturn]] void fail(const char* what) {
-    const std::string msg = state_errno_message(tmp_, what);
-    if (file_) std::fclose(file_);
-    file_ = nullptr;
-    std::error_code ec;
-    std::filesystem::remove(tmp_, ec);
-    throw error(msg);
-  }
   void put(const void* p, std::size_t n) {
-    if (n != 0 && std::fwrite(p, 1, n, file_) != n) fail("write failed");
+    if (n != 0 && std::fwrite(p, 1, n, file_->stream()) != n) file_->fail("write failed");
   }
 
-  std::filesystem::path path_, tmp_;
+  std::filesystem::path path_;
   std::vector<tensor> tensors_;
   std::size_t next_ = 0;
   std::optional<checksum64> sum_;
   std::size_t checksum_at_ = 0;
-  std::FILE* file_ = nullptr;
+  std::optional<replacing_file> file_;
 };
 
 /// Collects tensors held elsewhere and writes them as one state file.
@@ -433,7 +402,7 @@ class state_reader {
   void read_at(std::uint64_t at, std::span<std::byte> out) const {
     if (out.empty()) return;
     errno = 0;
-#if MPOPT_STATE_FILE_HAVE_FSYNC
+#if MPOPT_STATE_FILE_HAVE_FSEEKO
     const bool moved = fseeko(file_.get(), off_t(data_start_ + at), SEEK_SET) == 0;  // 64-bit offsets
 #else
     const bool moved = std::fseek(file_.get(), long(data_start_ + at), SEEK_SET) == 0;
