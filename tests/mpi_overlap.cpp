@@ -8,6 +8,7 @@
 // happen; and with collectives that fail in flight, on every rank.
 #include <doctest/doctest.h>
 
+#include "error_of.hpp"
 #include "mpi_harness.hpp"
 
 namespace {
@@ -306,13 +307,8 @@ TEST_SUITE("mpi") {
     for (std::size_t i = 0; i < last; ++i) n.opt.wait_params(i);
     const std::string named = "' (" + std::to_string(last) + ") was not waited for";
     auto refused = [&](const char* call, auto&& f) {
-      std::string message;
-      try {
-        f();
-      } catch (const mpopt::error& e) {
-        message = e.message();
-      }
-      CHECK_MESSAGE(message.starts_with(std::string(call) + ": tensor '"), message);
+      const std::string message = error_of(f);
+      CHECK_MESSAGE(message.starts_with("mpopt: " + std::string(call) + ": tensor '"), message);
       CHECK_MESSAGE(message.find(named) != std::string::npos, message);
     };
     n.write(ds.micro_batch(1, rank));

@@ -7,6 +7,7 @@
 // several shards.
 #include <doctest/doctest.h>
 
+#include "error_of.hpp"
 #include "mpi_harness.hpp"
 
 #include <sys/resource.h>
@@ -571,25 +572,17 @@ TEST_SUITE("mpi") {
     CHECK(n.opt.step().applied);
     const snapshot before = take(n);
     const shared_dir dir;
-    auto message_of = [](auto&& f) {
-      try {
-        f();
-      } catch (const mpopt::error& e) {
-        return std::string(e.message());
-      }
-      return std::string("no error");
-    };
     // The writer's reason, on the writer as it is, elsewhere after whose it is.
     auto check_failed = [&](const std::string& m, const std::string& reason) {
       CHECK_MESSAGE(m.find(reason) != std::string::npos, m);
-      if (rank != 0) CHECK_MESSAGE(m.starts_with("save() failed on rank 0: "), m);
+      if (rank != 0) CHECK_MESSAGE(m.starts_with("mpopt: save() failed on rank 0: "), m);
     };
     if (w > 1) {
-      const std::string m = message_of([&] { n.opt.save(dir / ("rank" + std::to_string(rank) + ".safetensors")); });
-      CHECK_MESSAGE(m.starts_with("the ranks disagree on the path given to save() (rank 0: "), m);
+      const std::string m = error_of([&] { n.opt.save(dir / ("rank" + std::to_string(rank) + ".safetensors")); });
+      CHECK_MESSAGE(m.starts_with("mpopt: the ranks disagree on the path given to save() (rank 0: "), m);
       CHECK_FALSE(std::filesystem::exists(dir / "rank0.safetensors"));
     }
-    check_failed(message_of([&] { n.opt.save(dir / "missing" / "state.safetensors"); }), "No such file or directory");
+    check_failed(error_of([&] { n.opt.save(dir / "missing" / "state.safetensors"); }), "No such file or directory");
     // A full disk: rank 0 may write 4 KiB (the file is larger), and the signal of a write past it is ignored.
     rlimit was{};
     if (rank == 0) {
@@ -599,7 +592,7 @@ TEST_SUITE("mpi") {
       small.rlim_cur = 4096;
       setrlimit(RLIMIT_FSIZE, &small);
     }
-    const std::string full = message_of([&] { n.opt.save(dir / "full.safetensors"); });
+    const std::string full = error_of([&] { n.opt.save(dir / "full.safetensors"); });
     if (rank == 0) setrlimit(RLIMIT_FSIZE, &was);
     check_failed(full, "File too large");
     CHECK_FALSE(std::filesystem::exists(dir / "full.safetensors"));
