@@ -8,6 +8,7 @@
 // happen; and with collectives that fail in flight, on every rank.
 #include <doctest/doctest.h>
 
+#include "blocking_communicator.hpp"
 #include "error_of.hpp"
 #include "mpi_harness.hpp"
 
@@ -90,13 +91,6 @@ mpopt::optimizer_options overlap_options(bool overlap, int in_flight, int accumu
           .buckets_in_flight = in_flight, .leave_param_gather_in_flight = leave};
 }
 tracking_mpi world() { return tracking_mpi{MPI_COMM_WORLD, mpopt::mpi_options{.deterministic = true}}; }
-
-/// A communicator without nonblocking collectives.
-struct blocking_only : mpopt::single_process {
-  static constexpr std::string_view name = "blocking_only";
-  void start_all_reduce() = delete;
-};
-static_assert(mpopt::communicator<blocking_only> && !mpopt::nonblocking_communicator<blocking_only>);
 
 // Each precision, rule and layout under every partition; the device build runs each once, a partition
 // each (tests/README.md, "The device build").
@@ -331,7 +325,7 @@ TEST_SUITE("mpi") {
 
   TEST_CASE("overlap_comm needs a communicator with nonblocking collectives, leave_param_gather_in_flight needs "
             "overlap_comm; buckets_in_flight is checked") {
-    using B = mpopt::optimizer<mpopt::fp32, mpopt::no_scaling, mpopt::zero2, mpopt::adam, mpopt::host, blocking_only>;
+    using B = mpopt::optimizer<mpopt::fp32, mpopt::no_scaling, mpopt::zero2, mpopt::adam, mpopt::host, blocking_communicator>;
     using M = mpopt::optimizer<mpopt::fp32, mpopt::no_scaling, mpopt::zero2, mpopt::adam, mpopt::host, mpopt::mpi>;
     std::string message;
     try {

@@ -5,6 +5,7 @@
 #include "version.hpp"  // first: C++20, or a clear error
 
 #include <algorithm>
+#include <concepts>
 #include <cstdint>
 #include <string_view>
 #include <type_traits>
@@ -182,9 +183,23 @@ class dynamic_scale {
 /// Whether scaler S serves gradients of type Grad: what S declares as `serves<Grad>`, otherwise
 /// fp16 only. Loss scaling exists for fp16's narrow range; a scaler of yours may declare that it
 /// serves bf16 or fp32 too (the step still skips on overflow and unscales exactly as for fp16).
+namespace detail {
+/// Scaler S says whether it serves gradients of type Grad. (A `serves` that is not a template is
+/// tested first: naming it as one would be a hard error.)
+template <class S, class Grad>
+concept says_serves = !requires { S::serves; } && requires {
+  { S::template serves<Grad> } -> std::convertible_to<bool>;
+};
+/// Scaler S counts its updates (what a checkpoint's step count bounds).
+template <class S>
+concept counts_iterations = requires(const S& s) {
+  { s.iteration() } -> std::convertible_to<std::int64_t>;
+};
+}  // namespace detail
+
 template <class S, class Grad>
 inline constexpr bool scaler_serves = [] {
-  if constexpr (requires { S::template serves<Grad>; }) return bool(S::template serves<Grad>);
+  if constexpr (detail::says_serves<S, Grad>) return bool(S::template serves<Grad>);
   else return std::is_same_v<Grad, half>;
 }();
 

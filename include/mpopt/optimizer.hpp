@@ -24,6 +24,7 @@
 #include "detail/index_set.hpp"
 #include "detail/memory_listing.hpp"
 #include "detail/metered.hpp"
+#include "detail/policy_members.hpp"
 #include "detail/rule_driver.hpp"
 #include "detail/spike_guard.hpp"
 #include "detail/staged_driver.hpp"
@@ -81,6 +82,7 @@ class optimizer
   using registry::finalized_;
   using registry::tensor_name;
   using registry::first_tensor_of;
+  static_assert(detail::policy_members_checked<Precision, LossScaler, Partition, UpdateRule, driver, Backend, Communicator>);
   static_assert(scaler_serves<LossScaler, typename Precision::grad_type>,
                 "this loss scaler does not serve the precision's gradients: the built-in scalers are for fp16 (use "
                 "mpopt::no_scaling with mpopt::fp32 or mpopt::bf16); a scaler of yours declares serves<Grad>");

@@ -60,11 +60,13 @@ using bf16_stochastic = mixed_precision<bfloat16, float, float, stochastic_round
 
 /// How P rounds its master into its parameters: P::rounding, or to nearest.
 template <class P>
+concept names_rounding = requires { typename P::rounding; };
+template <class P>
 struct rounding_of {
   using type = round_to_nearest;
 };
 template <class P>
-  requires requires { typename P::rounding; }
+  requires names_rounding<P>
 struct rounding_of<P> {
   using type = typename P::rounding;
 };

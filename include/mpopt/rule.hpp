@@ -109,15 +109,28 @@ concept update_rule = requires(typename R::options o, const typename R::options&
   R::update(k, e);
 };
 
+namespace detail {
+/// The three members of a rule with a reduction (reducing_rule), each on its own, so that a rule
+/// that declares one of them malformed is named (policy_members.hpp).
+template <class R>
+concept rule_direction = requires(const typename R::scalars& k, element_probe& e) { R::direction(k, e); };
+template <class R>
+concept rule_tensor_scale = requires(const typename R::scalars& k, double& kept) {
+  { R::tensor_scale(k, 0.0, 0.0, kept) } -> std::same_as<float>;
+};
+template <class R>
+concept rule_tensor_state = requires {
+  { R::tensor_state } -> std::convertible_to<std::string_view>;
+};
+}  // namespace detail
+
 /// A rule whose update needs per-tensor sums first (LAMB's ||w|| and ||u||): `direction` runs over
 /// every element and feeds norm(0) and norm(1); per tensor, tensor_scale turns the two norms into
 /// the factor the `update` stage reads, and a value kept per tensor (in checkpoints, by the name
-/// `tensor_state`).
+/// `tensor_state`). A rule that declares one of the three declares all three, well formed, or the
+/// optimizer does not compile.
 template <class R>
-concept reducing_rule = update_rule<R> && requires(const typename R::scalars& k, detail::element_probe& e, double& kept) {
-  R::direction(k, e);
-  { R::tensor_scale(k, 0.0, 0.0, kept) } -> std::same_as<float>;
-  { R::tensor_state } -> std::convertible_to<std::string_view>;
-};
+concept reducing_rule =
+    update_rule<R> && detail::rule_direction<R> && detail::rule_tensor_scale<R> && detail::rule_tensor_state<R>;
 
 }  // namespace mpopt

@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../error.hpp"
+#include "../loss_scale.hpp"
 #include "../options.hpp"
 #include "../precision.hpp"
 #include "../tensor.hpp"
@@ -156,7 +157,7 @@ class checkpointing {
     MPOPT_COLD void validate_group_options(const std::string& where) override { groups_.back().validate(where); }
     MPOPT_COLD void read_scaler(const nlohmann::json& saved, std::uint64_t steps, const std::string& where) override {
       scaler_.load(saved);
-      if constexpr (requires { scaler_.iteration(); })  // one scaler update per boundary
+      if constexpr (counts_iterations<LossScaler>)  // one scaler update per boundary
         if (std::uint64_t(scaler_.iteration()) > steps)
           fail(where, "saved dynamic_scale.iter (", scaler_.iteration(), ") exceeds the steps taken (", steps, ")");
     }

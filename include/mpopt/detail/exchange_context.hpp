@@ -23,11 +23,15 @@ concept stream_communicator = requires(const C& c) {
   c.stream();
 };
 
+/// C has a wait of its own for its collectives.
+template <class C>
+concept synchronizes = requires(C& c) { c.synchronize(); };
+
 /// A device communicator's collectives share the backend's stream: its own wait polls, so one a
 /// rank never joins fails on the communicator's timeout (nccl_options) instead of blocking forever.
 template <class C>
 void wait_for_collectives(metered<C>& comm) {
-  if constexpr (stream_communicator<C> && requires { comm.inner().synchronize(); }) comm.inner().synchronize();
+  if constexpr (stream_communicator<C> && synchronizes<C>) comm.inner().synchronize();
 }
 
 /// The backend can run on the communicator's stream, or the communicator has none, or its

@@ -3,11 +3,13 @@
 // memory_listing<itself, its policies>.
 #pragma once
 
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "../memory_report.hpp"
@@ -54,6 +56,21 @@ MPOPT_COLD inline void list_workspaces(mpopt::memory_report& r, std::string_view
           {"expert communicator " + std::to_string(k) + " workspace", std::string(purpose), expert_bytes[k], true});
 }
 
+/// Backend B holds buffers of its own besides the state (offload's copies).
+template <class B>
+concept lists_memory = requires(const B& b, mpopt::memory_report& r) {
+  { b.list_memory(r) } -> std::convertible_to<std::size_t>;
+};
+/// Communicator C holds buffers of its own, for a purpose it may name.
+template <class C>
+concept has_workspace = requires(const C& c) {
+  { c.workspace_bytes() } -> std::convertible_to<std::size_t>;
+};
+template <class C>
+concept says_workspace_purpose = requires {
+  { C::workspace_purpose } -> std::convertible_to<std::string_view>;
+};
+
 template <class Opt, class Precision, class UpdateRule, class Communicator>
 class memory_listing {
  public:
@@ -82,13 +99,13 @@ class memory_listing {
         o.decision_sums_.size() * sizeof(double) + o.coefficients_.capacity() * sizeof(o.coefficients_[0]) +
         o.uncounted_.capacity() * sizeof(o.uncounted_[0]) + o.group_comms_.capacity() * sizeof(void*) +
         exchange_bookkeeping + driver_bookkeeping;
-    if constexpr (requires { o.backend_.list_memory(r); }) bookkeeping += o.backend_.list_memory(r);  // offload's copies
+    if constexpr (lists_memory<std::remove_cvref_t<decltype(o.backend_)>>) bookkeeping += o.backend_.list_memory(r);  // offload's copies
     bookkeeping += o.experts_.capacity() * sizeof(o.experts_[0]) + o.unwaited_.bytes();
     for (const auto& p : o.experts_) bookkeeping += p.bytes();
     r.buffers.push_back({"work list", "tensor table, layout, chunks, buckets, partial sums, per-group scalars", bookkeeping, true});
-    if constexpr (requires { o.comm_.inner().workspace_bytes(); }) {
+    if constexpr (has_workspace<Communicator>) {
       std::string_view purpose = "the communicator's own buffers";
-      if constexpr (requires { Communicator::workspace_purpose; }) purpose = Communicator::workspace_purpose;
+      if constexpr (says_workspace_purpose<Communicator>) purpose = Communicator::workspace_purpose;
       std::vector<std::size_t> expert_bytes;
       for (const auto& c : o.expert_comms_) expert_bytes.push_back(c->inner().workspace_bytes());
       list_workspaces(r, purpose, o.comm_.inner().workspace_bytes(), expert_bytes);

@@ -23,6 +23,7 @@
 //   d.check_saved(...), d.restore(...), d.for_each_extra(world, f), d.save_extra(...)
 #pragma once
 
+#include <concepts>
 #include <span>
 
 #include "step_data.hpp"
@@ -48,23 +49,33 @@ struct rule_context : Exchange::context {
 template <class Rule, class Precision, class Backend, class Communicator>
 class staged_driver;
 
+/// Rule names a driver of its own for these policies.
+template <class Rule, class Precision, class Partition, class Backend, class Communicator>
+concept names_driver = requires { typename Rule::template driver<Precision, Partition, Backend, Communicator>; };
+
 /// The driver of Rule: its own if it names one, else the staged passes.
 template <class Rule, class Precision, class Partition, class Backend, class Communicator>
 struct driver_of {
   using type = staged_driver<Rule, Precision, Backend, Communicator>;
 };
 template <class Rule, class Precision, class Partition, class Backend, class Communicator>
-  requires requires { typename Rule::template driver<Precision, Partition, Backend, Communicator>; }
+  requires names_driver<Rule, Precision, Partition, Backend, Communicator>
 struct driver_of<Rule, Precision, Partition, Backend, Communicator> {
   using type = typename Rule::template driver<Precision, Partition, Backend, Communicator>;
 };
 template <class Rule, class Precision, class Partition, class Backend, class Communicator>
 using driver_of_t = typename driver_of<Rule, Precision, Partition, Backend, Communicator>::type;
 
+/// Driver D says whether begin() sums the gradient's squares.
+template <class D>
+concept says_sums_gradient = requires {
+  { D::sums_gradient } -> std::same_as<const bool&>;
+};
+
 /// D::sums_gradient, or false for a driver that does not say.
 template <class D>
 constexpr bool sums_gradient_v = [] {
-  if constexpr (requires { D::sums_gradient; }) return bool(D::sums_gradient);
+  if constexpr (says_sums_gradient<D>) return D::sums_gradient;
   else return false;
 }();
 
