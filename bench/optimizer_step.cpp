@@ -2,7 +2,7 @@
 // moving only the bytes the update cannot avoid), measured in the same process, alternated
 // (protocol and fields: bench/README.md).
 //
-//   optimizer_step [--params N] [--repeat R] [--filter SUBSTR] [--quick]
+//   optimizer_step [--params N] [--repeat R] [--filter SUBSTR] [--quick] [--small-step N]
 //
 // Cases: precision {fp32, fp16, bf16} x rule {adam, lamb} x layout {fused, unfused}, and bf16 Adam
 // with stochastic rounding (precision "bf16_stochastic"), all clipping at 1; then fp32 and bf16
@@ -14,6 +14,7 @@
 // Per case: warm-up (every buffer first-touched, one untimed step, one untimed run of each
 // reference), then R rounds of (memcpy, same-traffic kernel, minimal-traffic kernel, step, naive
 // baseline), each timed alone. One JSON line per case on stdout; progress and errors go to stderr.
+#include "small_step.hpp"
 #include "traffic.hpp"
 
 #include <algorithm>
@@ -247,7 +248,16 @@ void run_case(const config& cfg, std::string_view precision, std::string_view ru
 }  // namespace
 
 int main(int argc, char** argv) {
-  const config cfg = parse(argc, argv);
+  std::size_t small_step = 0;
+  command_line cl;
+  cl.extra.push_back({"--small-step", "N", "instead of the cases: the threads on small steps, at N parameters and "
+                      "below (bench/README.md, \"Threads\"), --repeat steps per setting",
+                      [&](const std::string& v) { small_step = std::stoull(v); }});
+  const config cfg = parse(argc, argv, cl);
+  if (small_step) {
+    run_small_steps(small_step, cfg.repeat);
+    return 0;
+  }
 
   // memcpy buffers for the largest case (LAMB fp32 with its pre-pass: 44 B/param), first-touched once.
   aligned_bytes src(cfg.params * largest_bytes_per_param / 2 + 64), dst(cfg.params * largest_bytes_per_param / 2 + 64);

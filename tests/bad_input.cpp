@@ -6,6 +6,7 @@
 #include "optimizer_snapshot.hpp"
 #include "error_of.hpp"
 #include "temp_dir.hpp"
+#include "threads.hpp"
 
 #include <mpopt/mpopt.hpp>
 #include <mpopt/detail/state_file.hpp>
@@ -996,6 +997,25 @@ TEST_CASE("registration checks overlap across many tensors in any order") {
   CHECK(msg.find("'late'") != std::string::npos);
   CHECK((msg.find("'t1234'") != std::string::npos || msg.find("'t1235'") != std::string::npos));
   CHECK(g.size() == n);
+}
+
+TEST_CASE("host::use_threads: a negative count is refused and changes nothing; the count and threshold hold") {
+  const threads_restored restore;
+  mpopt::host::use_threads(1, 1000);
+  CHECK(error_of([] { mpopt::host::use_threads(-1); }) ==
+        "mpopt: host::use_threads: -1 threads (0 is OpenMP's count)");
+  CHECK(mpopt::host::threads() == 1);
+  CHECK(mpopt::detail::host_threads(1'000'000) == 1);
+#if defined(_OPENMP)
+  mpopt::host::use_threads(3, 1000);  // one thread per 1,000 elements begun, at most 3
+  CHECK(mpopt::host::threads() == 3);
+  CHECK(mpopt::detail::host_threads(1000) == 1);
+  CHECK(mpopt::detail::host_threads(1001) == 2);
+  CHECK(mpopt::detail::host_threads(1'000'000) == 3);
+  mpopt::host::use_threads(0);  // OpenMP's count, the measured threshold
+  CHECK(mpopt::host::threads() == omp_get_max_threads());
+  CHECK(mpopt::detail::host_threads(mpopt::detail::default_elements_per_thread()) == 1);
+#endif
 }
 
 }  // TEST_SUITE

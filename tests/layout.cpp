@@ -1,6 +1,6 @@
 // The layout, the thread count and the SIMD level are invisible: user-owned tensors (add) and a flat
 // group (add_flat_group) give bit-identical params, masters, moments, trust ratios and statuses, with
-// any number of OpenMP threads, and the host backend's AVX2 and AVX-512 paths give its scalar path's
+// any number of threads (host::use_threads), and the host backend's AVX2 and AVX-512 paths give its scalar path's
 // bits (each level this CPU runs is compared). Stochastically rounded parameters too.
 #include <doctest/doctest.h>
 
@@ -9,30 +9,12 @@
 #include <numeric>
 #include <random>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 #include "harness.hpp"
+#include "threads.hpp"
 
 using namespace harness;
 
 namespace {
-
-int max_threads() {
-#ifdef _OPENMP
-  return omp_get_max_threads();
-#else
-  return 1;
-#endif
-}
-void set_threads(int n) {
-#ifdef _OPENMP
-  omp_set_num_threads(n);
-#else
-  (void)n;
-#endif
-}
 
 // A cheap deterministic value in [-1, 1) from (seed, step, element): the same for every instance.
 double hashed(std::uint64_t x) {
@@ -92,7 +74,7 @@ struct instance {
   /// Copies this step's gradients in and steps with this instance's thread count and SIMD level.
   mpopt::step_status step(const std::vector<std::vector<G>>& g) {
     for (std::size_t i = 0; i < grads.size(); ++i) std::copy(g[i].begin(), g[i].end(), grads[i].begin());
-    set_threads(threads);
+    force_threads(threads);
     mpopt::host::use_simd(simd);
     return opt.step();
   }
@@ -177,9 +159,8 @@ void run_layouts(const std::vector<std::vector<std::size_t>>& groups, const std:
   std::vector<std::unique_ptr<instance<Opt>>> runs;
   for (auto [lay, threads] : {std::pair{layout::unfused, 2}, {layout::flat, 2}, {layout::unfused, 1}, {layout::flat, 3}})
     runs.push_back(std::make_unique<instance<Opt>>(lay, threads, groups, options, so));
-  const int restore = max_threads();
+  const threads_restored restore;
   all_identical(runs, steps);
-  set_threads(restore);
 }
 
 /// The scalar path with one thread against every other SIMD level this CPU runs, each with 1, 2 and 3
@@ -202,10 +183,9 @@ void run_simd_levels(const std::vector<std::vector<std::size_t>>& groups,
       runs.push_back(std::make_unique<instance<Opt>>(lay, threads, groups, options, so, level));
   }
   MESSAGE("compared with the scalar path:" << (compared.empty() ? " nothing (this CPU has no AVX2)" : compared));
-  const int restore_threads = max_threads();
+  const threads_restored restore_threads;
   const auto restore_simd = mpopt::host::simd();
   all_identical(runs, steps);
-  set_threads(restore_threads);
   mpopt::host::use_simd(restore_simd);
 }
 

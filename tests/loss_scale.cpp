@@ -21,10 +21,6 @@
 #include <string_view>
 #include <vector>
 
-#if defined(_OPENMP)
-#include <omp.h>
-#endif
-
 namespace {
 
 constexpr float f_inf = std::numeric_limits<float>::infinity();
@@ -91,18 +87,6 @@ struct deepspeed_scaler {
 };
 
 std::uint32_t bits(float f) { return std::bit_cast<std::uint32_t>(f); }
-
-// Runs a block single-threaded: tens of thousands of steps on 42-element tensors are dominated by OpenMP
-// fork/join, which on a busy 2-core machine costs milliseconds per step. The scaler logic is the same.
-struct single_threaded {
-#if defined(_OPENMP)
-  int saved = omp_get_max_threads();
-  single_threaded() { omp_set_num_threads(1); }
-  ~single_threaded() { omp_set_num_threads(saved); }
-#endif
-  single_threaded(const single_threaded&) = delete;
-  single_threaded& operator=(const single_threaded&) = delete;
-};
 
 // ---------------------------------------------------------------------------------------------------
 // A real fp16 optimizer over two user-owned tensors in two groups. Clean steps write finite gradients
@@ -650,7 +634,6 @@ TEST_CASE("randomized: 2000 random schedules and configurations on dynamic_scale
 }
 
 TEST_CASE("randomized: 2000 random schedules through an fp16 optimizer match DeepSpeed's rule step by step") {
-  const single_threaded guard;
   std::mt19937_64 rng(77);
   auto uniform = [&](std::int64_t lo, std::int64_t hi) { return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng); };
   int raises = 0, skips = 0, applies = 0;

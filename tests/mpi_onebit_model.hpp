@@ -6,11 +6,8 @@
 
 #include <doctest/doctest.h>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 #include "mpi_harness.hpp"
+#include "threads.hpp"
 
 namespace {
 
@@ -200,12 +197,6 @@ void train_steps(M& m, int s0, int s1) {
     m.write(local_gradient(s, world_rank()));
     CHECK(m.opt.step().applied);
   }
-}
-
-[[maybe_unused]] void use_threads([[maybe_unused]] int n) {
-#ifdef _OPENMP
-  omp_set_num_threads(n);
-#endif
 }
 
 /// Saves `a` (trained up to step `at`) to `path`, loads the file into `b` (other options: the file's

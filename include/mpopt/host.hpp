@@ -25,10 +25,12 @@
 #include "detail/avx2_lanes.hpp"
 #include "detail/avx512_lanes.hpp"
 #include "detail/backend_passes.hpp"
+#include "detail/host_threads.hpp"
 #include "detail/lanes.hpp"
 #include "detail/passes.hpp"
 #include "detail/square_sum.hpp"
 #include "detail/step_data.hpp"
+#include "detail/validate.hpp"
 #include "detail/work_list.hpp"
 #include "simd.hpp"
 #include "tensor.hpp"
@@ -46,6 +48,29 @@ struct host : detail::backend_passes<host> {
   static void use_simd(simd_level s) {
     detail::require_simd(s, "host::use_simd");
     detail::simd_setting().store(s, std::memory_order_relaxed);
+  }
+
+  /// The most threads a pass runs on: what use_threads() set, else OpenMP's omp_get_max_threads()
+  /// (OMP_NUM_THREADS); 1 in a build without OpenMP.
+  static int threads() {
+#if defined(_OPENMP)
+    const int set = detail::host_thread_setting().threads.load(std::memory_order_relaxed);
+    return set > 0 ? set : omp_get_max_threads();
+#else
+    return 1;
+#endif
+  }
+  /// From now on, passes run on at most `threads` threads (0: OpenMP's count again), in every
+  /// optimizer of the process, without touching the engine's own OpenMP setting; and on one thread
+  /// per `elements_per_thread` elements begun (0: the measured default, detail/host_threads.hpp),
+  /// so that a smaller step runs on the calling thread alone. On cores shared with other busy
+  /// threads (a data loader, a communication thread), fewer threads than cores keep a preempted one
+  /// from stalling the step (bench/README.md, "Threads"). No setting changes a bit of the results.
+  /// Throws mpopt::error, changing nothing, on a negative count.
+  static void use_threads(int threads, std::size_t elements_per_thread = 0) {
+    if (threads < 0) detail::fail("host::use_threads: ", threads, " threads (0 is OpenMP's count)");
+    detail::host_thread_setting().threads.store(threads, std::memory_order_relaxed);
+    detail::host_thread_setting().elements_per_thread.store(elements_per_thread, std::memory_order_relaxed);
   }
 
   /// Optimizer state (masters, moments, accumulators, buckets): aligned, zeroed by `zeroed(n)`.
@@ -74,7 +99,7 @@ struct host : detail::backend_passes<host> {
 
   /// Calls f(chunk index) for every chunk; each thread takes one contiguous, element-balanced run
   /// (the pages of state it first touched: aligned_buffer::zeroed, the initialize pass). Small steps
-  /// run on the calling thread alone: no parallel region, no spinning pool.
+  /// run on the calling thread alone (detail/host_threads.hpp): no parallel region, no spinning pool.
   template <class F>
   static void for_each_chunk(const detail::work_list& work, F&& f) {
 #if defined(_OPENMP)

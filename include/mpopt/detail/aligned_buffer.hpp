@@ -14,22 +14,9 @@
 #endif
 
 #include "config.hpp"
+#include "host_threads.hpp"
 
 namespace mpopt::detail {
-
-/// Below this many elements per thread a fork/join costs more than the work it shares.
-constexpr std::size_t min_elements_per_thread = std::size_t{1} << 16;
-
-/// The OpenMP threads the host backend gives n elements of work (1 without OpenMP).
-inline int host_threads(std::size_t n) {
-#if defined(_OPENMP)
-  const std::size_t wanted = (n + min_elements_per_thread - 1) / min_elements_per_thread;
-  return int(std::max<std::size_t>(1, std::min<std::size_t>(wanted, std::size_t(omp_get_max_threads()))));
-#else
-  (void)n;
-  return 1;
-#endif
-}
 
 template <class T>
 class aligned_buffer {
