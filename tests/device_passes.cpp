@@ -93,6 +93,7 @@ struct both {
   mirrored<float> master, m, v;
   mirrored<typename P::accumulate_type> accum;
   mirrored<float> sum, sum2;
+  mirrored<double> grad_sum;  // the overflow-and-norm pass's sums of squares, in double
   mirrored<std::uint8_t> nonfinite;
   mirrored<mpopt::detail::step_decision> decision{1};
   mirrored<double> decision_sums{2};
@@ -100,7 +101,7 @@ struct both {
 
   explicit both(tensor_set<P>& t)
       : ts(t), master(t.state), m(t.state), v(t.state), accum(t.state), sum(t.work.size()), sum2(t.work.size()),
-        nonfinite(t.work.size()) {
+        grad_sum(t.work.size()), nonfinite(t.work.size()) {
     host_data = make(false);
     device_data = make(true);
   }
@@ -123,9 +124,9 @@ struct both {
   }
   /// Both backends decide from their own overflow-and-norm sums; the device's decision is returned.
   mpopt::detail::step_decision decide(mpopt::host& host_backend, mpopt::cuda& device, const mpopt::detail::step_rule& rule) {
-    host_backend.step_sums(sum.host.data(), nonfinite.host.data(), ts.work.size(), decision_sums.host.data());
+    host_backend.step_sums(grad_sum.host.data(), nonfinite.host.data(), ts.work.size(), decision_sums.host.data());
     host_backend.decide_step(rule, decision_sums.host.data(), decision.host.data());
-    device.step_sums(sum.device.data(), nonfinite.device.data(), ts.work.size(), decision_sums.device.data());
+    device.step_sums(grad_sum.device.data(), nonfinite.device.data(), ts.work.size(), decision_sums.device.data());
     device.decide_step(rule, decision_sums.device.data(), decision.device.data());
     return decision.download(device)[0];
   }
@@ -195,9 +196,9 @@ void adam_and_lamb(std::size_t misalign) {
     h.accum = s.accum.host.data();
     d.accum = s.accum.device.data();
     h.grad_scale = d.grad_scale = 0.25f;
-    host_backend.gradient_norm(h);
-    device.gradient_norm(d);
-    check_sums(s.sum.download(device), s.sum.host, 1e-5);
+    host_backend.gradient_norm(h, s.grad_sum.host.data());
+    device.gradient_norm(d, s.grad_sum.device.data());
+    check_sums(s.grad_sum.download(device), s.grad_sum.host, 1e-12);
     CHECK(same_bits(s.nonfinite.download(device), s.nonfinite.host));
     // The decision (clip 1: these gradients' norm is larger) from each backend's per-chunk sums, so
     // within their tolerance; the update then reads the host's on both, so the elements match bits.
@@ -235,8 +236,8 @@ void adam_and_lamb(std::size_t misalign) {
   const std::size_t victim = ts.host_table[8].grad - ts.grads.host.data() + 70000 % ts.sizes[8];
   ts.grads.host[victim] = typename P::grad_type(INFINITY);
   ts.grads.upload(device);
-  host_backend.gradient_norm(s.host_data);
-  device.gradient_norm(s.device_data);
+  host_backend.gradient_norm(s.host_data, s.grad_sum.host.data());
+  device.gradient_norm(s.device_data, s.grad_sum.device.data());
   const auto flags = s.nonfinite.download(device);
   CHECK(same_bits(flags, s.nonfinite.host));
   CHECK(std::count(flags.begin(), flags.end(), 1) == 1);

@@ -82,7 +82,6 @@ inline mpopt::step_result to_lib(ref::outcome o) {
   switch (o) {
     case ref::outcome::applied: return mpopt::step_result::applied;
     case ref::outcome::skipped_nonfinite: return mpopt::step_result::skipped_nonfinite;
-    case ref::outcome::skipped_norm_overflow: return mpopt::step_result::skipped_norm_overflow;
     default: return mpopt::step_result::accumulating;
   }
 }

@@ -16,11 +16,11 @@
 
 namespace {
 
-/// Sharded norms are formed per shard: the fp32 partial sums of the chunks a shard boundary cuts differ
-/// from the single process's, so the global norm, and with it the clip coefficient, differs by up to
-/// ~2e-6 relative (fp32 rounding over a 64Ki-element chunk). When clipping binds every gradient scales
-/// by it, so the moments are compared normwise within 1e-5, and LAMB's trust ratios (quotients of
-/// per-tensor norms cut the same way) within 1e-4; masters keep 1e-6 relative + floor.
+/// Sharded norms are formed per shard: the partial sums of the chunks a shard boundary cuts differ
+/// from the single process's (the global norm's are rounded to float precision per chunk, LAMB's
+/// per-tensor ones summed in fp32), so the norms, and with them the clip coefficient, differ by up
+/// to ~2e-6 relative. The moments are compared normwise within 1e-5, and LAMB's trust ratios
+/// within 1e-4; masters keep 1e-6 relative + floor.
 constexpr double sharded_moment_tol = 1e-5;
 
 mpopt::optimizer_options zero_options(mpopt::optimizer_options o = {}) {

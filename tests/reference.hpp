@@ -92,7 +92,7 @@ struct scaler {
   }
 };
 
-enum class outcome { applied, accumulating, skipped_nonfinite, skipped_norm_overflow, error };
+enum class outcome { applied, accumulating, skipped_nonfinite, error };
 
 struct status {
   outcome result = outcome::accumulating;
@@ -176,12 +176,9 @@ struct model {
         sumsq += g[i][k] * g[i][k];
       }
     }
-    // The library sums squares in float: all elements finite but the sum beyond float's range.
-    const bool norm_overflow = !nonfinite && sumsq > double(std::numeric_limits<float>::max());
-
     const bool check = skip_nonfinite || sc.k != scaler::kind::none;
-    if (check && (nonfinite || norm_overflow)) {
-      st.result = nonfinite ? outcome::skipped_nonfinite : outcome::skipped_norm_overflow;
+    if (check && nonfinite) {
+      st.result = outcome::skipped_nonfinite;
       st.grad_norm = st.grad_norm_clipped = std::sqrt(sumsq);
       if (sc.would_raise(true) || (max_consecutive_skips && consecutive + 1 >= max_consecutive_skips)) {
         st.result = outcome::error;  // nothing changes

@@ -157,7 +157,10 @@ struct chunk_totals_kernel {
     const auto add = [](auto a, auto b) { return a + b; };
     if (out.sum) out.sum[ci] = lane_tree<N>(partials.sum + at, add);
     if (out.sum2) out.sum2[ci] = lane_tree<N>(partials.sum2 + at, add);
-    if (out.sum64) out.sum64[ci] = lane_tree<N>(partials.sum64 + at, add);
+    if (out.sum64) {
+      const double total = lane_tree<N>(partials.sum64 + at, add);
+      out.sum64[ci] = out.round64 ? round_to_float_precision(total) : total;
+    }
     if (out.nonfinite)
       out.nonfinite[ci] = lane_tree<N>(partials.nonfinite + at, [](std::uint8_t a, std::uint8_t b) { return std::uint8_t(a | b); });
     if (out.largest) out.largest[ci] = lane_tree<N>(partials.largest + at, [](float a, float b) { return detail::max(a, b); });
@@ -195,7 +198,10 @@ __global__ void __launch_bounds__(device_threads_per_chunk, 1) chunk_block(Pass 
   const auto add = [](auto a, auto b) { return a + b; };
   if (out.sum) block_lane_tree(room, [&](unsigned j) { return s.sum[j]; }, add, out.sum + ci);
   if (out.sum2) block_lane_tree(room, [&](unsigned j) { return s.sum2[j]; }, add, out.sum2 + ci);
-  if (out.sum64) block_lane_tree(room, [&](unsigned j) { return s.sum64[j]; }, add, out.sum64 + ci);
+  if (out.sum64) {
+    block_lane_tree(room, [&](unsigned j) { return s.sum64[j]; }, add, out.sum64 + ci);
+    if (out.round64 && threadIdx.x == 0) out.sum64[ci] = round_to_float_precision(out.sum64[ci]);
+  }
   if (out.nonfinite)
     block_lane_tree(room, [&](unsigned) { return std::uint8_t(s.any_nonfinite); },
                     [](std::uint8_t a, std::uint8_t b) { return std::uint8_t(a | b); }, out.nonfinite + ci);

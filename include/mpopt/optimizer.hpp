@@ -343,7 +343,7 @@ class optimizer
     st.norm_z = guard_.norm_score();
     const detail::spike spiked = guard_.verdict();  // none where the decision skips
     if (decided.skip || spiked != detail::spike::none) {
-      st.result = decided.skip ? (decided.nonfinite > 0 ? step_result::skipped_nonfinite : step_result::skipped_norm_overflow)
+      st.result = decided.skip ? step_result::skipped_nonfinite
                   : spiked == detail::spike::loss ? step_result::skipped_loss_spike
                                                   : step_result::skipped_norm_spike;
       st.grad_norm_clipped = decided.norm;
@@ -522,7 +522,7 @@ class optimizer
   std::array<buffer<float>, state_count> state_;  // the rule's, in the order of UpdateRule::state
   shared<float> chunk_sums_;  // per chunk: the pass's sum, then (at work_.size()) its sum2
   shared<std::uint8_t> chunk_nonfinite_;
-  shared<double> chunk_grad_sums_;  // per chunk: the update's own sum of the gradient's squares
+  shared<double> chunk_grad_sums_;  // per chunk: the gradient's sum of squares (the norm pass's or the update's)
   buffer<detail::step_decision> decision_;  // this step's, where the passes run
   buffer<double> decision_sums_;            // its inputs: squared norm, non-finite chunks
   detail::rank_ordered_sum rank_ordered_sum_;

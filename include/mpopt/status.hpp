@@ -12,8 +12,8 @@ namespace mpopt {
 enum class step_result {
   applied,              ///< the update ran
   accumulating,         ///< a micro-step: gradients were folded into the accumulator
-  skipped_nonfinite,    ///< some gradient element was inf or NaN on some rank
-  skipped_norm_overflow, ///< all elements finite, but the global norm overflowed
+  skipped_nonfinite,    ///< some gradient element was inf or NaN on some rank (finite ones always
+                        ///< give a finite norm: its squares are summed in double)
   skipped_loss_spike,    ///< the spike guard: the loss scored above spike_guard.loss_z
   skipped_norm_spike     ///< the spike guard: the gradient norm scored above spike_guard.norm_z
 };
@@ -23,7 +23,6 @@ constexpr std::string_view to_string(step_result r) {
     case step_result::applied: return "applied";
     case step_result::accumulating: return "accumulating";
     case step_result::skipped_nonfinite: return "skipped: non-finite gradient";
-    case step_result::skipped_norm_overflow: return "skipped: gradient norm overflow";
     case step_result::skipped_loss_spike: return "skipped: loss spike";
     case step_result::skipped_norm_spike: return "skipped: gradient norm spike";
   }

@@ -118,10 +118,10 @@ class agreement {
   /// decision they make. Every rank runs every reduction, whatever it found locally.
   step_decision decide_on_host(const step_data<Precision>& d, const step_rule& rule) {
     Opt& o = self();
-    o.backend_.gradient_norm(d);
+    o.backend_.gradient_norm(d, o.chunk_grad_sums_.data());
     o.wait();
     std::uint8_t nonfinite = std::any_of(o.chunk_nonfinite_.begin(), o.chunk_nonfinite_.end(), [](auto b) { return b != 0; });
-    double sumsq = counted_sum(o.chunk_sums_.data());
+    double sumsq = counted_sum(o.chunk_grad_sums_.data());
     o.comm_.all_reduce(std::span<std::uint8_t>(&nonfinite, 1), reduce_op::max);
     if (o.compressing()) o.comm_.all_reduce(std::span<double>(&sumsq, 1), reduce_op::sum);
     else sum_norm(sumsq);
@@ -154,9 +154,9 @@ class agreement {
   step_decision decide_and_update_on_backend(step_data<Precision>& d, const step_rule& rule) {
     Opt& o = self();
     step_decision decided;
-    o.backend_.gradient_norm(d);
-    for (const auto& [c0, c1] : o.uncounted_) o.backend_.zero(o.chunk_sums_.data() + c0, c1 - c0);  // counted once
-    o.backend_.step_sums(o.chunk_sums_.data(), o.chunk_nonfinite_.data(), o.work_.size(), o.decision_sums_.data());
+    o.backend_.gradient_norm(d, o.chunk_grad_sums_.data());
+    for (const auto& [c0, c1] : o.uncounted_) o.backend_.zero(o.chunk_grad_sums_.data() + c0, c1 - c0);  // counted once
+    o.backend_.step_sums(o.chunk_grad_sums_.data(), o.chunk_nonfinite_.data(), o.work_.size(), o.decision_sums_.data());
     agree_on_backend();
     o.backend_.decide_step(rule, o.decision_sums_.data(), o.decision_.data());
     if (o.layout_->sharded() || o.guard_.on()) {

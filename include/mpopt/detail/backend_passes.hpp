@@ -36,9 +36,11 @@ class backend_passes {
   void accumulate(const step_data<P>& d, bool first, float scale = 1.0f) {
     update(d, accumulate_pass<P>{{placed(d), chunks(*d.work)}, first, scale});
   }
+  /// The overflow-and-norm pass: per chunk, the gradient's sum of squares into chunk_sums (double)
+  /// and whether it holds inf or NaN.
   template <class P>
-  void gradient_norm(const step_data<P>& d) {
-    update(d, gradient_norm_pass<P>{{placed(d), chunks(*d.work), {.sum = d.chunk_sum, .nonfinite = d.chunk_nonfinite}}});
+  void gradient_norm(const step_data<P>& d, double* chunk_sums) {
+    update(d, gradient_norm_pass<P>{{placed(d), chunks(*d.work), {.sum64 = chunk_sums, .round64 = true, .nonfinite = d.chunk_nonfinite}}});
   }
   /// One stage of a rule (rule.hpp) over every element, with k[g] the scalars of group g and, after
   /// a reduction, tensor_scale[t] the factor of tensor t. A `direction` stage writes the per-chunk
@@ -59,7 +61,7 @@ class backend_passes {
   }
   /// The overflow-and-norm pass's per-chunk results summed where they are: sums[0] the squared
   /// norm, sums[1] the non-finite chunks (what ranks add up to agree on a skip).
-  void step_sums(const float* chunk_sums, const std::uint8_t* chunk_nonfinite, std::size_t chunks, double* sums) {
+  void step_sums(const double* chunk_sums, const std::uint8_t* chunk_nonfinite, std::size_t chunks, double* sums) {
     self().sum_all(chunk_sums, chunks, sums);
     self().sum_all(chunk_nonfinite, chunks, sums + 1);
   }

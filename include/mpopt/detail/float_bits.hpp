@@ -16,6 +16,18 @@ constexpr MPOPT_HOST_DEVICE To bit_cast(const From& from) noexcept {
   return __builtin_bit_cast(To, from);
 }
 
+/// x with its significand rounded to float's 24 bits (to nearest, ties to even) and its exponent
+/// kept: float's precision in double's range. Inf and NaN pass unchanged.
+constexpr MPOPT_HOST_DEVICE double round_to_float_precision(double x) noexcept {
+  std::uint64_t u = detail::bit_cast<std::uint64_t>(x);
+  if ((u & 0x7FF0000000000000ull) == 0x7FF0000000000000ull) return x;
+  u += 0x0FFFFFFFull + ((u >> 29) & 1u);  // a carry out of the significand bumps the exponent
+  return detail::bit_cast<double>(u & ~0x1FFFFFFFull);
+}
+static_assert(round_to_float_precision(1.0 + 0x1p-30) == 1.0 && round_to_float_precision(1.0 + 0x1p-23) == 1.0 + 0x1p-23);
+static_assert(round_to_float_precision(1.0 + 0x1p-24) == 1.0 && round_to_float_precision(1.0 + 0x3p-24) == 1.0 + 0x1p-22);
+static_assert(round_to_float_precision(0x1.fffffffp300) == 0x1p301);
+
 /// float -> IEEE 754 binary16, round to nearest, ties to even; overflow -> ±inf; subnormals kept.
 /// NaN -> sign | 0x7E00 | (mantissa >> 13): quiet bit forced, upper payload kept (as x86 VCVTPS2PH).
 constexpr MPOPT_HOST_DEVICE std::uint16_t float_to_half_bits(float f) noexcept {

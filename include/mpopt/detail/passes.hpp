@@ -17,6 +17,7 @@
 
 #include "../precision.hpp"
 #include "config.hpp"
+#include "float_bits.hpp"
 #include "lanes.hpp"
 #include "sign_compression.hpp"
 #include "step_data.hpp"
@@ -29,6 +30,10 @@ struct pass_outputs {
   float* sum = nullptr;           ///< square()
   float* sum2 = nullptr;          ///< square2()
   double* sum64 = nullptr;        ///< square64()
+  /// sum64's totals rounded to float's 24 significant bits (round_to_float_precision): the
+  /// gradient norm's partials, which then add exactly in double in any order (ranks, shard layouts,
+  /// a device's reduction) while within about 2^29 of each other, and cannot overflow as floats.
+  bool round64 = false;
   std::uint8_t* nonfinite = nullptr;
   float* largest = nullptr;
 };
@@ -169,14 +174,15 @@ struct accumulate_pass : tensor_pass<P> {
   }
 };
 
-/// Per chunk: sum of squares of the true gradient and whether any element is inf or NaN.
+/// Per chunk: sum of squares of the true gradient, in double (no finite gradient overflows it), and
+/// whether any element is inf or NaN.
 template <class P>
 struct gradient_norm_pass : tensor_pass<P> {
   template <class L, class S, class Tail, class R>
   MPOPT_HOST_DEVICE void apply(const S& s, std::size_t i, Tail tail, R& r) const {
     const auto x = true_gradient<L>(s, i, tail, typename L::vec(this->d.grad_scale));
     r.nonfinite(x, tail);
-    r.square(i, x, tail);
+    r.square64(i, x, tail);
   }
 };
 

@@ -98,7 +98,7 @@ struct host_sums {
   MPOPT_HOST_DEVICE void write(const pass_outputs& out, std::size_t ci) {
     if (out.sum) out.sum[ci] = sum.total();
     if (out.sum2) out.sum2[ci] = sum2.total();
-    if (out.sum64) out.sum64[ci] = sum64.total();
+    if (out.sum64) out.sum64[ci] = out.round64 ? round_to_float_precision(sum64.total()) : sum64.total();
     if (out.nonfinite) out.nonfinite[ci] = seen_nonfinite;
     if (out.largest) out.largest[ci] = L::max_lane(running_max);
   }

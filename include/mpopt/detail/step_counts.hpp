@@ -70,7 +70,7 @@ MPOPT_COLD inline std::string nonfinite_report(const work_list& work, const std:
     if (!names.empty()) names += ", ";
     names.append("'").append(name_of(t)).append("'");
   }
-  if (count == 0) return "no local gradient is non-finite: the global norm overflowed, or another rank overflowed";
+  if (count == 0) return "no local gradient is non-finite: another rank's is";
   return "non-finite gradients in " + names + (count > 8 ? " and " + std::to_string(count - 8) + " more" : "");
 }
 

@@ -5,7 +5,6 @@
 // decide on the host, by the same rule, and hand the decision to the backend.
 #pragma once
 
-#include <cfloat>
 #include <cmath>
 #include <cstddef>
 
@@ -34,9 +33,12 @@ struct step_rule {
   /// non-finite step): only then must the gradient be read before the update.
   MPOPT_HOST_DEVICE bool needs_gradient_first() const { return clip_grad > 0 || skip_nonfinite; }
 
-  /// d from its sums (sumsq, nonfinite).
+  /// d from its sums (sumsq, nonfinite). The squares are summed in double (square_sum64): finite
+  /// gradients, even at FLT_MAX, give a finite norm and so a clip coefficient, never a skip. (Beyond
+  /// a norm of about 1e38 clip_grad, the coefficient times the unscale is a float subnormal, with
+  /// fewer bits.)
   MPOPT_HOST_DEVICE void decide(step_decision& d) const {
-    d.skip = skip_nonfinite && (d.nonfinite > 0 || !(d.sumsq <= DBL_MAX));  // NaN compares false
+    d.skip = skip_nonfinite && d.nonfinite > 0;
     d.norm = ::sqrt(d.sumsq / local);
     const double c = clip_grad / (d.norm + 1e-6);
     d.clip = clip_grad > 0 && c < 1.0 ? c : 1.0;  // a NaN norm does not clip
