@@ -52,14 +52,7 @@ struct host : detail::backend_passes<host> {
 
   /// The most threads a pass runs on: what use_threads() set, else OpenMP's omp_get_max_threads()
   /// (OMP_NUM_THREADS); 1 in a build without OpenMP.
-  static int threads() {
-#if defined(_OPENMP)
-    const int set = detail::host_thread_setting().threads.load(std::memory_order_relaxed);
-    return set > 0 ? set : omp_get_max_threads();
-#else
-    return 1;
-#endif
-  }
+  static int threads() { return detail::host_thread_cap(); }
   /// From now on, passes run on at most `threads` threads (0: OpenMP's count again), in every
   /// optimizer of the process, without touching the engine's own OpenMP setting; and on one thread
   /// per `elements_per_thread` elements begun (0: the measured default, detail/host_threads.hpp),

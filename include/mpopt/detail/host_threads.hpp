@@ -41,12 +41,22 @@ inline thread_setting& host_thread_setting() {
   return s;
 }
 
+/// The most threads a pass runs on: what host::use_threads() set, else omp_get_max_threads() (1
+/// without OpenMP).
+inline int host_thread_cap() {
+#if defined(_OPENMP)
+  const int set = host_thread_setting().threads.load(std::memory_order_relaxed);
+  return set > 0 ? set : omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
 /// The threads the host backend gives n elements of work (1 without OpenMP).
 inline int host_threads(std::size_t n) {
 #if defined(_OPENMP)
   const thread_setting& s = host_thread_setting();
-  const int set = s.threads.load(std::memory_order_relaxed);
-  const std::size_t most = std::size_t(set > 0 ? set : omp_get_max_threads());
+  const std::size_t most = std::size_t(host_thread_cap());
   std::size_t per = s.elements_per_thread.load(std::memory_order_relaxed);
   if (per == 0) per = default_elements_per_thread();
   return int(std::clamp<std::size_t>((n + per - 1) / per, 1, most));
