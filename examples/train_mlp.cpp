@@ -246,6 +246,16 @@ class mlp {
     }
   }
 
+  /// The largest magnitude of any weight or bias.
+  double largest_parameter() const {
+    double most = 0;
+    for (const auto& layer : layers) {
+      for (P w : layer.weight) most = std::max(most, std::fabs(double(float(w))));
+      for (P b : layer.bias) most = std::max(most, std::fabs(double(float(b))));
+    }
+    return most;
+  }
+
   /// Forward and backward on one batch. Returns the batch's mean cross-entropy and stores
   /// loss_scale * d(mean loss)/d(parameter) into the gradient tensors, in grad type G.
   /// `stored(l)` runs once layer l's gradients are in place, last layer first (as a backward pass
@@ -389,6 +399,7 @@ struct config {
   std::size_t train_samples = 8192;
   std::uint64_t freeze_step = 0;  // the compressing rules; 0: 20% of the steps
   bool bias_correction = true;    // adam, lamb
+  mpopt::compression_options compression;  // the compressing rules
   bool compare_fp32 = true;       // repeat a 16-bit run in fp32 and compare the two
   std::string schedule = "constant";  // constant | linear (decay to 0 over the steps)
   std::string csv;                // write "step,loss" here (the batch loss averaged over ranks)
@@ -425,6 +436,13 @@ run in fp32 without loss scaling for comparison (unless --compare-fp32 off).
                                 (no --zero 1|2)
   --freeze-step N               the compressing rules' warm-up steps (0/1 Adam: var_freeze_step;
                                 default: 20% of --steps)
+  --compression-scale per_tensor|global
+                                the compressing rules' scales: each tensor its own (default) or one
+                                over every tensor (DeepSpeed's fp16 optimizer's, and mpopt's before)
+  --exclude-zero-variance on|off
+                                the compressing rules keep a zero average where the variance is 0
+                                when compression starts (default on) ...
+  --zero-variance-ratio X       ... or at most X times its tensor's mean (default 1e-3)
   --bias-correction on|off      adam's and lamb's bias correction (default on; the compressing
                                 rules have none, so compare them with off)
   --compare-fp32 on|off         after a 16-bit run, the same run in fp32 without loss scaling,
@@ -507,6 +525,15 @@ bool parse_args(int argc, char** argv, config& c) {
       check_choice(flag, value, {"on", "off"});
       c.bias_correction = value == "on";
     }
+    else if (flag == "--compression-scale") {
+      check_choice(flag, value, {"per_tensor", "global"});
+      c.compression.scale = value == "global" ? mpopt::compression_scale::global : mpopt::compression_scale::per_tensor;
+    }
+    else if (flag == "--exclude-zero-variance") {
+      check_choice(flag, value, {"on", "off"});
+      c.compression.exclude_zero_variance = value == "on";
+    }
+    else if (flag == "--zero-variance-ratio") c.compression.zero_variance_ratio = parse_number<double>(flag, value, 0.0);
     else if (flag == "--overlap") {
       check_choice(flag, value, {"on", "off"});
       c.overlap = value == "on";
@@ -552,6 +579,9 @@ bool parse_args(int argc, char** argv, config& c) {
         {"--lr", "optimizer.params.lr"},
         {"--freeze-step", "optimizer.params.freeze_step"},
         {"--bias-correction", "optimizer.params.bias_correction"},
+        {"--compression-scale", "optimizer.params.compression_scale"},
+        {"--exclude-zero-variance", "optimizer.params.exclude_zero_variance"},
+        {"--zero-variance-ratio", "optimizer.params.zero_variance_ratio"},
         {"--accumulate", "gradient_accumulation_steps"},
         {"--zero", "zero_optimization.stage"},
         {"--overlap", "zero_optimization.overlap_comm"},
@@ -576,6 +606,9 @@ bool parse_args(int argc, char** argv, config& c) {
     throw usage_error{"--freeze-step needs --rule onebit_lamb, onebit_adam or zero_one_adam"};
   if (!c.bias_correction && c.rule != "lamb" && c.rule != "adam")
     throw usage_error{"--bias-correction needs --rule adam or lamb"};
+  for (const char* flag : {"--compression-scale", "--exclude-zero-variance", "--zero-variance-ratio"})
+    if (!compressing && std::ranges::find(c.given, flag) != c.given.end())
+      throw usage_error{std::string(flag) + " needs --rule onebit_lamb, onebit_adam or zero_one_adam"};
   if (c.freeze_step == 0) c.freeze_step = std::max(1, c.steps / 5);
   if (c.train_samples < std::size_t(world_size()))
     throw usage_error{"--train-samples must be at least the number of ranks (" + std::to_string(world_size()) + ")"};
@@ -674,6 +707,7 @@ struct run_result {
   std::uint64_t skipped = 0;
   double comm_ratio = 0;  // bytes sent per step over an fp32 all-reduce of the gradients, on average
   double seconds = 0;  // the training loop only
+  double largest_parameter = 0;  // the largest magnitude of any weight or bias after the last step
   std::string memory;  // the optimizer's memory report on this rank
   std::size_t memory_total = 0;  // the bytes it holds on this rank
 };
@@ -844,6 +878,7 @@ run_result train_loop(const config& c, const task& data, bool verbose, Opt& opt,
   r.skipped = status.skipped_steps;
   r.comm_ratio = c.steps > 0 ? comm_sum / c.steps : 0;
   r.final_loss = model.evaluate(data.train).loss;
+  r.largest_parameter = model.largest_parameter();
   r.test_accuracy = model.evaluate(data.test).accuracy;
   r.memory = opt.memory_report().to_string();
   r.memory_total = opt.memory_report().owned_bytes();
@@ -910,6 +945,7 @@ int report(const config& c, const std::string& label, std::string_view partition
   if (printer) std::printf("done: train loss %.4f -> %.4f, test accuracy %.1f%% (chance %.0f%%), %llu of %d steps skipped, %.2f s\n",
               r.initial_loss, r.final_loss, 100 * r.test_accuracy, 100.0 / n_classes,
               static_cast<unsigned long long>(r.skipped), c.steps, r.seconds);
+  if (printer) std::printf("largest |parameter| %.4g\n", r.largest_parameter);
   if (with_mpi && printer) std::printf("communication: comm_ratio %.4f on average (bytes per step over an fp32 all-reduce)\n", r.comm_ratio);
   if (fp32 && printer) print_comparison(label, r, *fp32);
   if (with_mpi) {
@@ -1002,10 +1038,13 @@ mpopt::deepspeed_config flags_config(const config& c) {
                 .rounding_seed = c.seed, .overlap_comm = c.overlap, .leave_param_gather_in_flight = c.overlap};
   ds.adam_options = {.lr = c.lr, .weight_decay = c.weight_decay, .bias_correction = c.bias_correction};
   ds.lamb_options = {.lr = c.lr, .weight_decay = c.weight_decay, .bias_correction = c.bias_correction};
-  ds.onebit_adam_options = {.lr = c.lr, .weight_decay = c.weight_decay, .freeze_step = c.freeze_step};
-  ds.onebit_lamb_options = {.lr = c.lr, .weight_decay = c.weight_decay, .freeze_step = c.freeze_step};
+  ds.onebit_adam_options = {.lr = c.lr, .weight_decay = c.weight_decay, .freeze_step = c.freeze_step,
+                            .compression = c.compression};
+  ds.onebit_lamb_options = {.lr = c.lr, .weight_decay = c.weight_decay, .freeze_step = c.freeze_step,
+                            .compression = c.compression};
   ds.zero_one_adam_options = {.lr = c.lr, .weight_decay = c.weight_decay, .var_freeze_step = c.freeze_step,
-                              .local_step_scaler = std::uint64_t(std::max(1, c.steps / 20))};
+                              .local_step_scaler = std::uint64_t(std::max(1, c.steps / 20)),
+                              .compression = c.compression};
   set_rule(ds, c.rule);
   return ds;
 }

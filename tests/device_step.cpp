@@ -92,15 +92,22 @@ TEST_SUITE("device") {
   }
 
   TEST_CASE("1-bit LAMB on one rank decides on the host: LAMB's passes, one copy at the freeze step, then five; "
-            "the momentum scaling once") {
+            "the momentum scaling once; excluding zero variance reads the variance at the first compressed step "
+            "only") {
     mpopt::onebit_lamb::options o;
     o.freeze_step = 3;
+    o.compression.exclude_zero_variance = false;
     // Steps 2..7 after the first: warm-up (2), the freeze step (3) copies the variance, the first
     // compressed step (4) measures the momentum scales (its trust ratios are the frozen ones, made
     // on the host), then compressed steps. Waits: the decision, then the frozen coefficient (warm-up)
     // or the compression factors, and the end of the step; the momentum scales once more.
-    const std::vector<step_cost> want = {{7, 3}, {8, 3}, {7, 4}, {5, 3}, {5, 3}, {5, 3}};
+    std::vector<step_cost> want = {{7, 3}, {8, 3}, {7, 4}, {5, 3}, {5, 3}, {5, 3}};
     CHECK(cost_per_step<mpopt::bf16, mpopt::onebit_lamb>(o, 6) == want);
+    CHECK(cost_per_step<mpopt::fp32, mpopt::onebit_lamb>(o, 6) == want);
+    // The exclusion's cold read: a wait, then the variance of each of the 3 chunks twice (its
+    // tensor's mean, then the bits); no kernel.
+    o.compression.exclude_zero_variance = true;
+    want[2].waits += 1 + 2 * 3;
     CHECK(cost_per_step<mpopt::fp32, mpopt::onebit_lamb>(o, 6) == want);
   }
 }

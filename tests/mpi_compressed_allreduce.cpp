@@ -91,6 +91,73 @@ TEST_SUITE("mpi") {
   }
 
   TEST_CASE(
+      "with segments, each has its own scales (the worker's over its elements, the server's over its piece of the "
+      "chunk) and equals the float64 simulation over several rounds: averages, worker and server errors; the padding "
+      "between segments takes no part; segments of 0, 1 and odd sizes, and beyond one 64 Ki chunk") {
+    const int w = world_size(), rank = world_rank();
+    CAPTURE(w);
+    const std::vector<std::vector<std::size_t>> layouts{{0}, {1}, {13, 0, 1, 7}, {70001, 5, 1000}, {3, 40000, 2}};
+    for (const auto& sizes : layouts) {
+      CAPTURE(sizes.size());
+      CAPTURE(sizes.front());
+      mpopt::mpi comm{MPI_COMM_WORLD};
+      mpopt::compressed_allreduce<test_backend> ar(std::span<const std::size_t>(sizes), w, rank);
+      test_backend backend;
+      ref::compressed_sim sim(std::size_t(w), sizes);
+      REQUIRE(ar.padded_size() == sim.padded);
+      REQUIRE(ar.segments() == sizes.size());
+      for (std::size_t k = 0; k < sizes.size(); ++k) CHECK(ar.segment_start(k) == sim.starts[k]);
+      CHECK(ar.padded_size() % (16 * std::size_t(w)) == 0);
+      CHECK_THROWS_AS(ar.average(comm, backend, std::span<float>()), mpopt::error);
+      std::size_t compared = 0, off = 0;
+      for (int round = 0; round < 4; ++round) {
+        CAPTURE(round);
+        std::vector<std::vector<double>> xs;
+        for (int r = 0; r < w; ++r) {
+          const auto xr = input(sim.n, round, r, 0x5E6 + sim.n);
+          xs.emplace_back(xr.begin(), xr.end());
+        }
+        // The caller adds its vector into the worker error at each element's place, and sums the squares per segment.
+        const std::vector<float> x = input(sim.n, round, rank, 0x5E6 + sim.n);
+        std::vector<double> sums(sizes.size(), 0.0);
+        for (std::size_t k = 0, i = 0; k < sizes.size(); ++k)
+          for (std::size_t j = 0; j < sizes[k]; ++j, ++i) {
+            float& e = ar.worker_error()[sim.place(i)];
+            e += x[i];
+            sums[k] += double(e) * double(e);
+          }
+        ar.exchange(comm, backend, sums);
+        sim.run(xs);
+        const auto code = ar.result();
+        double largest = 0;
+        for (double v : sim.result) largest = std::max(largest, std::fabs(v));
+        const double tol = 2e-5 * largest * (round + 1);
+        for (std::size_t k = 0, i = 0; k < sizes.size(); ++k)
+          for (std::size_t j = 0; j < sizes[k]; ++j, ++i) {
+            if (sim.tied_at(i)) continue;
+            ++compared;
+            const std::size_t at = sim.place(i);
+            const float got = code.scale_of(k, at) * ((code.bits[at / 8] >> (at % 8)) & 1 ? 1.0f : -1.0f);
+            off += std::fabs(double(got) - sim.average(i)) > 2e-5 * std::fabs(sim.average(i));
+            off += std::fabs(double(ar.worker_error()[at]) - sim.worker_error[std::size_t(rank)][at]) > tol;
+          }
+        for (std::size_t j = 0; j < sim.chunk; ++j) {
+          const std::size_t at = std::size_t(rank) * sim.chunk + j;
+          if (!sim.tie[at]) off += std::fabs(double(ar.server_error()[j]) - sim.server_error[std::size_t(rank)][j]) > tol;
+        }
+      }
+      // Places outside every segment never change.
+      std::vector<char> inside(sim.padded, 0);
+      for (std::size_t i = 0; i < sim.n; ++i) inside[sim.place(i)] = 1;
+      std::size_t touched = 0;
+      for (std::size_t at = 0; at < sim.padded; ++at) touched += !inside[at] && ar.worker_error()[at] != 0.0f;
+      CHECK(touched == 0);
+      CHECK(off == 0);
+      if (sim.n > 0) CHECK(compared * 1000 >= sim.n * 999);
+    }
+  }
+
+  TEST_CASE(
       "error feedback keeps the sum exact: over K rounds, the sum of the results equals the sum of the true "
       "averages minus the mean worker error and the server error left at the end") {
     const int w = world_size(), rank = world_rank();
@@ -142,17 +209,17 @@ TEST_SUITE("mpi") {
       }
       double sumsq = 0;
       for (std::size_t i = 0; i < n; ++i) sumsq += double(a.worker_error()[i]) * a.worker_error()[i];
-      a.compress_worker(backend, sumsq);
+      a.compress_worker(backend, {&sumsq, 1});
       broken.fail_gather_at = broken.gathers + (round == 1 ? 2 : 0);  // phase 2, or phase 1
       CHECK_THROWS_AS(a.finish(broken, backend), mpopt::error);
       CHECK(a.pending());
       a.finish(broken, backend);
       CHECK_FALSE(a.pending());
-      b.exchange(clean, backend, sumsq);
+      b.exchange(clean, backend, {&sumsq, 1});
       std::vector<float> ra(n), rb(n);
       for (std::size_t i = 0; i < n; ++i) {
-        ra[i] = a.result().scale_of(i) * ((a.result().bits[i / 8] >> (i % 8)) & 1 ? 1.0f : -1.0f);
-        rb[i] = b.result().scale_of(i) * ((b.result().bits[i / 8] >> (i % 8)) & 1 ? 1.0f : -1.0f);
+        ra[i] = a.result().scale_of(0, i) * ((a.result().bits[i / 8] >> (i % 8)) & 1 ? 1.0f : -1.0f);
+        rb[i] = b.result().scale_of(0, i) * ((b.result().bits[i / 8] >> (i % 8)) & 1 ? 1.0f : -1.0f);
       }
       CHECK(ra == rb);
       CHECK(std::equal(a.worker_error().begin(), a.worker_error().end(), b.worker_error().begin()));

@@ -6,6 +6,7 @@
 
 #include <doctest/doctest.h>
 
+#include "error_of.hpp"
 #include "mpi_harness.hpp"
 #include "threads.hpp"
 
@@ -25,6 +26,44 @@ grads_t local_gradient(int step, int rank, bool silent = false) {
                               0.7 * unit(key(0x1B, std::uint64_t(step), std::uint64_t(rank) + 1, k + 7 * i))));
   }
   return g;
+}
+
+/// The index of tensor i's element 0 among all of onebit_sizes.
+inline std::size_t flat_index(std::size_t i) {
+  std::size_t at = 0;
+  for (std::size_t j = 0; j < i; ++j) at += onebit_sizes[j];
+  return at;
+}
+
+/// The compression options of a step-by-step test: per-tensor scales with the elements of zero
+/// variance excluded, or DeepSpeed's one scale over every tensor with nothing excluded.
+template <class Options>
+Options compressing(Options o, bool per_tensor) {
+  o.compression = {.exclude_zero_variance = per_tensor,
+                   .scale = per_tensor ? mpopt::compression_scale::per_tensor : mpopt::compression_scale::global};
+  return o;
+}
+
+/// Tensor 3's exp_avg_mask in the tests: every third element 0.
+inline std::vector<float> test_mask() {
+  std::vector<float> mask(onebit_sizes[3]);
+  for (std::size_t k = 0; k < mask.size(); ++k) mask[k] = k % 3 == 0 ? 0.0f : 1.0f;
+  return mask;
+}
+
+/// With per-tensor compression, tensor 3's test_mask on the library (which it finalizes) and the
+/// reference, and the reference's exclusion of zero variance as the options say.
+template <class Opt, class Ref>
+void keep_alike(Opt& opt, Ref& ref, bool per_tensor) {
+  opt.finalize();
+  ref.kept.exclude_zero_variance = per_tensor;
+  ref.kept.ratio = mpopt::compression_options{}.zero_variance_ratio;
+  if (!per_tensor) return;
+  opt.set_exp_avg_mask(3, test_mask());
+  const std::size_t at = flat_index(3);
+  ref.kept.mask.assign(flat_index(onebit_sizes.size()), 1);
+  const auto mask = test_mask();
+  for (std::size_t k = 0; k < mask.size(); ++k) ref.kept.mask[at + k] = mask[k] != 0.0f;
 }
 
 /// An optimizer over one group of onebit_sizes tensors, parameters from a fixed seed.
@@ -244,6 +283,65 @@ void check_other_world(const std::filesystem::path& path, const typename Opt::gr
     CHECK(c.opt.step().applied);
   }
   MPI_Comm_free(&sub);
+}
+
+/// Tensor 1's gradient is 0 throughout (local_gradient's `silent`), so its variance is 0 when
+/// compression starts, and one scale serves every tensor. Without exclude_zero_variance its average
+/// is ±that scale (a 1-bit code has no zero) and it moves by about lr s / eps a step; with it (the
+/// default) it moves by weight decay alone. Every rank ends with the same parameters.
+template <class Rule>
+void check_zero_variance_excluded(typename Rule::options o, int steps) {
+  using opt_t = mpopt::optimizer<mpopt::fp32, mpopt::no_scaling, mpopt::replicated, Rule, test_backend, mpopt::mpi>;
+  if (world_size() == 1) return;  // nothing is compressed
+  o.compression.scale = mpopt::compression_scale::global;
+  for (bool exclude : {false, true}) {
+    CAPTURE(exclude);
+    o.compression.exclude_zero_variance = exclude;
+    model<opt_t> m(o, mpopt::mpi{MPI_COMM_WORLD}, mpopt::optimizer_options{.clip_grad = 0});
+    const auto start = m.initial();
+    for (int s = 0; s < steps; ++s) {
+      m.write(local_gradient(s, world_rank(), true));
+      CHECK(m.opt.step().applied);
+    }
+    double moved = 0;
+    for (std::size_t k = 0; k < onebit_sizes[1]; ++k) moved = std::max(moved, std::abs(double(m.p[1][k]) - start[1][k]));
+    if (exclude) CHECK(moved <= steps * o.lr * o.weight_decay * 0.5 * 1.001);  // |p| <= 0.5
+    else CHECK(moved > 1.0);
+    std::vector<std::uint32_t> mine;
+    append_bits(mine, m.p[1]);
+    std::vector<std::uint32_t> first = mine;
+    MPI_Bcast(first.data(), int(first.size()), MPI_UINT32_T, 0, MPI_COMM_WORLD);
+    CHECK(first == mine);
+  }
+}
+
+/// set_exp_avg_mask refuses, on every rank and changing nothing, a mask of the wrong size, a value
+/// other than 0 or 1 (on one rank), masks that differ between ranks, and a tensor that does not exist.
+template <class Rule>
+void check_mask_refusals(const typename Rule::options& o) {
+  using opt_t = mpopt::optimizer<mpopt::fp32, mpopt::no_scaling, mpopt::replicated, Rule, test_backend, mpopt::mpi>;
+  const int rank = world_rank();
+  model<opt_t> m(o, mpopt::mpi{MPI_COMM_WORLD});
+  train_steps(m, 0, 2);
+  const auto before = m.state_bits();
+  auto mask = test_mask();
+  CHECK(error_of([&] { m.opt.set_exp_avg_mask(3, std::vector<float>(5, 1.0f)); }).find("5 values for tensor 't3' of 2000") !=
+        std::string::npos);
+  for (float bad : {0.5f, -1.0f, std::numeric_limits<float>::quiet_NaN()}) {
+    auto wrong = mask;
+    if (rank == 0) wrong[7] = bad;
+    const auto message = error_of([&] { m.opt.set_exp_avg_mask(3, wrong); });
+    CHECK(message.find(rank == 0 ? "a mask holds 0 or 1" : "failed on rank 0") != std::string::npos);
+  }
+  if (world_size() > 1) {
+    auto other = mask;
+    if (rank == 1) other[4] = 1.0f - other[4];
+    CHECK(error_of([&] { m.opt.set_exp_avg_mask(3, other); }).find("the ranks' masks differ") != std::string::npos);
+  }
+  CHECK(error_of([&] { m.opt.set_exp_avg_mask(9, mask); }).find("no tensor 9") != std::string::npos);
+  CHECK(m.state_bits() == before);
+  m.opt.set_exp_avg_mask(3, mask);
+  train_steps(m, 2, 3);
 }
 
 }  // namespace

@@ -74,20 +74,23 @@ TEST_SUITE("mpi") {
   TEST_CASE_TEMPLATE(
       "0/1 Adam on W ranks follows the float64 reference of W ranks step by step: from every rank's state (masters, "
       "momenta, accumulators, error buffers) one reference step gives each rank's masters, momentum, accumulator, "
-      "variance and errors, through variance steps, compressed gradients, the phase switch, local steps and syncs",
+      "variance and errors, through variance steps, compressed gradients, the phase switch, local steps and syncs. fp32 "
+      "and fp16 compress per tensor, with a tensor of zero gradients (excluded) and an exp_avg_mask; bf16 over every "
+      "tensor at once",
       P, mpopt::fp32, mpopt::bf16, mpopt::fp16) {
     const int w = world_size(), rank = world_rank();
     const std::size_t me = std::size_t(rank);
     CAPTURE(w);
-    const auto o = zero_one_options();
+    const bool per_tensor = !std::is_same_v<P, mpopt::bf16>, silent = per_tensor;
+    const auto o = compressing(zero_one_options(), per_tensor);
     model<zero_one_opt<P>> one(o, mpopt::mpi{MPI_COMM_WORLD}, mpopt::optimizer_options{.clip_grad = 0});
     ref::zero_one_adam_model ref(std::size_t(w),
                                  {.lr = o.lr, .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps,
                                   .weight_decay = o.weight_decay, .var_freeze_step = o.var_freeze_step,
                                   .var_update_scaler = o.var_update_scaler, .local_step_scaler = o.local_step_scaler,
-                                  .local_step_clipper = o.local_step_clipper},
+                                  .local_step_clipper = o.local_step_clipper, .per_tensor = per_tensor},
                                  one.initial());
-    one.opt.finalize();
+    keep_alike(one.opt, ref, per_tensor);
     const std::size_t padded = ref.sim.padded, chunk = ref.sim.chunk;
     double worst_p = 0, worst_m = 0, worst_a = 0, worst_v = 0, worst_e = 0;
     std::size_t ties = 0, syncs = 0, compressed = 0;
@@ -107,8 +110,8 @@ TEST_SUITE("mpi") {
       }
       start_from(ref.sim, one.opt);
       std::vector<grads_t> seen;
-      for (int r = 0; r < w; ++r) seen.push_back(one.write(local_gradient(s, r)));  // what rank r reads
-      one.write(local_gradient(s, rank));
+      for (int r = 0; r < w; ++r) seen.push_back(one.write(local_gradient(s, r, silent)));  // what rank r reads
+      one.write(local_gradient(s, rank, silent));
       const auto before = ref.p[me], m_before = ref.m[me], a_before = ref.a[me], v_before = ref.v;
       const auto st = one.opt.step();
       CHECK(st.applied);
@@ -118,25 +121,29 @@ TEST_SUITE("mpi") {
       compressed += t <= o.var_freeze_step && ref.exchanged;
       std::vector<char> loose(w, 0);  // a tie may move its server chunk's scale by ~1/chunk
       for (std::size_t k = 0; k < padded; ++k)
-        if (ref.sim.tie[k]) ++ties, loose[k / chunk] = 1;
+        if (ref.sim.tie[k]) loose[k / chunk] = 1;
       std::size_t at = 0;
       for (std::size_t i = 0; i < onebit_sizes.size(); ++i) {
         const auto ms = one.opt.master(i), m = one.opt.moment(0, i), v = one.opt.moment(1, i), a = one.opt.moment(2, i);
         const double a_scale = largest_magnitude(ref.a[me][i]) + largest_magnitude(a_before[i]);
         for (std::size_t k = 0; k < onebit_sizes[i]; ++k, ++at) {
-          if (ref.sim.tie[at]) continue;
+          if (ref.sim.tied_at(at)) {  // counted where the average is used
+            ties += ref.kept.keeps(at, i, ref.v[i][k]);
+            continue;
+          }
+          const bool loose_at = loose[ref.sim.place(at) / chunk];
           // Float rounding relative to the terms summed, not to a result that cancelled.
           double g = 0;
           for (int r = 0; r < w; ++r) g += std::abs(seen[std::size_t(r)][i][k]) / w;
           const double sqrt_v = std::sqrt(ref.v[i][k]);
-          const double tol_m = (loose[at / chunk] ? 1e-4 : 1e-6) * std::abs(ref.m[me][i][k]) +
+          const double tol_m = (loose_at ? 1e-4 : 1e-6) * std::abs(ref.m[me][i][k]) +
                                1e-6 * (o.beta1 * std::abs(m_before[i][k]) + (1 - o.beta1) * g);
           const double tol_v = 1e-6 * (o.beta2 * v_before[i][k] + (1 - o.beta2) * g * g) + 1e-30;
           // the accumulator, scaled by sqrt(v) on syncs, and the parameters, which take it back
           const double tol_a = 1e-6 * a_scale * (1 + sqrt_v) + o.lr * tol_m / (sqrt_v + o.eps);
           const double tol_p = 0x1p-22 * (std::abs(ref.p[me][i][k]) + std::abs(before[i][k])) +
                                1e-4 * std::abs(ref.p[me][i][k] - before[i][k]) + o.lr * tol_m / (sqrt_v + o.eps) +
-                               (loose[at / chunk] ? 1e-4 : 1e-6) * a_scale * (1 + 1 / (sqrt_v + o.eps));
+                               (loose_at ? 1e-4 : 1e-6) * a_scale * (1 + 1 / (sqrt_v + o.eps));
           worst_p = std::max(worst_p, std::abs(ms[k] - ref.p[me][i][k]) / (tol_p + 1e-30));
           worst_m = std::max(worst_m, std::abs(m[k] - ref.m[me][i][k]) / (tol_m + 1e-30));
           worst_a = std::max(worst_a, std::abs(a[k] - ref.a[me][i][k]) / (tol_a + 1e-30));
@@ -238,6 +245,13 @@ TEST_SUITE("mpi") {
       runs.push_back(m.state_bits());
     }
     CHECK(runs[0] == runs[1]);
+  }
+
+  TEST_CASE(
+      "0/1 Adam: a tensor whose gradient stays 0 (variance 0) blows up in the compressed steps without "
+      "exclude_zero_variance and keeps a zero momentum with it; set_exp_avg_mask refuses bad masks, changing nothing") {
+    check_zero_variance_excluded<mpopt::zero_one_adam>(zero_one_options(), 12);
+    check_mask_refusals<mpopt::zero_one_adam>(zero_one_options());
   }
 
   TEST_CASE(

@@ -19,72 +19,144 @@ namespace ref {
 inline double f32(double x) { return double(float(x)); }
 
 /// The error-compensated 1-bit all-reduce (DeepSpeed compressed_allreduce), all ranks at once.
+/// Either one scale per worker and per server chunk over the whole vector (padded with zeros to a
+/// multiple of 8 W, the padding taking part), or per segment (README, "Compression options"): each
+/// segment placed at a multiple of 16, the vector padded to a multiple of 16 W, a worker scale per
+/// segment over its elements and a server scale per segment's piece of the server's chunk; the
+/// padding then takes no part. Vectors come and go in element order; `place` maps them.
 struct compressed_sim {
   std::size_t w = 1, n = 0, padded = 0, chunk = 0;
-  std::vector<std::vector<double>> worker_error, server_error;  // per rank: padded, chunk elements
-  std::vector<double> result;                                    // the average every rank gets
-  std::vector<char> tie;  // elements whose sign was ever decided within float rounding of zero
+  bool segmented = false;
+  std::vector<std::size_t> starts, sizes;  // per segment (one: the whole vector)
+  std::vector<std::size_t> places;         // per element: its place in the padded vector
+  std::vector<std::vector<double>> worker_error, server_error;  // per rank: padded, chunk places
+  std::vector<double> result;                                    // per place: the average every rank gets
+  std::vector<char> tie;  // places whose sign was ever decided within float rounding of zero
 
   compressed_sim() = default;
   compressed_sim(std::size_t ranks, std::size_t elements)
-      : w(ranks), n(elements), padded((elements + 8 * ranks - 1) / (8 * ranks) * (8 * ranks)), chunk(padded / ranks),
-        worker_error(ranks, std::vector<double>(padded, 0.0)),
-        server_error(ranks, std::vector<double>(chunk, 0.0)),
-        result(padded, 0.0),
-        tie(padded, 0) {}
+      : w(ranks), n(elements), padded((elements + 8 * ranks - 1) / (8 * ranks) * (8 * ranks)), starts{0}, sizes{padded} {
+    for (std::size_t i = 0; i < n; ++i) places.push_back(i);
+    allocate();
+  }
+  /// Segments of these sizes, each with its own scales.
+  compressed_sim(std::size_t ranks, const std::vector<std::size_t>& segment_sizes) : w(ranks), segmented(true) {
+    for (std::size_t size : segment_sizes) {
+      starts.push_back(padded);
+      sizes.push_back(size);
+      for (std::size_t i = 0; i < size; ++i) places.push_back(padded + i);
+      padded += (size + 15) / 16 * 16;
+      n += size;
+    }
+    padded = (padded + 16 * ranks - 1) / (16 * ranks) * (16 * ranks);
+    allocate();
+  }
+
+  std::size_t place(std::size_t i) const { return places[i]; }
+  /// The average of element i after run().
+  double average(std::size_t i) const { return result[places[i]]; }
+  bool tied_at(std::size_t i) const { return tie[places[i]] != 0; }
 
   /// Whether element k of tensor i (of `tensors`, back to back) has had a tied sign.
   bool tied(const std::vector<std::vector<double>>& tensors, std::size_t i, std::size_t k) const {
     std::size_t at = k;
     for (std::size_t j = 0; j < i; ++j) at += tensors[j].size();
-    return tie[at] != 0;
+    return tied_at(at);
   }
 
   /// One round: x[r] is rank r's vector (n elements); result = the compressed average.
   void run(const std::vector<std::vector<double>>& x) {
     const double near_zero = 1e-6;  // relative to the scale
-    std::vector<std::vector<int>> sign(w, std::vector<int>(padded));
-    std::vector<double> scale(w);
+    const std::size_t segs = starts.size();
+    std::vector<std::vector<int>> sign(w, std::vector<int>(padded, 1));
+    std::vector<std::vector<double>> scale(w, std::vector<double>(segs, 0.0));
     for (std::size_t r = 0; r < w; ++r) {
       // worker: y = x + e (kept in the fp32 error buffer), s = ||y|| / sqrt(N), e = y - s sign(y)
-      std::vector<double> y(padded);
-      double sumsq = 0;
-      for (std::size_t i = 0; i < padded; ++i) {
-        y[i] = f32((i < n ? x[r][i] : 0.0) + worker_error[r][i]);
-        sumsq += y[i] * y[i];
-      }
-      scale[r] = f32(std::sqrt(sumsq / double(padded)));
-      for (std::size_t i = 0; i < padded; ++i) {
-        sign[r][i] = y[i] >= 0 ? 1 : -1;  // zero counts as positive
-        if (std::fabs(y[i]) <= near_zero * scale[r]) tie[i] = 1;
-        worker_error[r][i] = f32(y[i] - scale[r] * sign[r][i]);
-      }
-    }
-    for (std::size_t j = 0; j < w; ++j) {  // server j: chunk j, c = sum_r sign * s_r / W + e_s
-      std::vector<double> c(chunk);
-      double sumsq = 0;
-      for (std::size_t i = 0; i < chunk; ++i) {
-        double sum = 0;
-        for (std::size_t r = 0; r < w; ++r) sum += sign[r][j * chunk + i] * f32(scale[r] * f32(1.0 / double(w)));
-        c[i] = f32(sum + server_error[j][i]);
-        sumsq += c[i] * c[i];
-      }
-      const double s = f32(std::sqrt(sumsq / double(chunk)));
-      for (std::size_t i = 0; i < chunk; ++i) {
-        const int b = c[i] >= 0 ? 1 : -1;
-        if (std::fabs(c[i]) <= near_zero * s) tie[j * chunk + i] = 1;
-        server_error[j][i] = f32(c[i] - s * b);
-        result[j * chunk + i] = s * b;
+      std::vector<double> y(padded, 0.0);
+      for (std::size_t i = 0; i < n; ++i) y[places[i]] = x[r][i];
+      for (std::size_t k = 0; k < segs; ++k) {
+        double sumsq = 0;
+        for (std::size_t i = starts[k]; i < starts[k] + sizes[k]; ++i) {
+          y[i] = f32(y[i] + worker_error[r][i]);
+          sumsq += y[i] * y[i];
+        }
+        scale[r][k] = sizes[k] ? f32(std::sqrt(sumsq / double(sizes[k]))) : 0.0;
+        for (std::size_t i = starts[k]; i < starts[k] + sizes[k]; ++i) {
+          sign[r][i] = y[i] >= 0 ? 1 : -1;  // zero counts as positive
+          if (std::fabs(y[i]) <= near_zero * scale[r][k]) tie[i] = 1;
+          worker_error[r][i] = f32(y[i] - scale[r][k] * sign[r][i]);
+        }
       }
     }
+    for (std::size_t j = 0; j < w; ++j)  // server j: chunk j, c = sum_r sign * s_r / W + e_s, per segment's piece
+      for (std::size_t k = 0; k < segs; ++k) {
+        const std::size_t lo = std::max(starts[k], j * chunk), hi = std::min(starts[k] + sizes[k], (j + 1) * chunk);
+        if (hi <= lo) continue;
+        std::vector<double> c(hi - lo);
+        double sumsq = 0;
+        for (std::size_t i = lo; i < hi; ++i) {
+          double sum = 0;
+          for (std::size_t r = 0; r < w; ++r) sum += sign[r][i] * f32(scale[r][k] * f32(1.0 / double(w)));
+          c[i - lo] = f32(sum + server_error[j][i - j * chunk]);
+          sumsq += c[i - lo] * c[i - lo];
+        }
+        const double s = f32(std::sqrt(sumsq / double(hi - lo)));
+        for (std::size_t i = lo; i < hi; ++i) {
+          const int b = c[i - lo] >= 0 ? 1 : -1;
+          if (std::fabs(c[i - lo]) <= near_zero * s) tie[i] = 1;
+          server_error[j][i - j * chunk] = f32(c[i - lo] - s * b);
+          result[i] = s * b;
+        }
+      }
+  }
+
+ private:
+  void allocate() {
+    chunk = padded / w;
+    worker_error.assign(w, std::vector<double>(padded, 0.0));
+    server_error.assign(w, std::vector<double>(chunk, 0.0));
+    result.assign(padded, 0.0);
+    tie.assign(padded, 0);
   }
 };
+
+/// Which averages a compressing rule keeps (README, "Compression options"): where the user's mask
+/// (exp_avg_mask; empty: none) is 1 and, with exclude_zero_variance, the element's variance is above
+/// `ratio` times its tensor's mean variance.
+struct kept_averages {
+  bool exclude_zero_variance = false;
+  double ratio = 0;
+  std::vector<char> mask;      // per element, every tensor back to back
+  std::vector<double> zero;    // per tensor: the variance that counts as zero (prepare)
+  /// The thresholds for variances v (per tensor), before keeps().
+  void prepare(const std::vector<std::vector<double>>& v) {
+    zero.clear();
+    for (const auto& t : v) {
+      double sum = 0;
+      for (double x : t) sum += x;
+      zero.push_back(t.empty() ? 0.0 : ratio * (sum / double(t.size())));
+    }
+  }
+  /// Element `at` of all, of tensor i, whose variance is `variance`.
+  bool keeps(std::size_t at, std::size_t i, double variance) const {
+    return (mask.empty() || mask[at]) && !(exclude_zero_variance && variance <= zero[i]);
+  }
+};
+
+/// The simulated exchange of `sizes` tensors on `ranks` ranks: per tensor or over all of them.
+inline compressed_sim sim_for(std::size_t ranks, const std::vector<std::size_t>& sizes, bool per_tensor) {
+  if (per_tensor) return compressed_sim(ranks, sizes);
+  std::size_t total = 0;
+  for (std::size_t s : sizes) total += s;
+  return compressed_sim(ranks, total);
+}
 
 struct onebit_hyper {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
   double min_coeff = 0.01, max_coeff = 10.0;
   std::uint64_t freeze_step = 100000;
   double coeff_beta = 0.9, factor_max = 4.0, factor_min = 0.5, factor_threshold = 0.1;
+  bool per_tensor = false;  // compression scales per tensor
 };
 
 /// 1-bit LAMB over W ranks, one parameter group, no loss scaling, gradients clipped by the global
@@ -99,21 +171,26 @@ struct onebit_model {
   std::uint64_t t = 0, compression_step = 0;
   double grad_norm = 0;
   compressed_sim sim;
+  kept_averages kept;
 
   onebit_model(std::size_t ranks, const onebit_hyper& hyper, std::vector<std::vector<double>> init)
       : world(ranks), h(hyper), p(std::move(init)) {
-    std::size_t total = 0;
     for (const auto& x : p) {
       m.emplace_back(x.size(), 0.0);
       v.emplace_back(x.size(), 0.0);
       v_fresh.emplace_back(x.size(), 0.0);
-      total += x.size();
     }
     coeff_freeze.assign(p.size(), 0.0);
     last_factor.assign(p.size(), 1.0);
     scaling.assign(p.size(), 1.0);
     coeffs.assign(p.size(), 1.0);
-    sim = compressed_sim(ranks, total);
+    sim = sim_for(ranks, sizes(), h.per_tensor);
+  }
+
+  std::vector<std::size_t> sizes() const {
+    std::vector<std::size_t> out;
+    for (const auto& x : p) out.push_back(x.size());
+    return out;
   }
 
   static double norm(const std::vector<double>& x) {
@@ -125,6 +202,7 @@ struct onebit_model {
   /// One applied step; g[r][i] is rank r's true gradient of tensor i.
   void step(const std::vector<std::vector<std::vector<double>>>& g) {
     ++t;
+    kept.prepare(v);  // the variance the step starts from (frozen, or the last variance step's)
     if (t <= h.freeze_step) warm_up(g);
     else compress(g);
   }
@@ -191,8 +269,12 @@ struct onebit_model {
       // The momentum is an fp32 buffer: what the next round compresses starts from its float value.
       std::size_t at = 0;
       for (std::size_t i = 0; i < p.size(); ++i)
-        for (std::size_t k = 0; k < p[i].size(); ++k) m_new[i].push_back(f32(sim.result[at++] / scaling[i]));
+        for (std::size_t k = 0; k < p[i].size(); ++k) m_new[i].push_back(f32(sim.average(at++) / scaling[i]));
     }
+    std::size_t at = 0;
+    for (std::size_t i = 0; i < p.size(); ++i)
+      for (std::size_t k = 0; k < p[i].size(); ++k, ++at)
+        if (!kept.keeps(at, i, v[i][k])) m_new[i][k] = 0;
     for (std::size_t i = 0; i < p.size(); ++i) {
       const std::size_t n = p[i].size();
       std::vector<double> u0(n), u(n);
@@ -233,27 +315,30 @@ struct onebit_adam_model {
   struct hyper {
     double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
     std::uint64_t freeze_step = 100000;
+    bool per_tensor = false;  // compression scales per tensor
   };
   std::size_t world = 1;
   hyper h;
   std::vector<std::vector<double>> p, m, v;  // per tensor
   std::uint64_t t = 0, compression_step = 0;
   compressed_sim sim;
+  kept_averages kept;
 
   onebit_adam_model(std::size_t ranks, const hyper& hy, std::vector<std::vector<double>> init)
       : world(ranks), h(hy), p(std::move(init)) {
-    std::size_t total = 0;
     for (const auto& x : p) {
       m.emplace_back(x.size(), 0.0);
       v.emplace_back(x.size(), 0.0);
-      total += x.size();
     }
-    sim = compressed_sim(ranks, total);
+    std::vector<std::size_t> sizes;
+    for (const auto& x : p) sizes.push_back(x.size());
+    sim = sim_for(ranks, sizes, h.per_tensor);
   }
 
   /// One applied step; g[r][i][k] is rank r's gradient of tensor i.
   void step(const std::vector<std::vector<std::vector<double>>>& g) {
     ++t;
+    kept.prepare(v);  // the variance the step starts from (frozen, or the last variance step's)
     if (t <= h.freeze_step) {
       for (std::size_t i = 0; i < p.size(); ++i)
         for (std::size_t k = 0; k < p[i].size(); ++k) {
@@ -271,7 +356,8 @@ struct onebit_adam_model {
       if (world > 1) sim.run(x);
       std::size_t at = 0;
       for (std::size_t i = 0; i < p.size(); ++i)
-        for (std::size_t k = 0; k < p[i].size(); ++k, ++at) m[i][k] = world > 1 ? f32(sim.result[at]) : x[0][at];
+        for (std::size_t k = 0; k < p[i].size(); ++k, ++at)
+          m[i][k] = !kept.keeps(at, i, v[i][k]) ? 0.0 : world > 1 ? f32(sim.average(at)) : x[0][at];
     }
     for (std::size_t i = 0; i < p.size(); ++i)
       for (std::size_t k = 0; k < p[i].size(); ++k)
@@ -286,6 +372,7 @@ struct zero_one_adam_model {
   struct hyper {
     double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
     std::uint64_t var_freeze_step = 100000, var_update_scaler = 16, local_step_scaler = 32678, local_step_clipper = 16;
+    bool per_tensor = false;  // compression scales per tensor
   };
   using tensors = std::vector<std::vector<double>>;
   std::size_t world = 1;
@@ -297,22 +384,22 @@ struct zero_one_adam_model {
   std::uint64_t t = 0, var_interval = 1, var_counter = 0, local_interval = 1, local_counter = 0;
   bool variance = false, exchanged = false;  // what the last step was
   compressed_sim sim;
+  kept_averages kept;
 
   zero_one_adam_model(std::size_t ranks, const hyper& hy, const tensors& init)
       : world(ranks), h(hy), p(ranks, init), m(ranks), a(ranks) {
-    std::size_t total = 0;
-    for (const auto& x : init) {
-      v.emplace_back(x.size(), 0.0);
-      total += x.size();
-    }
+    for (const auto& x : init) v.emplace_back(x.size(), 0.0);
     for (std::size_t r = 0; r < ranks; ++r)
       for (const auto& x : init) m[r].emplace_back(x.size(), 0.0), a[r].emplace_back(x.size(), 0.0);
-    sim = compressed_sim(ranks, total);
+    std::vector<std::size_t> sizes;
+    for (const auto& x : init) sizes.push_back(x.size());
+    sim = sim_for(ranks, sizes, h.per_tensor);
   }
 
   /// One applied step; g[r][i][k] is rank r's gradient of tensor i.
   void step(const std::vector<tensors>& g) {
     ++t;
+    kept.prepare(v);  // the variance the step starts from (frozen, or the last variance step's)
     const std::uint64_t s = t + 1;
     exchanged = false;
     auto update = [&](std::size_t r, std::size_t i, std::size_t k) {
@@ -335,12 +422,13 @@ struct zero_one_adam_model {
         for (std::size_t r = 0; r < world; ++r)
           for (const auto& gi : g[r]) x[r].insert(x[r].end(), gi.begin(), gi.end());
         sim.run(x);
-        avg.assign(sim.result.begin(), sim.result.begin() + std::ptrdiff_t(sim.n));
+        for (std::size_t at = 0; at < sim.n; ++at) avg.push_back(sim.average(at));
         exchanged = true;
       }
       std::size_t at = 0;
       for (std::size_t i = 0; i < v.size(); ++i)
         for (std::size_t k = 0; k < v[i].size(); ++k, ++at) {
+          if (!variance && !kept.keeps(at, i, v[i][k])) avg[at] = 0;
           if (variance) v[i][k] = h.beta2 * v[i][k] + (1 - h.beta2) * avg[at] * avg[at];
           for (std::size_t r = 0; r < world; ++r) {
             m[r][i][k] = h.beta1 * m[r][i][k] + (1 - h.beta1) * avg[at];
@@ -375,9 +463,13 @@ struct zero_one_adam_model {
       std::vector<double> avg = x[0];
       if (world > 1) {
         sim.run(x);
-        avg.assign(sim.result.begin(), sim.result.begin() + std::ptrdiff_t(sim.n));
+        for (std::size_t at = 0; at < sim.n; ++at) avg[at] = sim.average(at);
         exchanged = true;
       }
+      std::size_t at = 0;
+      for (std::size_t i = 0; i < v.size(); ++i)
+        for (std::size_t k = 0; k < v[i].size(); ++k, ++at)
+          if (!kept.keeps(at, i, v[i][k])) avg[at] = 0;
       const double lrs = f32(lr_sum);  // the divisor is an fp32 scalar
       for (std::size_t r = 0; r < world; ++r) {
         std::size_t at = 0;

@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "adam.hpp"
+#include "detail/compression_json.hpp"
 #include "detail/config_object.hpp"
 #include "detail/json_fields.hpp"
 #include "detail/validate.hpp"
@@ -379,7 +380,7 @@ class deepspeed_reader {
   void onebit_lamb_params(const config_object& p) {
     p.allow_only({"lr", "betas", "eps", "weight_decay", "bias_correction", "eps_inside_sqrt", "max_coeff", "min_coeff",
                   "amsgrad", "max_grad_norm", "freeze_step", "cuda_aware", "comm_backend_name", "coeff_beta",
-                  "factor_max", "factor_min", "factor_threshold"},
+                  "factor_max", "factor_min", "factor_threshold", "compression_scale", "exclude_zero_variance", "zero_variance_ratio"},
                  "OneBitLamb");
     c_.rule = config_rule::onebit_lamb;
     onebit_lamb_options& o = c_.onebit_lamb_options;
@@ -396,7 +397,8 @@ class deepspeed_reader {
 
   void onebit_adam_params(const config_object& p) {
     p.allow_only({"lr", "betas", "eps", "weight_decay", "bias_correction", "eps_inside_sqrt", "amsgrad",
-                  "max_grad_norm", "freeze_step", "cuda_aware", "comm_backend_name"},
+                  "max_grad_norm", "freeze_step", "cuda_aware", "comm_backend_name", "compression_scale",
+                  "exclude_zero_variance", "zero_variance_ratio"},
                  "OneBitAdam");
     c_.rule = config_rule::onebit_adam;
     onebit_adam_options& o = c_.onebit_adam_options;
@@ -408,7 +410,7 @@ class deepspeed_reader {
   void zero_one_adam_params(const config_object& p) {
     p.allow_only({"lr", "betas", "eps", "weight_decay", "bias_correction", "eps_inside_sqrt", "amsgrad",
                   "max_grad_norm", "var_freeze_step", "var_update_scaler", "local_step_scaler", "local_step_clipper",
-                  "cuda_aware", "comm_backend_name"},
+                  "cuda_aware", "comm_backend_name", "compression_scale", "exclude_zero_variance", "zero_variance_ratio"},
                  "ZeroOneAdam");
     c_.rule = config_rule::zero_one_adam;
     zero_one_adam_options& o = c_.zero_one_adam_options;
@@ -439,6 +441,11 @@ class deepspeed_reader {
         fail(p.at("comm_backend_name"), ": \"", name, "\" is not one of DeepSpeed's (nccl, mpi, hccl, compressed)");
       ignore(p.at("comm_backend_name"));
     }
+    // mpopt's own keys (compression_options.hpp); DeepSpeed has neither.
+    if (p.has("compression_scale"))
+      o.compression.scale = compression_scale_of(p.text("compression_scale", ""), p.at("compression_scale"));
+    o.compression.exclude_zero_variance = p.flag("exclude_zero_variance", o.compression.exclude_zero_variance);
+    o.compression.zero_variance_ratio = p.number("zero_variance_ratio", o.compression.zero_variance_ratio);
     if (c_.zero_stage > 0)
       fail("zero_optimization.stage: ", c_.zero_stage, " does not go with optimizer.type ", c_.optimizer_type,
            " (its compression needs the whole momentum on every rank; DeepSpeed refuses it too)");

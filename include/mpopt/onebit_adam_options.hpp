@@ -8,6 +8,7 @@
 #include <string>
 #include <string_view>
 
+#include "compression_options.hpp"
 #include "detail/validate.hpp"
 
 namespace mpopt {
@@ -23,10 +24,13 @@ struct onebit_adam_options {
   /// Warm-up steps of full Adam before compressed communication starts (DeepSpeed's tutorial:
   /// 15-25% of training). The same for every group: the compression stage starts for all at once.
   std::uint64_t freeze_step = 100000;
+  /// The compressed all-reduce's choices (compression_options.hpp); the same in every group.
+  compression_options compression = {};
 
   void validate(std::string_view group) const {
     const std::string g(group);
     detail::require_adam_family(g, *this);
+    compression.validate(g);
     if (freeze_step < 1) detail::fail(g, ".freeze_step must be >= 1, got 0: the frozen variance comes from warm-up");
   }
 };

@@ -20,6 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "detail/compression_json.hpp"
 #include "detail/json_fields.hpp"
 #include "detail/onebit_lamb_driver.hpp"
 #include "lamb.hpp"
@@ -95,7 +96,8 @@ struct onebit_lamb {
             {"coeff_beta", o.coeff_beta},
             {"factor_max", o.factor_max},
             {"factor_min", o.factor_min},
-            {"factor_threshold", o.factor_threshold}};
+            {"factor_threshold", o.factor_threshold},
+            {"compression", detail::compression_json(o.compression)}};
   }
   static options from_json(const nlohmann::json& j) {
     using namespace detail;
@@ -112,6 +114,7 @@ struct onebit_lamb {
     o.factor_max = json_number(j, "factor_max");
     o.factor_min = json_number(j, "factor_min");
     o.factor_threshold = json_number(j, "factor_threshold");
+    o.compression = compression_from_json(j);
     return o;
   }
 };

@@ -9,6 +9,7 @@
 #include <string>
 #include <string_view>
 
+#include "compression_options.hpp"
 #include "detail/validate.hpp"
 
 namespace mpopt {
@@ -31,10 +32,13 @@ struct onebit_lamb_options {
   double factor_max = 4.0;        ///< clamp of the compression-stage factor
   double factor_min = 0.5;
   double factor_threshold = 0.1;  ///< the factor moves at most this fraction per step
+  /// The compressed all-reduce's choices (compression_options.hpp); the same in every group.
+  compression_options compression = {};
 
   void validate(std::string_view group) const {
     const std::string g(group);
     detail::require_adam_family(g, *this);
+    compression.validate(g);
     detail::require_coeff_clamp(g, *this);
     if (freeze_step < 1)
       detail::fail(g, ".freeze_step must be >= 1, got 0: the frozen variance and coefficient come from warm-up");

@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "zero_one_adam_options.hpp"
+#include "detail/compression_json.hpp"
 #include "detail/config.hpp"
 #include "detail/json_fields.hpp"
 #include "detail/lamb_math.hpp"
@@ -94,7 +95,8 @@ struct zero_one_adam {
             {"var_freeze_step", o.var_freeze_step},
             {"var_update_scaler", o.var_update_scaler},
             {"local_step_scaler", o.local_step_scaler},
-            {"local_step_clipper", o.local_step_clipper}};
+            {"local_step_clipper", o.local_step_clipper},
+            {"compression", detail::compression_json(o.compression)}};
   }
   static options from_json(const nlohmann::json& j) {
     using namespace detail;
@@ -107,7 +109,8 @@ struct zero_one_adam {
             json_count(j, "var_freeze_step", most),
             json_count(j, "var_update_scaler", most),
             json_count(j, "local_step_scaler", most),
-            json_count(j, "local_step_clipper", most)};
+            json_count(j, "local_step_clipper", most),
+            compression_from_json(j)};
   }
 };
 

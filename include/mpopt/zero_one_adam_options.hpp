@@ -8,6 +8,7 @@
 #include <string>
 #include <string_view>
 
+#include "compression_options.hpp"
 #include "detail/validate.hpp"
 
 namespace mpopt {
@@ -29,10 +30,13 @@ struct zero_one_adam_options {
   std::uint64_t local_step_scaler = 32678;
   /// ... up to this many steps (H).
   std::uint64_t local_step_clipper = 16;
+  /// The compressed all-reduce's choices (compression_options.hpp); the same in every group.
+  compression_options compression = {};
 
   void validate(std::string_view group) const {
     const std::string g(group);
     detail::require_adam_family(g, *this);
+    compression.validate(g);
     auto at_least_one = [&](const char* name, std::uint64_t x) {
       if (x < 1) detail::fail(g, ".", name, " must be >= 1, got 0");
     };

@@ -145,12 +145,13 @@ class backend_passes {
   void add_into(const work_list& w, float* e, const float* x, double* partial) {
     self().run(w, add_into_pass{{chunks(w), {.sum64 = partial}}, e, x}, true);
   }
-  void compress_signs(const work_list& w, float* x, float s, std::uint8_t* bits) {
-    self().run(w, compress_signs_pass{{chunks(w)}, x, s, bits}, true);
+  void compress_signs(const work_list& w, float* x, const float* scales, std::uint8_t* bits) {
+    self().run(w, compress_signs_pass{{chunks(w)}, x, scales, bits}, true);
   }
   void combine_signs(const work_list& w, const std::uint8_t* blocks, std::size_t block_bytes, const float* weight,
-                     int ranks, float* c, double* partial) {
-    self().run(w, combine_signs_pass{{chunks(w), {.sum64 = partial}}, blocks, block_bytes, weight, ranks, c}, true);
+                     int ranks, std::size_t segments, float* c, double* partial) {
+    self().run(w, combine_signs_pass{{chunks(w), {.sum64 = partial}}, blocks, block_bytes, weight, ranks, segments, c},
+               true);
   }
   void decode_signs(const work_list& w, const sign_code& code, float* out) {
     self().run(w, decode_signs_pass{{chunks(w)}, code, out}, true);

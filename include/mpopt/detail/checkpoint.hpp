@@ -162,8 +162,8 @@ class checkpointing {
           fail(where, "saved dynamic_scale.iter (", scaler_.iteration(), ") exceeds the steps taken (", steps, ")");
     }
     MPOPT_COLD void read_driver(const nlohmann::json& meta, const state_reader& r, const std::string& where,
-                     const load_options& lo, std::uint64_t applied, std::size_t elements) override {
-      driver_ = o_.driver_.check_saved(meta, r, where, lo, applied, o_.comm_.size(), elements);
+                     const load_options& lo, std::uint64_t applied, std::span<const std::size_t> sizes) override {
+      driver_ = o_.driver_.check_saved(meta, r, where, lo, applied, o_.comm_.size(), sizes);
     }
     MPOPT_COLD std::string read_scaler_text() const override { return scaler_.save().dump(); }
     MPOPT_COLD std::string read_group_text(std::size_t g) const override { return UpdateRule::to_json(groups_[g]).dump(); }

@@ -82,7 +82,7 @@ class checkpoint_subject : public checkpoint_io {
   /// The scaler's state, at most one update per step taken (`steps`).
   virtual void read_scaler(const nlohmann::json& saved, std::uint64_t steps, const std::string& where) = 0;
   virtual void read_driver(const nlohmann::json& meta, const state_reader& r, const std::string& where,
-                           const load_options& lo, std::uint64_t applied, std::size_t elements) = 0;
+                           const load_options& lo, std::uint64_t applied, std::span<const std::size_t> sizes) = 0;
   virtual std::string read_scaler_text() const = 0;
   virtual std::string read_group_text(std::size_t g) const = 0;
   /// Collective: require_same_settings over the optimizer's communicator.
@@ -152,10 +152,10 @@ MPOPT_COLD inline saved_header check_saved(checkpoint_subject& s, const state_re
       h.group_steps.push_back(json_count(groups[g], "step", h.applied, label + ".step (at most applied_steps)"));
     }
     s.read_scaler(meta.at("scaler"), h.applied + h.skipped, where);
-    std::size_t elements = 0;
+    std::vector<std::size_t> sizes;  // every tensor's, in order
     for (const auto& g : v.groups)
-      for (const auto& e : g.tensors) elements += e.size;
-    s.read_driver(meta, r, where, lo, h.applied, elements);
+      for (const auto& e : g.tensors) sizes.push_back(e.size);
+    s.read_driver(meta, r, where, lo, h.applied, sizes);
     h.replica = saved_replica(meta, lo, s.rank(), s.world(), s.rule_name(), where);
   } catch (const nlohmann::json::exception& e) {
     fail(where, "malformed optimizer metadata: ", e.what());

@@ -3,14 +3,18 @@
 // then the gradients stay on their rank and each rank's momentum (or what the rule averages) goes
 // through the error-compensated 1-bit all-reduce (compressed_allreduce.hpp) over every tensor back
 // to back: a pass feeds the worker error, compress_fed() commits the step, and exchanged() returns
-// the average in finish(). This keeps that exchange, the step compression began, and the exchange's
-// checkpoint record: its error buffers, saved per rank, so that a resume at the same world size
-// continues the error feedback exactly.
+// the average in finish(). This keeps that exchange (one scale over every tensor, or each tensor
+// with scales of its own: compression_options), where it holds each tensor, the bits of the averages
+// a step keeps (exp_avg_mask, and the elements of zero variance), the step compression began, and
+// the exchange's checkpoint record: its error buffers, saved per rank, so that a resume at the same
+// world size continues the error feedback exactly.
 #pragma once
 
+#include <algorithm>
 #include <climits>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -22,7 +26,9 @@
 #include "../options.hpp"
 #include "../status.hpp"
 #include "json_fields.hpp"
+#include "kept_averages.hpp"
 #include "metered.hpp"
+#include "onebit_passes.hpp"
 #include "square_sum.hpp"
 #include "staged_driver.hpp"
 #include "state_file.hpp"
@@ -57,16 +63,20 @@ class compressing_driver : public staged_driver<Rule, Precision, Backend, Commun
       if (groups[g]->options().freeze_step != freeze)
         fail("group ", g, ".freeze_step (", groups[g]->options().freeze_step, ") differs from group 0's (", freeze,
              "): the compression stage starts for every group at once");
+    check_compression(groups);
   }
 
   template <class Context>
   void allocate(Context& c) {
     base::allocate(c);
-    const auto& last = c.tensors.tensors[c.tensors.tensor_count - 1];
-    elements_ = last.first + last.size;  // every tensor, back to back
+    const auto& d = c.tensors;
+    elements_ = d.tensors[d.tensor_count - 1].first + d.tensors[d.tensor_count - 1].size;  // every tensor, back to back
     world_ = c.comm.size();
-    if (world_ > 1) exchange_ = compressed_allreduce<Backend>(elements_, world_, c.comm.rank());
-    fed_sums_.assign(c.tensors.work->size(), 0.0);
+    rank_ = c.comm.rank();
+    for (std::size_t k = 0; k < d.tensor_count; ++k) sizes_.push_back(d.tensors[k].size);
+    fed_sums_.assign(d.work->size(), 0.0);
+    lay_out(c.groups.front()->options().compression.scale);
+    if (c.groups.front()->options().compression.exclude_zero_variance) kept_.allocate(keep_size(), sizes_.size());
   }
 
   /// A preflight at the real size: one exchange of zeros leaves the errors at zero.
@@ -74,11 +84,17 @@ class compressing_driver : public staged_driver<Rule, Precision, Backend, Commun
   void started(Context& c) {
     if (world_ == 1) return;
     try {
-      exchange_.exchange(c.comm, c.backend, 0.0);
+      exchange_.exchange(c.comm, c.backend, segment_sums_);
     } catch (const error& e) {
-      exchange_ = compressed_allreduce<Backend>(elements_, world_, c.comm.rank());
+      new_exchange();
       fail(Rule::title, " preflight: a compressed all-reduce of ", elements_, " elements failed: ", e.what());
     }
+  }
+
+  /// exp_avg_mask (state_access::set_exp_avg_mask): tensor `tensor`'s averages are kept where
+  /// `mask` is 1 (checked: 0 or 1, one per element, the same on every rank).
+  void set_exp_avg_mask(std::size_t tensor, std::span<const float> mask) {
+    kept_.set_mask(tensor, mask, sizes_, keep_size());
   }
 
   /// The compression stage: the step being taken comes after freeze_step.
@@ -97,29 +113,37 @@ class compressing_driver : public staged_driver<Rule, Precision, Backend, Commun
 
   nlohmann::json describe(int world) const {
     return {{"compression",
-             {{"compression_step", compression_step_}, {"world_size", world}, {"errors_saved", saves_errors(world)}}}};
+             {{"compression_step", compression_step_}, {"world_size", world}, {"errors_saved", saves_errors(world)},
+              {"scale", compression_scale_name(scale_)}}}};
   }
 
   struct saved {
     std::uint64_t compression_step = 0;
     int errors_world = 0;  ///< ranks whose error buffers the file holds and this load reads (0: none)
+    compression_scale scale = compression_scale::per_tensor;  ///< the layout of its errors
   };
 
-  /// The file's compression record, checked against `world` ranks and `elements` parameters.
+  /// The file's compression record, checked against `world` ranks (the optimizer's) and tensors of
+  /// these sizes.
   saved check_saved(const nlohmann::json& meta, const state_reader& r, const std::string& where, const load_options& lo,
-                    std::uint64_t applied, int world, std::size_t elements) const {
+                    std::uint64_t applied, int world, std::span<const std::size_t> sizes) const {
     saved h;
     const auto& c = json_field(meta, "compression");
     h.compression_step = json_count(c, "compression_step", applied, "compression.compression_step (at most applied_steps)");
     const int saved_world = int(json_integer(c, "world_size", 1, INT_MAX, "compression.world_size"));
     h.errors_world = json_flag(c, "errors_saved", "compression.errors_saved") ? saved_world : 0;
+    const nlohmann::json& scale = json_field(c, "scale", "compression.scale");
+    h.scale = compression_scale_of(scale.is_string() ? scale.get<std::string>() : scale.dump(), "compression.scale");
     if (h.errors_world > 1 && h.errors_world != world && world > 1 && !lo.reset_compression_errors)
       fail(where, "saved by ", h.errors_world, " ranks in ", Rule::title, "'s compression stage, whose error-feedback "
            "buffers belong to those ranks: load it on ", h.errors_world, " ranks to resume exactly, or pass "
            "load_options{.reset_compression_errors = true} to continue on ", world, " with zero errors");
     if (h.errors_world != world) h.errors_world = 0;  // not loaded
-    // The compressed vector: every tensor, padded to a multiple of 8 W.
-    const std::size_t unit = 8 * std::size_t(world), padded = (elements + unit - 1) / unit * unit;
+    std::size_t elements = 0;
+    for (const std::size_t n : sizes) elements += n;
+    const std::size_t padded = h.scale == compression_scale::per_tensor
+                                   ? compressed_allreduce<Backend>::padded_for(sizes, world)
+                                   : compressed_allreduce<Backend>::padded_for(elements, world);
     for (int k = -1; h.errors_world && k < world; ++k)
       if (!r.contains(error_key(k)) || r.shape(error_key(k)) != std::vector<std::int64_t>{std::int64_t(padded)})
         fail(where, "tensor '", error_key(k), "' is missing or not [", padded, "]");
@@ -157,6 +181,8 @@ class compressing_driver : public staged_driver<Rule, Precision, Backend, Commun
   void restore(const saved& h, Comm& comm, Read&& read) {
     compression_step_ = h.compression_step;
     exchanging_ = false;
+    if (h.scale != scale_) lay_out(h.scale);  // the file's options win
+    kept_.changed();  // the loaded variance
     if (comm.size() == 1) return;
     exchange_.cancel();
     if (h.errors_world == comm.size()) {
@@ -170,7 +196,9 @@ class compressing_driver : public staged_driver<Rule, Precision, Backend, Commun
   }
 
   std::size_t list_memory(memory_report& r) const {
-    std::size_t bookkeeping = base::list_memory(r) + fed_sums_.capacity() * sizeof(double);
+    std::size_t bookkeeping = base::list_memory(r) + (fed_sums_.capacity() + segment_sums_.capacity()) * sizeof(double) +
+                              places_.capacity() * sizeof(std::uint64_t) + sizes_.capacity() * sizeof(std::size_t);
+    bookkeeping += kept_.list_memory(r);
     if (world_ > 1) {
       const auto use = exchange_.memory_use();
       r.buffers.push_back({"worker error", "compression error fed back into this rank's momentum (fp32, padded to 8 W)",
@@ -186,12 +214,37 @@ class compressing_driver : public staged_driver<Rule, Precision, Backend, Commun
   /// Per work chunk: where a pass that feeds the worker error sums the squares it fed (sum64).
   double* fed_sums() { return fed_sums_.data(); }
 
-  /// After such a pass: the worker's scale from those sums, in order, and its signs (the commit
+  /// Where the passes find each tensor in the compressed vector, and the averages they keep
+  /// (prepare_keep() first, in each compression-stage step).
+  compressed_place place() const { return {places_.data(), kept_.bits()}; }
+
+  /// Before a step's passes read place(): the averages kept, made again where the mask, the options
+  /// or the variance (`variance`: the rule's state buffer) changed since.
+  template <class Context>
+  void prepare_keep(Context& c, const float* variance) {
+    check_compression(c.groups);
+    const auto& o = c.groups.front()->options().compression;
+    if (o.scale != scale_)
+      fail(Rule::title, ": compression.scale is ", compression_scale_name(o.scale), " now and was ",
+           compression_scale_name(scale_), " when the state was made (finalize()), which laid the compressed vector "
+           "out for it: choose it before");
+    kept_.prepare(c, variance, o, places_.data(), sizes_, keep_size());
+  }
+  /// The variance changed (0/1 Adam's variance steps): the next prepare_keep() reads it again.
+  void variance_changed() { kept_.changed(); }
+
+  /// After such a pass: the worker's scales from those sums, in order, and its signs (the commit
   /// point: the error changed); exchanged() runs the rest of the all-reduce.
   template <class Context>
   void compress_fed(Context& c) {
     c.wait();
-    exchange_.compress_worker(c.backend, sum_in_order(fed_sums_.data(), 0, fed_sums_.size()));
+    const auto& w = *c.gradients.work;
+    if (segmented())
+      for (std::size_t k = 0; k < segment_sums_.size(); ++k)
+        segment_sums_[k] = sum_in_order(fed_sums_.data(), w.first_chunk(k), w.first_chunk(k + 1));
+    else
+      segment_sums_[0] = sum_in_order(fed_sums_.data(), 0, fed_sums_.size());
+    exchange_.compress_worker(c.backend, segment_sums_);
     exchanging_ = true;
   }
   /// Whether the committed step compressed and finish() has the exchange left.
@@ -224,7 +277,45 @@ class compressing_driver : public staged_driver<Rule, Precision, Backend, Commun
   std::uint64_t compression_step_ = 0;  ///< the first step that compressed (0: still warming up)
 
  private:
-  typename Backend::template shared_vector<double> fed_sums_;
+  template <class T>
+  using shared = typename Backend::template shared_vector<T>;
+
+  /// Every group's compression options are group 0's: one compressed vector holds them all.
+  template <class Groups>
+  static void check_compression(const Groups& groups) {
+    for (std::size_t g = 1; g < groups.size(); ++g)
+      if (!(groups[g]->options().compression == groups.front()->options().compression))
+        fail("group ", g, ".compression differs from group 0's: one compressed all-reduce holds every group");
+  }
+
+  /// With several ranks, tensors have scales of their own (compression_scale::per_tensor).
+  bool segmented() const { return world_ > 1 && scale_ == compression_scale::per_tensor; }
+  void new_exchange() {
+    if (world_ == 1) return;
+    if (segmented()) exchange_ = compressed_allreduce<Backend>(std::span<const std::size_t>(sizes_), world_, rank_);
+    else exchange_ = compressed_allreduce<Backend>(elements_, world_, rank_);
+  }
+  /// The compressed vector for `scale`: the exchange (errors zero), each tensor's place, and the
+  /// kept-average bits to be made again.
+  MPOPT_COLD void lay_out(compression_scale scale) {
+    scale_ = scale;
+    new_exchange();
+    places_.assign(sizes_.size(), 0);
+    for (std::size_t k = 0, first = 0; k < sizes_.size(); first += sizes_[k++])
+      places_[k] = segmented() ? exchange_.segment_start(k) : first;
+    segment_sums_.assign(segmented() ? sizes_.size() : 1, 0.0);
+    kept_.resize(keep_size());
+  }
+  /// Places in the compressed vector: what the kept-average bits cover.
+  std::size_t keep_size() const { return world_ > 1 ? exchange_.padded_size() : elements_; }
+
+  int rank_ = 0;
+  compression_scale scale_ = compression_scale::per_tensor;  ///< as group 0's options said at finalize
+  std::vector<std::size_t> sizes_;  ///< per tensor
+  shared<std::uint64_t> places_;   ///< per tensor: its element 0's place in the compressed vector
+  shared<double> fed_sums_;
+  std::vector<double> segment_sums_;  ///< per segment (per tensor, or one): the squares fed
+  kept_averages<Backend> kept_;
   bool exchanging_ = false;
 };
 

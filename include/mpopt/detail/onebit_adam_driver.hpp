@@ -27,10 +27,11 @@ class onebit_adam_driver : public compressing_driver<Rule, Precision, Partition,
   void begin(Context& c) {
     const std::uint64_t t = c.groups.front()->step();
     if (t <= c.groups.front()->options().freeze_step) return staged::begin(c);
+    this->prepare_keep(c, c.gradients.state[1]);
     if (this->compression_step_ == 0) this->compression_step_ = t;
     if (this->world_ == 1) return apply(c, nullptr);  // nothing to average: the momentum stays exact
     c.backend.tensor_pass(c.gradients, [&](const auto& placed, const chunk* chunks) {
-      return onebit_feed_pass<Precision>{{{{placed, chunks, {.sum64 = this->fed_sums()}}, c.scalars}, nullptr},
+      return onebit_feed_pass<Precision>{{{{{placed, chunks, {.sum64 = this->fed_sums()}}, c.scalars}, this->place()}, nullptr},
                                          this->exchange_.worker_error().data()};
     });
     this->compress_fed(c);
@@ -48,7 +49,8 @@ class onebit_adam_driver : public compressing_driver<Rule, Precision, Partition,
   template <class Context>
   void apply(Context& c, const sign_code* averaged) {
     c.backend.tensor_pass(c.gradients, [&](const auto& placed, const chunk* chunks) {
-      return onebit_adam_pass<Precision>{{{placed, chunks, {}}, c.scalars}, averaged ? *averaged : sign_code{}};
+      return onebit_adam_pass<Precision>{{{{placed, chunks, {}}, c.scalars}, this->place()},
+                                         averaged ? *averaged : sign_code{}};
     });
   }
 };

@@ -55,11 +55,13 @@ class onebit_lamb_driver : public compressing_driver<Rule, Precision, Partition,
       warming_up_ = true;
       return;
     }
+    this->prepare_keep(c, d.state[1]);
     if (!scaling_ready_) momentum_scaling(c, t);
     if (this->world_ == 1) return momentum_and_apply(c, nullptr);  // nothing to average: the momentum stays exact
     c.backend.tensor_pass(d, [&](const auto& placed, const chunk* chunks) {
-      return onebit_feed_pass<Precision>{{{{placed, chunks, {.sum64 = this->fed_sums()}}, c.scalars}, scaling_.data()},
-                                         this->exchange_.worker_error().data()};
+      return onebit_feed_pass<Precision>{
+          {{{{placed, chunks, {.sum64 = this->fed_sums()}}, c.scalars}, this->place()}, scaling_.data()},
+          this->exchange_.worker_error().data()};
     });
     this->compress_fed(c);
   }
@@ -101,8 +103,8 @@ class onebit_lamb_driver : public compressing_driver<Rule, Precision, Partition,
   };
 
   saved check_saved(const nlohmann::json& meta, const state_reader& r, const std::string& where, const load_options& lo,
-                    std::uint64_t applied, int world, std::size_t elements) const {
-    saved h{base::check_saved(meta, r, where, lo, applied, world, elements)};
+                    std::uint64_t applied, int world, std::span<const std::size_t> sizes) const {
+    saved h{base::check_saved(meta, r, where, lo, applied, world, sizes)};
     h.scaling_ready = json_flag(json_field(meta, "compression"), "scaling_ready", "compression.scaling_ready");
     return h;
   }
@@ -148,7 +150,7 @@ class onebit_lamb_driver : public compressing_driver<Rule, Precision, Partition,
     c.backend.tensor_pass(d, [&](const auto& placed, const chunk* chunks) {
       const pass_outputs out{.sum = d.chunk_sum, .sum2 = d.chunk_sum2, .largest = chunk_max_.data()};
       return onebit_momentum_pass<Precision>{
-          {{{placed, chunks, out}, c.scalars}, scaling_.data(), d.state[2]},
+          {{{{placed, chunks, out}, c.scalars}, this->place()}, scaling_.data(), d.state[2]},
           averaged ? *averaged : sign_code{}};
     });
     c.wait();

@@ -323,24 +323,36 @@ struct decode_signs_pass : flat_pass {
   float* decoded;
   template <class L, class Tail, class R>
   MPOPT_HOST_DEVICE void apply(std::size_t at, std::size_t i, Tail tail, R&) const {
-    vstore<L>(decoded + at + i, code.template load<L>(at + i, tail), tail);
+    vstore<L>(decoded + at + i, code.template load<L>(0, at + i, tail), tail);
   }
 };
 
-/// The server's average: c += sum over ranks r of ±weight[r], the sign being the element's bit in
-/// block r (blocks of block_bytes, in rank order); c holds the server error before. Sum c^2 in double.
-struct combine_signs_pass : flat_pass {
+/// Passes over a flat buffer whose chunks belong to segments (the chunk's `tensor`): at() gives
+/// the chunk.
+struct segment_pass {
+  const chunk* chunks;
+  pass_outputs out{};
+  MPOPT_HOST_DEVICE std::size_t size(std::size_t ci) const { return chunks[ci].size; }
+  MPOPT_HOST_DEVICE chunk at(std::size_t ci) const { return chunks[ci]; }
+};
+
+/// The server's average: c += sum over ranks r of ±weight[r * segments + k] (k: the chunk's
+/// segment), the sign being the element's bit in block r (blocks of block_bytes, in rank order); c
+/// holds the server error before. Sum c^2 in double.
+struct combine_signs_pass : segment_pass {
   const std::uint8_t* blocks;
   std::size_t block_bytes;
   const float* weight;
   int ranks;
+  std::size_t segments;
   float* c;
   template <class L, class Tail, class R>
-  MPOPT_HOST_DEVICE void apply(std::size_t at, std::size_t i, Tail tail, R& r) const {
+  MPOPT_HOST_DEVICE void apply(const chunk& ch, std::size_t i, Tail tail, R& r) const {
+    const std::size_t at = ch.state;
     typename L::vec acc(0.0f);
     for (int k = 0; k < ranks; ++k) {
       const auto positive = L::mask_of(sign_bits_at(blocks + std::size_t(k) * block_bytes, at + i));
-      acc = acc + signed_scale(positive, typename L::vec(weight[k]));
+      acc = acc + signed_scale(positive, typename L::vec(weight[std::size_t(k) * segments + ch.tensor]));
     }
     const auto v = acc + vload<L>(c + at + i, tail);
     vstore<L>(c + at + i, v, tail);
@@ -348,29 +360,31 @@ struct combine_signs_pass : flat_pass {
   }
 };
 
-/// Compresses x in place with scale s (compress_sign): the sign of element i goes to bit i of
-/// `bits`, its residual stays in x. Works on 16 elements at a time (two whole bytes; chunk sizes are
-/// multiples of 8), whatever the lane width.
-struct compress_signs_pass : flat_pass {
+/// Compresses x in place with the scale of each chunk's segment, scales[k] (compress_sign): the
+/// sign of element i goes to bit i of `bits`, its residual stays in x. Works on 16 elements at a
+/// time (two whole bytes; chunks start at multiples of 8), whatever the lane width.
+struct compress_signs_pass : segment_pass {
   static constexpr std::size_t granule = 16;
   float* x;
-  float s;
+  const float* scales;
   std::uint8_t* bits;
   template <class L, class R>
-  MPOPT_HOST_DEVICE void apply_granule(std::size_t at, std::size_t g, std::size_t count, R&) const {
+  MPOPT_HOST_DEVICE void apply_granule(const chunk& ch, std::size_t g, std::size_t count, R&) const {
+    const std::size_t at = ch.state;
+    const typename L::vec s(scales[ch.tensor]);
     std::uint32_t b = 0;
     std::size_t j = 0;
-    for (; j + L::width <= count; j += L::width) b |= compress<L>(at + g + j, full_t{}) << j;
+    for (; j + L::width <= count; j += L::width) b |= compress<L>(at + g + j, s, full_t{}) << j;
     if constexpr (L::width > 1)
-      if (j < count) b |= compress<L>(at + g + j, L::first(count - j)) << j;
+      if (j < count) b |= compress<L>(at + g + j, s, L::first(count - j)) << j;
     bits[(at + g) / 8] = std::uint8_t(b);
     if (count > 8) bits[(at + g) / 8 + 1] = std::uint8_t(b >> 8);
   }
   /// The sign bits of one vector, its residual left in x.
   template <class L, class Tail>
-  MPOPT_HOST_DEVICE std::uint32_t compress(std::size_t i, Tail tail) const {
+  MPOPT_HOST_DEVICE std::uint32_t compress(std::size_t i, typename L::vec s, Tail tail) const {
     auto v = vload<L>(x + i, tail);
-    const std::uint32_t b = L::bits_of(compress_sign(v, typename L::vec(s))) & L::bits_of(tail);
+    const std::uint32_t b = L::bits_of(compress_sign(v, s)) & L::bits_of(tail);
     vstore<L>(x + i, v, tail);
     return b;
   }

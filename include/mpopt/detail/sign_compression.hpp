@@ -44,25 +44,37 @@ MPOPT_HOST_DEVICE std::uint32_t sign_bits_at(const std::uint8_t* bits, std::size
   return w >> (i % 8);
 }
 
-/// A compressed vector after the all-reduce: sign bits, and one scale per chunk of `chunk`
-/// elements (chunk r was averaged by rank r; there are `chunks` of them).
+/// A compressed vector after the all-reduce: sign bits, and per chunk of `chunk` elements (chunk r
+/// was averaged by rank r; there are `chunks` of them) one scale per segment: scales[r * segments + k].
 struct sign_code {
   const std::uint8_t* bits = nullptr;
   const float* scales = nullptr;
   std::size_t chunk = 1;
   std::size_t chunks = 1;
+  std::size_t segments = 1;
 
-  MPOPT_HOST_DEVICE float scale_of(std::size_t i) const { return scales[i / chunk < chunks ? i / chunk : chunks - 1]; }
+  /// The scale of element i, of segment k (ignored without segments).
+  MPOPT_HOST_DEVICE float scale_of(std::size_t k, std::size_t i) const {
+    const std::size_t r = i / chunk < chunks ? i / chunk : chunks - 1;
+    return scales[r * segments + (segments > 1 ? k : 0)];
+  }
 
-  /// Elements [i, i + L::width), the lanes `tail` keeps: ±the scale of each element's chunk.
+  /// Elements [i, i + L::width) of segment k, the lanes `tail` keeps: ±the scale of each element's
+  /// chunk.
   template <class L, class Tail>
-  MPOPT_HOST_DEVICE typename L::vec load(std::size_t i, Tail tail) const {
+  MPOPT_HOST_DEVICE typename L::vec load(std::size_t k, std::size_t i, Tail tail) const {
     const auto positive = L::mask_of(sign_bits_at(bits, i));
-    if ((i + L::width - 1) / chunk == i / chunk) return signed_scale(positive, typename L::vec(scale_of(i)));
+    if ((i + L::width - 1) / chunk == i / chunk) return signed_scale(positive, typename L::vec(scale_of(k, i)));
     alignas(64) float lane_scale[L::width];  // the vector straddles chunks (rare): a scale per lane
-    for (std::size_t j = 0; j < L::width; ++j) lane_scale[j] = scale_of(i + j);
+    for (std::size_t j = 0; j < L::width; ++j) lane_scale[j] = scale_of(k, i + j);
     return signed_scale(positive, L::load(lane_scale, tail));
   }
 };
+
+/// x where bit i of `keep` is set, 0 elsewhere; x itself where keep is null (no mask).
+template <class L, class V>
+MPOPT_HOST_DEVICE V kept(const std::uint8_t* keep, std::size_t i, V x) {
+  return keep ? select(L::mask_of(sign_bits_at(keep, i)), x, V(0.0f)) : x;
+}
 
 }  // namespace mpopt::detail

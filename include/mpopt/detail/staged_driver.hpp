@@ -116,7 +116,7 @@ class staged_driver {
   nlohmann::json describe(int) const { return nlohmann::json::object(); }
   struct saved {};
   saved check_saved(const nlohmann::json&, const state_reader&, const std::string&, const load_options&, std::uint64_t,
-                    int, std::size_t) const {
+                    int, std::span<const std::size_t>) const {
     return {};
   }
   template <class F>

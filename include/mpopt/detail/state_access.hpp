@@ -8,7 +8,9 @@
 #include <span>
 #include <string>
 
+#include "../communicator.hpp"
 #include "../tensor_spec.hpp"
+#include "agree.hpp"
 #include "validate.hpp"
 
 namespace mpopt::detail {
@@ -65,6 +67,38 @@ class state_access {
     requires requires(const Driver& d) { d.compression(); }
   {
     return self().driver_.compression();
+  }
+
+  /// The compressing rules: tensor i's exp_avg_mask, as DeepSpeed's. Where mask[k] is 0, element
+  /// k's average (1-bit Adam's and 1-bit LAMB's momentum, 0/1 Adam's gradient and accumulator) is
+  /// taken as 0: for elements whose gradient is always 0, which a 1-bit code cannot carry. Values 0
+  /// or 1, the same on every rank: collective (it finalizes, and a step in flight finishes first).
+  /// Checkpoints do not keep it (nor do DeepSpeed's): set it again after load().
+  void set_exp_avg_mask(std::size_t i, std::span<const float> mask)
+    requires requires(Driver& d) { d.set_exp_avg_mask(i, mask); }
+  {
+    Opt& o = const_cast<Opt&>(self());
+    o.finalize();
+    o.finish_step();
+    std::uint64_t mine = 0;
+    agree(o.comm_, "set_exp_avg_mask", [&] {
+      const auto& t = tensor_at(i);
+      if (mask.size() != t.size)
+        fail("set_exp_avg_mask(", i, "): ", mask.size(), " values for tensor '", o.tensor_name(i), "' of ", t.size);
+      mine = 14695981039346656037ull;  // FNV-1a over the kept bits
+      for (std::size_t k = 0; k < mask.size(); ++k) {
+        if (mask[k] != 0.0f && mask[k] != 1.0f)
+          fail("set_exp_avg_mask(", i, "): value ", k, " is ", mask[k], "; a mask holds 0 or 1");
+        mine = (mine ^ (mask[k] != 0.0f ? 1u : 2u)) * 1099511628211ull;
+      }
+    });
+    std::uint64_t seen[2] = {mine, ~mine};  // the largest of each: equal to mine and ~mine on every rank iff all agree
+    o.comm_.all_reduce(std::span<std::uint64_t>(seen), reduce_op::max);
+    o.comm_.take_bytes();  // not a step's traffic
+    if (seen[0] != mine || seen[1] != ~mine)
+      fail("set_exp_avg_mask(", i, "): the ranks' masks differ; each rank averages with its own, so their replicas "
+           "would part: give every rank the same");
+    o.driver_.set_exp_avg_mask(i, mask);
   }
 
  protected:

@@ -68,12 +68,16 @@ class zero_one_adam_driver : public compressing_driver<Rule, Precision, Partitio
     const std::uint64_t t = c.groups.front()->step();
     const bool several = this->world_ > 1;
     const auto& d = c.gradients;
+    if (t <= o.var_freeze_step && Rule::variance_step(o, t)) {
+      this->variance_changed();
+      return staged::begin(c);
+    }
+    this->prepare_keep(c, d.state[1]);
     if (t <= o.var_freeze_step) {
-      if (Rule::variance_step(o, t)) return staged::begin(c);
       if (this->compression_step_ == 0) this->compression_step_ = t;
       if (!several) return averaged_gradient(c, nullptr);  // one rank: the gradient is the average
       c.backend.tensor_pass(d, [&](const auto& placed, const chunk* chunks) {
-        return gradient_feed_pass<Precision>{{{placed, chunks, {.sum64 = this->fed_sums()}}, c.scalars},
+        return gradient_feed_pass<Precision>{{{{placed, chunks, {.sum64 = this->fed_sums()}}, c.scalars}, this->place()},
                                              this->exchange_.worker_error().data()};
       });
       syncing_ = false;
@@ -85,7 +89,7 @@ class zero_one_adam_driver : public compressing_driver<Rule, Precision, Partitio
     if (sync)  // the momentum is the accumulator over these; the sum restarts
       for (std::size_t k = 0; k < d.tensor_count; ++k) lr_sum_float_[k] = float(std::exchange(lr_sum_[k], 0.0));
     c.backend.tensor_pass(d, [&](const auto& placed, const chunk* chunks) {
-      return local_step_pass<Precision>{{{placed, chunks, {.sum64 = this->fed_sums()}}, c.scalars},
+      return local_step_pass<Precision>{{{{placed, chunks, {.sum64 = this->fed_sums()}}, c.scalars}, this->place()},
                                         sync,
                                         sync && several ? this->exchange_.worker_error().data() : nullptr};
     });
@@ -126,14 +130,16 @@ class zero_one_adam_driver : public compressing_driver<Rule, Precision, Partitio
   template <class Context>
   void averaged_gradient(Context& c, const sign_code* averaged) {
     c.backend.tensor_pass(c.gradients, [&](const auto& placed, const chunk* chunks) {
-      return averaged_gradient_pass<Precision>{{{placed, chunks, {}}, c.scalars}, averaged ? *averaged : sign_code{}};
+      return averaged_gradient_pass<Precision>{{{{placed, chunks, {}}, c.scalars}, this->place()},
+                                               averaged ? *averaged : sign_code{}};
     });
   }
 
   template <class Context>
   void synchronize(Context& c, const sign_code* averaged) {
     c.backend.tensor_pass(c.gradients, [&](const auto& placed, const chunk* chunks) {
-      return sync_pass<Precision>{{{placed, chunks, {}}, c.scalars}, averaged ? *averaged : sign_code{}, lr_sum_float_.data()};
+      return sync_pass<Precision>{{{{placed, chunks, {}}, c.scalars}, this->place()}, averaged ? *averaged : sign_code{},
+                                  lr_sum_float_.data()};
     });
   }
 
