@@ -1,7 +1,7 @@
 // Three update rules written as a user would, outside mpopt's headers (README, "Writing your own
-// rule"): Lion, SGD with momentum (optionally Nesterov) and LARS. Each declares its options, its
-// fp32 state, the scalars of a step and its element stages; mpopt::optimizer runs them on every
-// precision, partition and backend. examples/custom_rule.cpp trains with them; the tests check them
+// rule"): Lion, SGD with momentum (optionally Nesterov) and LARS. Each declares its options (each
+// field once, with its check), its fp32 state, the scalars of a step and its element stages;
+// mpopt::optimizer runs them on every precision, partition and backend. examples/custom_rule.cpp trains with them; the tests check them
 // against float64 references (tests/custom_rules.cpp, tests/mpi_custom_rules.cpp).
 #pragma once
 
@@ -11,29 +11,22 @@
 #include <string_view>
 
 #include <mpopt/error.hpp>
+#include <mpopt/fields.hpp>
 #include <mpopt/rule.hpp>
 
 namespace user_rules {
 
-/// Bad options throw mpopt::error, like the built-in rules' (NaN fails too).
-inline void require_in(const std::string& name, double x, double low, double high) {
-  if (!(x >= low && x <= high))
-    throw mpopt::error(name + " must be in [" + std::to_string(low) + ", " + std::to_string(high) + "], got " +
-                       std::to_string(x));
-}
+using mpopt::field;
+namespace checks = mpopt::checks;
 
 /// Lion (Chen et al. 2023, "Symbolic Discovery of Optimization Algorithms"): the sign of an
 /// interpolated momentum, with decoupled weight decay. One state buffer.
 struct lion {
   struct options {
     double lr = 1e-4, beta1 = 0.9, beta2 = 0.99, weight_decay = 0.0;
-    void validate(std::string_view group) const {
-      const std::string g(group);
-      require_in(g + ".lr", lr, 0, 1e30);
-      require_in(g + ".beta1", beta1, 0, 1);
-      require_in(g + ".beta2", beta2, 0, 1);
-      require_in(g + ".weight_decay", weight_decay, 0, 1e30);
-    }
+    static constexpr auto fields = mpopt::fields(
+        field{"lr", &options::lr, checks::rate}, field{"beta1", &options::beta1, checks::closed(0, 1)},
+        field{"beta2", &options::beta2, checks::closed(0, 1)}, field{"weight_decay", &options::weight_decay, checks::rate});
   };
   static constexpr std::string_view name = "lion";
   static constexpr std::array<std::string_view, 1> state = {"exp_avg"};
@@ -52,13 +45,6 @@ struct lion {
     e.set_param(fma(V(-k.lr), fma(V(k.weight_decay), w, sign(c)), w));
     e.set_state(0, fma(V(k.beta2), m, V(k.one_minus_beta2) * g));
   }
-  static nlohmann::json to_json(const options& o) {
-    return {{"lr", o.lr}, {"beta1", o.beta1}, {"beta2", o.beta2}, {"weight_decay", o.weight_decay}};
-  }
-  static options from_json(const nlohmann::json& j) {
-    return {j.at("lr").get<double>(), j.at("beta1").get<double>(), j.at("beta2").get<double>(),
-            j.at("weight_decay").get<double>()};
-  }
 };
 
 /// SGD with momentum, as torch.optim.SGD: L2 decay into the gradient, the buffer starts as the first
@@ -67,14 +53,14 @@ struct sgd {
   struct options {
     double lr = 1e-2, momentum = 0.9, dampening = 0.0, weight_decay = 0.0;
     bool nesterov = false;
+    static constexpr auto fields = mpopt::fields(
+        field{"lr", &options::lr, checks::rate}, field{"momentum", &options::momentum, checks::closed(0, 1)},
+        field{"dampening", &options::dampening, checks::closed(0, 1)},
+        field{"weight_decay", &options::weight_decay, checks::rate}, field{"nesterov", &options::nesterov});
+    /// What involves several fields.
     void validate(std::string_view group) const {
-      const std::string g(group);
-      require_in(g + ".lr", lr, 0, 1e30);
-      require_in(g + ".momentum", momentum, 0, 1);
-      require_in(g + ".dampening", dampening, 0, 1);
-      require_in(g + ".weight_decay", weight_decay, 0, 1e30);
       if (nesterov && (momentum == 0 || dampening != 0))
-        throw mpopt::error(g + ".nesterov needs momentum > 0 and dampening 0");
+        throw mpopt::error(std::string(group) + ".nesterov needs momentum > 0 and dampening 0");
     }
   };
   static constexpr std::string_view name = "sgd";
@@ -99,14 +85,6 @@ struct sgd {
     e.set_state(0, b);
     e.set_param(fma(V(-k.lr), k.nesterov ? fma(V(k.momentum), b, g) : b, w));
   }
-  static nlohmann::json to_json(const options& o) {
-    return {{"lr", o.lr}, {"momentum", o.momentum}, {"dampening", o.dampening},
-            {"weight_decay", o.weight_decay}, {"nesterov", o.nesterov}};
-  }
-  static options from_json(const nlohmann::json& j) {
-    return {j.at("lr").get<double>(), j.at("momentum").get<double>(), j.at("dampening").get<double>(),
-            j.at("weight_decay").get<double>(), j.at("nesterov").get<bool>()};
-  }
 };
 
 /// LARS (You et al. 2017, Algorithm 1): per tensor, a local learning rate
@@ -115,13 +93,9 @@ struct sgd {
 struct lars {
   struct options {
     double lr = 0.1, momentum = 0.9, weight_decay = 5e-4, eta = 1e-3;
-    void validate(std::string_view group) const {
-      const std::string g(group);
-      require_in(g + ".lr", lr, 0, 1e30);
-      require_in(g + ".momentum", momentum, 0, 1);
-      require_in(g + ".weight_decay", weight_decay, 0, 1e30);
-      require_in(g + ".eta", eta, 0, 1e30);
-    }
+    static constexpr auto fields = mpopt::fields(
+        field{"lr", &options::lr, checks::rate}, field{"momentum", &options::momentum, checks::closed(0, 1)},
+        field{"weight_decay", &options::weight_decay, checks::rate}, field{"eta", &options::eta, checks::rate});
   };
   static constexpr std::string_view name = "lars";
   static constexpr std::array<std::string_view, 1> state = {"momentum_buffer"};
@@ -151,13 +125,6 @@ struct lars {
     const V v = fma(V(k.momentum), e.state(0), V(e.tensor_scale()) * fma(V(k.decay), w, e.grad()));
     e.set_state(0, v);
     e.set_param(w - v);
-  }
-  static nlohmann::json to_json(const options& o) {
-    return {{"lr", o.lr}, {"momentum", o.momentum}, {"weight_decay", o.weight_decay}, {"eta", o.eta}};
-  }
-  static options from_json(const nlohmann::json& j) {
-    return {j.at("lr").get<double>(), j.at("momentum").get<double>(), j.at("weight_decay").get<double>(),
-            j.at("eta").get<double>()};
   }
 };
 

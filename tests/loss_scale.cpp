@@ -516,6 +516,7 @@ namespace {
 /// scaling and unscaling are exact unless a gradient overflows.
 struct power_of_two_options {
   int exponent = 8;
+  static constexpr auto fields = mpopt::fields(mpopt::field{"exponent", &power_of_two_options::exponent});
 };
 struct power_of_two_scale {
   using options = power_of_two_options;
@@ -523,14 +524,20 @@ struct power_of_two_scale {
   template <class Grad>
   static constexpr bool serves = true;
 
-  explicit power_of_two_scale(options o = {}) : scale_(std::ldexp(1.0, o.exponent)) {}
+  struct state {
+    std::int64_t overflows = 0;
+    static constexpr auto fields = mpopt::fields(mpopt::field{"overflows", &state::overflows});
+  };
+
+  explicit power_of_two_scale(options o = {}) : options_(o), scale_(std::ldexp(1.0, o.exponent)) {}
   double scale() const { return scale_; }
   bool raises_on(bool) const { return false; }
   void update(bool overflow) { overflows += overflow; }
-  nlohmann::json save() const { return {{"overflows", overflows}}; }
-  void load(const nlohmann::json& j) { overflows = j.at("overflows").get<std::int64_t>(); }
-  nlohmann::json settings() const { return {{"scale", scale_}}; }
+  options config() const { return options_; }
+  state save() const { return {overflows}; }
+  void load(const state& s) { overflows = s.overflows; }
 
+  options options_;
   double scale_;
   std::int64_t overflows = 0;
 };

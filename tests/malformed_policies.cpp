@@ -30,6 +30,7 @@ using optimizer = mpopt::optimizer<Precision, Scaler, mpopt::replicated, Rule, B
 struct trust_sgd {
   struct options {
     double lr = 0.1;
+    static constexpr auto fields = mpopt::fields(mpopt::field{"lr", &options::lr, mpopt::checks::rate});
     void validate(std::string_view) const {}
   };
   static constexpr std::string_view name = "trust_sgd";
@@ -38,8 +39,6 @@ struct trust_sgd {
     float lr;
   };
   static scalars prepare(const options& o, std::uint64_t) { return {float(o.lr)}; }
-  static nlohmann::json to_json(const options& o) { return {{"lr", o.lr}}; }
-  static options from_json(const nlohmann::json& j) { return {j.at("lr").get<double>()}; }
   template <class E>
   static void direction(const scalars&, E& e) {
     e.norm(0, e.param());
@@ -57,6 +56,27 @@ struct trust_sgd {
   }
 };
 
+/// A rule written before options declared fields: to_json and from_json, no table.
+struct options_as_json : trust_sgd {
+  struct options {
+    double lr = 0.1;
+#ifdef MALFORMED_FIXED
+    static constexpr auto fields = mpopt::fields(mpopt::field{"lr", &options::lr});
+#endif
+  };
+  static scalars prepare(const options& o, std::uint64_t) { return {float(o.lr)}; }
+#ifndef MALFORMED_FIXED
+  static std::string to_json(const options&) { return "{}"; }
+#endif
+};
+struct validate_not_const : trust_sgd {
+  struct options {
+    double lr = 0.1;
+    static constexpr auto fields = mpopt::fields(mpopt::field{"lr", &options::lr});
+    void validate(std::string_view) EITHER(, const) {}
+  };
+  static scalars prepare(const options& o, std::uint64_t) { return {float(o.lr)}; }
+};
 struct scale_returns_double : trust_sgd {
   static EITHER(double, float) tensor_scale(const scalars&, double, double, double& kept) { return float(kept = 1); }
 };
@@ -183,6 +203,8 @@ struct all_gather_returning_void : mpopt::single_process {
 }  // namespace
 
 // clang-format off
+static_assert(sizeof(optimizer<mpopt::fp16, mpopt::dynamic_scale, options_as_json>));  // expect: declare no `fields` table | must model mpopt::update_rule
+static_assert(sizeof(optimizer<mpopt::fp16, mpopt::dynamic_scale, validate_not_const>));  // expect: the rule options' member `validate` must be
 static_assert(sizeof(optimizer<mpopt::fp16, mpopt::dynamic_scale, scale_returns_double>));  // expect: the rule's member `tensor_scale` must be
 static_assert(sizeof(optimizer<mpopt::fp16, mpopt::dynamic_scale, direction_without_scalars>));  // expect: the rule's member `direction` must be
 static_assert(sizeof(optimizer<mpopt::fp16, mpopt::dynamic_scale, state_not_a_name>));  // expect: the rule's member `tensor_state` must be

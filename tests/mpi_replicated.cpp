@@ -587,7 +587,7 @@ TEST_SUITE("mpi") {
     expect(finalize(setup{.opt = {.clip_grad = odd ? 0.5 : 1.0}}, adam), {"clip_grad (", "rank 1: 0.5"});
     expect(finalize(setup{.opt = {.max_consecutive_skips = odd ? 3u : 0u}}, adam), {"max_consecutive_skips (", "rank 1: 3"});
     expect(finalize(setup{.scaler = {.init_scale = odd ? 1024.0 : 2048.0}}, adam),
-           {"dynamic_scale.init_scale (", "rank 1: 1024.0", "dynamic_scale state.scale ("});
+           {"dynamic_scale.init_scale (", "rank 1: 1024)", "dynamic_scale state.scale ("});
     expect(finalize(setup{.scaler = {.on_min_scale = odd ? mpopt::at_min_scale::keep_skipping : mpopt::at_min_scale::raise}}, adam),
            {"dynamic_scale.on_min_scale (", "rank 1: keep_skipping"});
     expect(finalize(setup{.comm = {.deterministic = odd}}, adam), {"mpi.deterministic (", "rank 1: true"});

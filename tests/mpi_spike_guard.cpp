@@ -123,7 +123,7 @@ TEST_SUITE("mpi_spike_guard") {
         CAPTURE(s);
         if (s == resume_at) g.opt.save(path);
         const snapshot before = take(g);
-        const nlohmann::json scaler_before = g.opt.scaler().save();
+        const auto scaler_before = g.opt.scaler().save();
         const mpopt::step_status st = guarded_boundary(g, ds, s, a_steps);
         statuses.push_back(st);
         check_status_same_on_every_rank(st);  // the scores too

@@ -285,7 +285,7 @@ TEST_SUITE("onebit_lamb") {
     CHECK(bad([](auto& o) { o.freeze_step = 0; }).find("group 0.freeze_step must be >= 1") != std::string::npos);
     CHECK(bad([](auto& o) { o.coeff_beta = 1.0; }).find("group 0.coeff_beta must be in [0, 1)") != std::string::npos);
     CHECK(bad([](auto& o) { o.factor_min = 5.0; }).find("group 0.factor_min (5) must be <= factor_max (4)") != std::string::npos);
-    CHECK(bad([](auto& o) { o.factor_threshold = 1.0; }).find("group 0.factor_threshold must be < 1") != std::string::npos);
+    CHECK(bad([](auto& o) { o.factor_threshold = 1.0; }).find("group 0.factor_threshold must be in [0, 1), got 1") != std::string::npos);
     CHECK(bad([](auto& o) { o.factor_min = 0.0; }).find("group 0.factor_min must be > 0") != std::string::npos);
     opt_t opt;
     std::vector<mpopt::bfloat16> p1(4), g1(4), p2(4), g2(4);

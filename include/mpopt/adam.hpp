@@ -6,15 +6,13 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
-#include <string>
 #include <string_view>
-
-#include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "detail/adam_math.hpp"
 #include "detail/config.hpp"
-#include "detail/json_fields.hpp"
-#include "detail/validate.hpp"
+#include "detail/adam_family.hpp"
+#include "fields.hpp"
 
 namespace mpopt {
 
@@ -29,10 +27,9 @@ struct adam {
     bool decoupled_weight_decay = true;  ///< AdamW; false: L2 decay added to the gradient
     bool bias_correction = true;
 
-    void validate(std::string_view group) const {
-      const std::string g(group);
-      detail::require_adam_family(g, *this);
-    }
+    static constexpr auto fields = std::tuple_cat(detail::adam_family_fields<options>(), mpopt::fields(
+      field{"decoupled_weight_decay", &options::decoupled_weight_decay},
+      field{"bias_correction", &options::bias_correction}));
   };
 
   static constexpr std::string_view name = "adam";
@@ -55,17 +52,6 @@ struct adam {
     e.set_state(0, m);
     e.set_state(1, v);
     e.set_param(p);
-  }
-
-  static nlohmann::json to_json(const options& o) {
-    return {{"lr", o.lr}, {"beta1", o.beta1}, {"beta2", o.beta2}, {"eps", o.eps},
-            {"weight_decay", o.weight_decay}, {"decoupled_weight_decay", o.decoupled_weight_decay},
-            {"bias_correction", o.bias_correction}};
-  }
-  static options from_json(const nlohmann::json& j) {
-    using namespace detail;
-    return {json_number(j, "lr"), json_number(j, "beta1"), json_number(j, "beta2"), json_number(j, "eps"),
-            json_number(j, "weight_decay"), json_flag(j, "decoupled_weight_decay"), json_flag(j, "bias_correction")};
   }
 };
 

@@ -4,11 +4,11 @@
 
 #include "version.hpp"  // first: C++20, or a clear error
 
+#include <array>
 #include <cstdint>
-#include <string>
 #include <string_view>
 
-#include "detail/validate.hpp"
+#include "fields.hpp"
 
 namespace mpopt {
 
@@ -22,9 +22,8 @@ enum class compression_scale : std::uint8_t {
   global,
 };
 
-constexpr std::string_view compression_scale_name(compression_scale s) {
-  return s == compression_scale::per_tensor ? "per_tensor" : "global";
-}
+constexpr std::array<std::string_view, 2> choice_names(compression_scale) { return {"per_tensor", "global"}; }
+constexpr std::string_view compression_scale_name(compression_scale s) { return choice_names(s)[std::size_t(s)]; }
 
 /// Per parameter group, the same in every group (the compressed vector holds them all).
 struct compression_options {
@@ -40,10 +39,10 @@ struct compression_options {
 
   bool operator==(const compression_options&) const = default;
 
-  void validate(const std::string& group) const {
-    if (!(zero_variance_ratio >= 0 && zero_variance_ratio < 1))
-      detail::fail(group, ".compression.zero_variance_ratio must be in [0, 1), got ", zero_variance_ratio);
-  }
+  static constexpr auto fields = mpopt::fields(
+      field{"exclude_zero_variance", &compression_options::exclude_zero_variance},
+      field{"zero_variance_ratio", &compression_options::zero_variance_ratio, checks::half_open(0, 1)},
+      field{"scale", &compression_options::scale});
 };
 
 }  // namespace mpopt

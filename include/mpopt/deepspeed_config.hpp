@@ -22,7 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "adam.hpp"
-#include "detail/compression_json.hpp"
+#include "detail/field_refs.hpp"
 #include "detail/config_object.hpp"
 #include "detail/json_fields.hpp"
 #include "detail/validate.hpp"
@@ -360,7 +360,7 @@ class deepspeed_reader {
     o.decoupled_weight_decay = adamw || w_mode;
     ignore_flag(p, "torch_adam");     // torch's implementation of the same formula
     ignore_flag(p, "set_grad_none");  // how the engine clears gradients
-    o.validate(p.path());
+    check_options(o, p.path());
   }
 
   void lamb_params(const config_object& p) {
@@ -374,7 +374,7 @@ class deepspeed_reader {
     o.eps_inside_sqrt = p.flag("eps_inside_sqrt", false);
     o.max_coeff = p.number("max_coeff", o.max_coeff);
     o.min_coeff = p.number("min_coeff", o.min_coeff);
-    o.validate(p.path());
+    check_options(o, p.path());
   }
 
   void onebit_lamb_params(const config_object& p) {
@@ -392,7 +392,7 @@ class deepspeed_reader {
     o.factor_max = p.number("factor_max", o.factor_max);
     o.factor_min = p.number("factor_min", o.factor_min);
     o.factor_threshold = p.number("factor_threshold", o.factor_threshold);
-    o.validate(p.path());
+    check_options(o, p.path());
   }
 
   void onebit_adam_params(const config_object& p) {
@@ -404,7 +404,7 @@ class deepspeed_reader {
     onebit_adam_options& o = c_.onebit_adam_options;
     compressing_params(p, o, "1-bit Adam");
     o.freeze_step = freeze_step(p);
-    o.validate(p.path());
+    check_options(o, p.path());
   }
 
   void zero_one_adam_params(const config_object& p) {
@@ -422,7 +422,7 @@ class deepspeed_reader {
     o.var_update_scaler = std::uint64_t(p.integer("var_update_scaler", std::int64_t(o.var_update_scaler), 1, most));
     o.local_step_scaler = std::uint64_t(p.integer("local_step_scaler", std::int64_t(o.local_step_scaler), 1, most));
     o.local_step_clipper = std::uint64_t(p.integer("local_step_clipper", std::int64_t(o.local_step_clipper), 1, most));
-    o.validate(p.path());
+    check_options(o, p.path());
   }
 
   /// What the compressing rules share: the common parameters, two keys DeepSpeed takes and ignores
@@ -443,7 +443,7 @@ class deepspeed_reader {
     }
     // mpopt's own keys (compression_options.hpp); DeepSpeed has neither.
     if (p.has("compression_scale"))
-      o.compression.scale = compression_scale_of(p.text("compression_scale", ""), p.at("compression_scale"));
+      o.compression.scale = choice_of<compression_scale>(p.text("compression_scale", ""), p.at("compression_scale"));
     o.compression.exclude_zero_variance = p.flag("exclude_zero_variance", o.compression.exclude_zero_variance);
     o.compression.zero_variance_ratio = p.number("zero_variance_ratio", o.compression.zero_variance_ratio);
     if (c_.zero_stage > 0)

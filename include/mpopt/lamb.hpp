@@ -10,13 +10,13 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
-
-#include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "detail/config.hpp"
-#include "detail/json_fields.hpp"
 #include "detail/lamb_math.hpp"
 #include "detail/validate.hpp"
+#include "detail/adam_family.hpp"
+#include "fields.hpp"
 
 namespace mpopt {
 
@@ -33,15 +33,20 @@ struct lamb {
     double min_coeff = 0.01;
     double max_coeff = 10.0;
 
+    static constexpr auto fields = std::tuple_cat(detail::adam_family_fields<options>(), mpopt::fields(
+        field{"bias_correction", &options::bias_correction},
+        field{"eps_inside_sqrt", &options::eps_inside_sqrt},
+        field{"min_coeff", &options::min_coeff, checks::at_least(0)},
+        field{"max_coeff", &options::max_coeff, checks::above(0)}));
+
+    /// The clamp is an interval, and the update's float factor fits a float: the step size (largest
+    /// at step 1 or in the limit, lr) times a ratio.
     void validate(std::string_view group) const {
-      const std::string g(group);
-      detail::require_adam_family(g, *this);
-      detail::require_coeff_clamp(g, *this);
-      // The update's float factor: the step size (largest at step 1 or in the limit, lr) times a ratio.
+      detail::require_coeff_order(group, min_coeff, max_coeff);
       const double largest = std::max(step_size(*this, 1), lr) * max_coeff;
       if (!(largest <= FLT_MAX))
-        detail::fail(g, ".lr (", lr, ") with beta1, beta2 and max_coeff (", max_coeff, ") gives a step of ", largest,
-                     ", beyond the largest float");
+        detail::fail(group, ".lr (", lr, ") with beta1, beta2 and max_coeff (", max_coeff, ") gives a step of ",
+                     largest, ", beyond the largest float");
     }
   };
 
@@ -83,18 +88,6 @@ struct lamb {
   static double step_size(const options& o, std::uint64_t t) {
     if (!o.bias_correction) return o.lr;
     return o.lr * std::sqrt(1.0 - std::pow(o.beta2, double(t))) / (1.0 - std::pow(o.beta1, double(t)));
-  }
-
-  static nlohmann::json to_json(const options& o) {
-    return {{"lr", o.lr}, {"beta1", o.beta1}, {"beta2", o.beta2}, {"eps", o.eps},
-            {"weight_decay", o.weight_decay}, {"bias_correction", o.bias_correction},
-            {"eps_inside_sqrt", o.eps_inside_sqrt}, {"min_coeff", o.min_coeff}, {"max_coeff", o.max_coeff}};
-  }
-  static options from_json(const nlohmann::json& j) {
-    using namespace detail;
-    return {json_number(j, "lr"),           json_number(j, "beta1"),          json_number(j, "beta2"),
-            json_number(j, "eps"),          json_number(j, "weight_decay"),   json_flag(j, "bias_correction"),
-            json_flag(j, "eps_inside_sqrt"), json_number(j, "min_coeff"),     json_number(j, "max_coeff")};
   }
 };
 

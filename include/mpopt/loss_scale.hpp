@@ -5,16 +5,17 @@
 #include "version.hpp"  // first: C++20, or a clear error
 
 #include <algorithm>
+#include <array>
 #include <concepts>
 #include <cstdint>
 #include <string_view>
+#include <tuple>
 #include <type_traits>
 
-#include <nlohmann/json.hpp>
-
-#include "detail/json_fields.hpp"
-#include "numeric.hpp"
+#include "detail/field_refs.hpp"
 #include "detail/validate.hpp"
+#include "fields.hpp"
+#include "numeric.hpp"
 
 namespace mpopt {
 
@@ -24,17 +25,22 @@ namespace mpopt {
 /// dynamic_scale stops growing here (DeepSpeed's has no cap: zero gradients double it without end).
 inline constexpr double max_loss_scale = 0x1p64;
 
-namespace detail {
-inline void require_loss_scale(std::string_view field, double x) {
-  require_positive(field, x);
-  if (!(x <= max_loss_scale)) fail(field, " must be <= 2^64 (mpopt::max_loss_scale), got ", x);
-}
-}  // namespace detail
+namespace checks {
+/// (0, 2^64]: a loss scale.
+inline constexpr check loss_scale = check{.lo = 0, .hi = max_loss_scale, .lo_open = true};
+}  // namespace checks
 
 /// No scaling: bf16 and fp32 training. The scale is always 1.
 class no_scaling {
  public:
-  struct options {};
+  struct options {
+    static constexpr std::tuple<> fields{};
+  };
+  /// What a checkpoint keeps of it: nothing.
+  struct state {
+    static constexpr std::tuple<> fields{};
+    bool operator==(const state&) const = default;
+  };
   static constexpr std::string_view name = "no_scaling";
   static constexpr bool dynamic = false;
   template <class Grad>
@@ -44,13 +50,15 @@ class no_scaling {
   double scale() const { return 1.0; }
   bool raises_on(bool) const { return false; }
   void update(bool) {}
-  nlohmann::json save() const { return nlohmann::json::object(); }
-  void load(const nlohmann::json&) {}
-  nlohmann::json settings() const { return nlohmann::json::object(); }
+  options config() const { return {}; }
+  state save() const { return {}; }
+  void load(const state&) {}
 };
 
 struct static_scale_options {
   double scale = 1.0;
+
+  static constexpr auto fields = mpopt::fields(field{"scale", &static_scale_options::scale, checks::loss_scale});
 };
 
 /// A constant scale S (DeepSpeed's LossScaler). An overflow still skips the step.
@@ -60,17 +68,22 @@ class static_scale {
   static constexpr std::string_view name = "static_scale";
   static constexpr bool dynamic = false;
 
-  explicit static_scale(options o = {}) : scale_(o.scale) { detail::require_loss_scale("static_scale.scale", o.scale); }
+  /// What a checkpoint keeps of it: the scale.
+  struct state {
+    double scale = 1.0;
+    static constexpr auto fields = mpopt::fields(field{"scale", &state::scale});
+    bool operator==(const state&) const = default;
+  };
+
+  explicit static_scale(options o = {}) : scale_(o.scale) { detail::check_options(o, "static_scale"); }
   double scale() const { return scale_; }
   bool raises_on(bool) const { return false; }
   void update(bool) {}
-  nlohmann::json save() const { return {{"scale", scale_}}; }
-  /// The options, which every rank must share (the optimizer compares them across ranks).
-  nlohmann::json settings() const { return save(); }
-  void load(const nlohmann::json& j) {
-    const double scale = detail::json_number(j, "scale", "saved static_scale.scale");
-    detail::require_loss_scale("saved static_scale.scale", scale);
-    scale_ = scale;
+  options config() const { return {scale_}; }
+  state save() const { return {scale_}; }
+  void load(const state& s) {
+    detail::require_check("saved static_scale.scale", s.scale, checks::loss_scale);
+    scale_ = s.scale;
   }
 
  private:
@@ -82,6 +95,7 @@ enum class at_min_scale {
   raise,          ///< throw mpopt::error naming the non-finite tensors (DeepSpeed ZeRO's behaviour)
   keep_skipping,  ///< skip the step and stay at the minimum (FP16_Optimizer's behaviour)
 };
+constexpr std::array<std::string_view, 2> choice_names(at_min_scale) { return {"raise", "keep_skipping"}; }
 
 /// Defaults are DeepSpeed's fp16 config defaults.
 struct dynamic_scale_options {
@@ -91,6 +105,18 @@ struct dynamic_scale_options {
   std::int64_t hysteresis = 2;  ///< delayed_shift: overflows tolerated before the first halving
   bool consecutive_hysteresis = false;
   at_min_scale on_min_scale = at_min_scale::raise;
+
+  static constexpr auto fields = mpopt::fields(
+      field{"init_scale", &dynamic_scale_options::init_scale, checks::loss_scale},
+      field{"window", &dynamic_scale_options::window, checks::at_least(1)},
+      field{"min_scale", &dynamic_scale_options::min_scale, checks::loss_scale},
+      field{"hysteresis", &dynamic_scale_options::hysteresis, checks::at_least(1)},
+      field{"consecutive_hysteresis", &dynamic_scale_options::consecutive_hysteresis},
+      field{"on_min_scale", &dynamic_scale_options::on_min_scale});
+
+  void validate(std::string_view where) const {
+    if (min_scale > init_scale) detail::fail(where, ".min_scale (", min_scale, ") must be <= init_scale (", init_scale, ")");
+  }
 };
 
 /// DeepSpeed's DynamicLossScaler (runtime/fp16/loss_scaler.py): halve on overflow after `hysteresis`
@@ -102,13 +128,20 @@ class dynamic_scale {
   static constexpr bool dynamic = true;
   static constexpr double factor = 2.0;  // DeepSpeed fixes scale_factor at 2
 
+  /// What a checkpoint keeps of it.
+  struct state {
+    double scale = 0;
+    std::int64_t iter = 0;
+    std::int64_t last_overflow_iter = -1;
+    std::int64_t hysteresis_left = 0;
+    static constexpr auto fields = mpopt::fields(
+        field{"scale", &state::scale}, field{"iter", &state::iter},
+        field{"last_overflow_iter", &state::last_overflow_iter}, field{"hysteresis_left", &state::hysteresis_left});
+    bool operator==(const state&) const = default;
+  };
+
   explicit dynamic_scale(options o = {}) : opt_(o) {
-    detail::require_loss_scale("dynamic_scale.init_scale", o.init_scale);
-    detail::require_loss_scale("dynamic_scale.min_scale", o.min_scale);
-    if (o.window <= 0) detail::fail("dynamic_scale.window must be > 0, got ", o.window);
-    if (o.hysteresis <= 0) detail::fail("dynamic_scale.hysteresis must be > 0, got ", o.hysteresis);
-    if (o.min_scale > o.init_scale)
-      detail::fail("dynamic_scale.min_scale (", o.min_scale, ") must be <= init_scale (", o.init_scale, ")");
+    detail::check_options(o, "dynamic_scale");
     scale_ = o.init_scale;
     hysteresis_left_ = o.hysteresis;
   }
@@ -143,31 +176,21 @@ class dynamic_scale {
   std::int64_t iteration() const { return iter_; }
   std::int64_t hysteresis_left() const { return hysteresis_left_; }
 
-  nlohmann::json save() const {
-    return {{"scale", scale_}, {"iter", iter_}, {"last_overflow_iter", last_overflow_iter_},
-            {"hysteresis_left", hysteresis_left_}};
-  }
-  /// The options, which every rank must share (the optimizer compares them across ranks).
-  nlohmann::json settings() const {
-    return {{"init_scale", opt_.init_scale}, {"window", opt_.window}, {"min_scale", opt_.min_scale},
-            {"hysteresis", opt_.hysteresis}, {"consecutive_hysteresis", opt_.consecutive_hysteresis},
-            {"on_min_scale", opt_.on_min_scale == at_min_scale::raise ? "raise" : "keep_skipping"}};
-  }
+  state save() const { return {scale_, iter_, last_overflow_iter_, hysteresis_left_}; }
   /// Restores save()d state; the options stay this scaler's own (like DeepSpeed's min_loss_scale).
   /// Checks the state is one the rule can reach before changing anything.
-  void load(const nlohmann::json& j) {
-    using detail::json_integer;
-    const double scale = detail::json_number(j, "scale", "saved dynamic_scale.scale");
-    detail::require_loss_scale("saved dynamic_scale.scale", scale);
-    const auto iter = json_integer(j, "iter", 0, std::int64_t(detail::max_steps), "saved dynamic_scale.iter");
-    const auto last_overflow =
-        json_integer(j, "last_overflow_iter", -1, iter - 1, "saved dynamic_scale.last_overflow_iter (before iter)");
-    const auto hysteresis_left =
-        json_integer(j, "hysteresis_left", 1, opt_.hysteresis, "saved dynamic_scale.hysteresis_left (up to hysteresis)");
-    scale_ = scale;
-    iter_ = iter;
-    last_overflow_iter_ = last_overflow;
-    hysteresis_left_ = hysteresis_left;
+  void load(const state& s) {
+    using detail::require_check;
+    require_check("saved dynamic_scale.scale", s.scale, checks::loss_scale);
+    require_check("saved dynamic_scale.iter", double(s.iter), checks::closed(0, 0x1p53));
+    require_check("saved dynamic_scale.last_overflow_iter", double(s.last_overflow_iter),
+                  checks::closed(-1, double(s.iter) - 1).because("before iter"));
+    require_check("saved dynamic_scale.hysteresis_left", double(s.hysteresis_left),
+                  checks::closed(1, double(opt_.hysteresis)).because("up to hysteresis"));
+    scale_ = s.scale;
+    iter_ = s.iter;
+    last_overflow_iter_ = s.last_overflow_iter;
+    hysteresis_left_ = s.hysteresis_left;
   }
 
  private:
@@ -204,14 +227,15 @@ inline constexpr bool scaler_serves = [] {
 }();
 
 template <class S>
-concept loss_scaler_policy = requires(S s, const S cs, bool b, const nlohmann::json& j) {
-  typename S::options;
+concept loss_scaler_policy = requires(S s, const S cs, bool b, const typename S::state& saved) {
+  requires described<typename S::options>;  // fields.hpp
+  requires described<typename S::state>;    // what a checkpoint keeps of it
   { cs.scale() } -> std::convertible_to<double>;
   { cs.raises_on(b) } -> std::convertible_to<bool>;
   s.update(b);
-  { cs.save() } -> std::convertible_to<nlohmann::json>;
-  s.load(j);
-  { cs.settings() } -> std::convertible_to<nlohmann::json>;  // the options, compared across ranks
+  { cs.config() } -> std::convertible_to<typename S::options>;  // the options, compared across ranks
+  { cs.save() } -> std::same_as<typename S::state>;
+  s.load(saved);  // checks the state, then takes it
   { S::name } -> std::convertible_to<std::string_view>;
 };
 

@@ -15,12 +15,8 @@
 #include <string>
 #include <string_view>
 
-#include <nlohmann/json.hpp>
-
 #include "onebit_adam_options.hpp"
-#include "detail/compression_json.hpp"
 #include "detail/config.hpp"
-#include "detail/json_fields.hpp"
 #include "detail/lamb_math.hpp"
 #include "detail/onebit_adam_driver.hpp"
 #include "detail/validate.hpp"
@@ -47,17 +43,6 @@ struct onebit_adam {
   template <class E>
   MPOPT_HOST_DEVICE static void update(const scalars& k, E& e) {
     detail::uncorrected_adam_step(k, e);
-  }
-
-  static nlohmann::json to_json(const options& o) {
-    return {{"lr", o.lr},   {"beta1", o.beta1},  {"beta2", o.beta2}, {"eps", o.eps}, {"weight_decay", o.weight_decay},
-            {"freeze_step", o.freeze_step}, {"compression", detail::compression_json(o.compression)}};
-  }
-  static options from_json(const nlohmann::json& j) {
-    using namespace detail;
-    return {json_number(j, "lr"),  json_number(j, "beta1"),        json_number(j, "beta2"),
-            json_number(j, "eps"), json_number(j, "weight_decay"),
-            json_count(j, "freeze_step", std::numeric_limits<std::uint64_t>::max()), compression_from_json(j)};
   }
 };
 

@@ -5,11 +5,10 @@
 #include "version.hpp"  // first: C++20, or a clear error
 
 #include <cstdint>
-#include <string>
-#include <string_view>
 
 #include "compression_options.hpp"
-#include "detail/validate.hpp"
+#include "detail/adam_family.hpp"
+#include "fields.hpp"
 
 namespace mpopt {
 
@@ -27,12 +26,10 @@ struct onebit_adam_options {
   /// The compressed all-reduce's choices (compression_options.hpp); the same in every group.
   compression_options compression = {};
 
-  void validate(std::string_view group) const {
-    const std::string g(group);
-    detail::require_adam_family(g, *this);
-    compression.validate(g);
-    if (freeze_step < 1) detail::fail(g, ".freeze_step must be >= 1, got 0: the frozen variance comes from warm-up");
-  }
+  static constexpr auto fields = std::tuple_cat(detail::adam_family_fields<onebit_adam_options>(), mpopt::fields(
+      field{"freeze_step", &onebit_adam_options::freeze_step,
+            checks::at_least(1).because("the frozen variance comes from warm-up")},
+      field{"compression", &onebit_adam_options::compression}));
 };
 
 }  // namespace mpopt

@@ -18,10 +18,6 @@
 #include <limits>
 #include <string_view>
 
-#include <nlohmann/json.hpp>
-
-#include "detail/compression_json.hpp"
-#include "detail/json_fields.hpp"
 #include "detail/onebit_lamb_driver.hpp"
 #include "lamb.hpp"
 #include "onebit_lamb_options.hpp"
@@ -82,40 +78,6 @@ struct onebit_lamb {
     }
     f = std::clamp(f, o.factor_min, o.factor_max);
     return std::clamp(f, last * (1.0 - o.factor_threshold), last * (1.0 + o.factor_threshold));
-  }
-
-  static nlohmann::json to_json(const options& o) {
-    return {{"lr", o.lr},
-            {"beta1", o.beta1},
-            {"beta2", o.beta2},
-            {"eps", o.eps},
-            {"weight_decay", o.weight_decay},
-            {"min_coeff", o.min_coeff},
-            {"max_coeff", o.max_coeff},
-            {"freeze_step", o.freeze_step},
-            {"coeff_beta", o.coeff_beta},
-            {"factor_max", o.factor_max},
-            {"factor_min", o.factor_min},
-            {"factor_threshold", o.factor_threshold},
-            {"compression", detail::compression_json(o.compression)}};
-  }
-  static options from_json(const nlohmann::json& j) {
-    using namespace detail;
-    options o;
-    o.lr = json_number(j, "lr");
-    o.beta1 = json_number(j, "beta1");
-    o.beta2 = json_number(j, "beta2");
-    o.eps = json_number(j, "eps");
-    o.weight_decay = json_number(j, "weight_decay");
-    o.min_coeff = json_number(j, "min_coeff");
-    o.max_coeff = json_number(j, "max_coeff");
-    o.freeze_step = json_count(j, "freeze_step", std::numeric_limits<std::uint64_t>::max());
-    o.coeff_beta = json_number(j, "coeff_beta");
-    o.factor_max = json_number(j, "factor_max");
-    o.factor_min = json_number(j, "factor_min");
-    o.factor_threshold = json_number(j, "factor_threshold");
-    o.compression = compression_from_json(j);
-    return o;
   }
 };
 

@@ -8,9 +8,12 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <tuple>
 
 #include "compression_options.hpp"
 #include "detail/validate.hpp"
+#include "detail/adam_family.hpp"
+#include "fields.hpp"
 
 namespace mpopt {
 
@@ -35,24 +38,26 @@ struct onebit_lamb_options {
   /// The compressed all-reduce's choices (compression_options.hpp); the same in every group.
   compression_options compression = {};
 
+  static constexpr auto fields = std::tuple_cat(detail::adam_family_fields<onebit_lamb_options>(), mpopt::fields(
+      field{"min_coeff", &onebit_lamb_options::min_coeff, checks::at_least(0)},
+      field{"max_coeff", &onebit_lamb_options::max_coeff, checks::above(0)},
+      field{"freeze_step", &onebit_lamb_options::freeze_step,
+            checks::at_least(1).because("the frozen variance and coefficient come from warm-up")},
+      field{"coeff_beta", &onebit_lamb_options::coeff_beta, checks::beta},
+      field{"factor_max", &onebit_lamb_options::factor_max, checks::above(0)},
+      field{"factor_min", &onebit_lamb_options::factor_min, checks::above(0)},
+      field{"factor_threshold", &onebit_lamb_options::factor_threshold, checks::half_open(0, 1)},
+      field{"compression", &onebit_lamb_options::compression}));
+
+  /// The clamps are intervals, and the update's float factor fits a float: lr times the frozen
+  /// coefficient times the compression factor.
   void validate(std::string_view group) const {
-    const std::string g(group);
-    detail::require_adam_family(g, *this);
-    compression.validate(g);
-    detail::require_coeff_clamp(g, *this);
-    if (freeze_step < 1)
-      detail::fail(g, ".freeze_step must be >= 1, got 0: the frozen variance and coefficient come from warm-up");
-    detail::require_beta(g + ".coeff_beta", coeff_beta);
-    detail::require_positive(g + ".factor_min", factor_min);
-    detail::require_positive(g + ".factor_max", factor_max);
+    detail::require_coeff_order(group, min_coeff, max_coeff);
     if (factor_min > factor_max)
-      detail::fail(g, ".factor_min (", factor_min, ") must be <= factor_max (", factor_max, ")");
-    detail::require_non_negative(g + ".factor_threshold", factor_threshold);
-    if (!(factor_threshold < 1)) detail::fail(g, ".factor_threshold must be < 1, got ", factor_threshold);
-    // The update's float factor: lr times the frozen coefficient times the compression factor.
+      detail::fail(group, ".factor_min (", factor_min, ") must be <= factor_max (", factor_max, ")");
     const double largest = lr * max_coeff * factor_max;
     if (!(largest <= FLT_MAX))
-      detail::fail(g, ".lr (", lr, ") times max_coeff (", max_coeff, ") and factor_max (", factor_max,
+      detail::fail(group, ".lr (", lr, ") times max_coeff (", max_coeff, ") and factor_max (", factor_max,
                    ") is beyond the largest float");
   }
 };

@@ -3,16 +3,21 @@
 
 #include "version.hpp"  // first: C++20, or a clear error
 
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <string_view>
 
+#include "detail/field_refs.hpp"
 #include "detail/validate.hpp"
+#include "fields.hpp"
 
 namespace mpopt {
 
 /// How micro-step gradients are combined at the accumulation boundary.
 enum class accumulation { mean, sum };
+constexpr std::array<std::string_view, 2> choice_names(accumulation) { return {"mean", "sum"}; }
 
 /// The loss-spike guard (llm.c's outlier detector): each boundary's loss (the mean over its
 /// micro-steps and ranks, given to step(loss)) and global gradient norm join a window of the last
@@ -24,6 +29,11 @@ struct spike_guard_options {
   int window = 128;   ///< values per window (llm.c's 128)
   double loss_z = 0;  ///< skip when the loss scores above this; needs step(loss)
   double norm_z = 0;  ///< skip when the gradient norm scores above this
+
+  static constexpr auto fields = mpopt::fields(
+      field{"window", &spike_guard_options::window, checks::closed(2, max_window)},
+      field{"loss_z", &spike_guard_options::loss_z, checks::at_least(0)},
+      field{"norm_z", &spike_guard_options::norm_z, checks::at_least(0)});
 };
 
 /// Options of the step pipeline, common to every policy combination.
@@ -65,6 +75,21 @@ struct optimizer_options {
   bool leave_param_gather_in_flight = false;
   /// Skips steps whose loss or gradient norm spikes (off by default); see spike_guard_options.
   spike_guard_options spike_guard{};
+
+  static constexpr auto fields = mpopt::fields(
+      field{"clip_grad", &optimizer_options::clip_grad, checks::at_least(0)},
+      field{"accumulation_steps", &optimizer_options::accumulation_steps, checks::at_least(1)},
+      field{"combine", &optimizer_options::combine},
+      field{"skip_nonfinite", &optimizer_options::skip_nonfinite},
+      field{"max_consecutive_skips", &optimizer_options::max_consecutive_skips},
+      field{"bucket_elements", &optimizer_options::bucket_elements, checks::closed(1, 1 << 30)},
+      field{"gradient_predivide", &optimizer_options::gradient_predivide, checks::float_scale},
+      field{"sum_by_shard", &optimizer_options::sum_by_shard},
+      field{"rounding_seed", &optimizer_options::rounding_seed},
+      field{"overlap_comm", &optimizer_options::overlap_comm},
+      field{"buckets_in_flight", &optimizer_options::buckets_in_flight, checks::closed(1, 64)},
+      field{"leave_param_gather_in_flight", &optimizer_options::leave_param_gather_in_flight},
+      field{"spike_guard", &optimizer_options::spike_guard});
 };
 
 /// What load() does with state that cannot carry over.
@@ -79,24 +104,15 @@ namespace detail {
 /// o, checked (`unscaled`: the loss scaler is mpopt::no_scaling; `nonblocking`: the communicator
 /// can leave collectives in flight); throws naming the first bad field.
 inline optimizer_options validated(optimizer_options o, bool unscaled, bool nonblocking = true) {
-  require_non_negative("clip_grad", o.clip_grad);
-  if (o.accumulation_steps < 1) fail("accumulation_steps must be >= 1, got ", o.accumulation_steps);
-  if (o.bucket_elements < 1 || o.bucket_elements > (std::size_t{1} << 30))
-    fail("bucket_elements must be in [1, 2^30], got ", o.bucket_elements);
-  require_float_scale("gradient_predivide", o.gradient_predivide);
-  if (o.buckets_in_flight < 1 || o.buckets_in_flight > 64)
-    fail("buckets_in_flight must be in [1, 64], got ", o.buckets_in_flight);
+  check_options(o, "");
   if (o.leave_param_gather_in_flight && !o.overlap_comm)
     fail("leave_param_gather_in_flight needs overlap_comm: without it every collective is waited for at once");
   if (o.overlap_comm && !nonblocking)
     fail("overlap_comm needs a communicator with nonblocking collectives (mpopt::nonblocking_communicator: "
          "start_all_reduce, start_reduce_scatter, start_all_gather), as mpopt::mpi and mpopt::nccl have");
-  if (o.spike_guard.window < 2 || o.spike_guard.window > spike_guard_options::max_window)
-    fail("spike_guard.window must be in [2, ", spike_guard_options::max_window, "], got ", o.spike_guard.window);
   // Of n values, the newest scores at most sqrt(n - 1) standard deviations above their mean.
   const double reach = std::sqrt(double(o.spike_guard.window) - 1);
   auto check_z = [&](const char* field, double z) {
-    require_non_negative(field, z);
     if (z >= reach)
       fail(field, " = ", z, " never skips: in a window of ", o.spike_guard.window, " values none scores above sqrt(",
            o.spike_guard.window, " - 1) = ", reach, "; lower it or widen the window");

@@ -21,11 +21,10 @@
 #include <string_view>
 #include <type_traits>
 
-#include <nlohmann/json.hpp>
-
 #include "detail/config.hpp"
 #include "detail/lanes.hpp"
 #include "detail/step_data.hpp"
+#include "fields.hpp"
 
 namespace mpopt {
 
@@ -90,14 +89,13 @@ struct element_probe {
 
 /// An update rule: what the optimizer's UpdateRule must provide.
 template <class R>
-concept update_rule = requires(typename R::options o, const typename R::options& co, const nlohmann::json& j,
-                               const typename R::scalars& k, detail::element_probe& e) {
+concept update_rule = requires(typename R::options o, const typename R::options& co, const typename R::scalars& k,
+                               detail::element_probe& e) {
   { R::name } -> std::convertible_to<std::string_view>;
-  /// options: per group; lr is what param_group::set_lr sets.
+  /// options: per group, a struct that declares its fields (fields.hpp), and optionally
+  /// validate(std::string_view group) for what involves several; lr is what param_group::set_lr sets.
+  requires described<typename R::options>;
   { o.lr } -> std::same_as<double&>;
-  co.validate(std::string_view{});
-  { R::to_json(co) } -> std::convertible_to<nlohmann::json>;
-  { R::from_json(j) } -> std::same_as<typename R::options>;
   /// state: the names of its fp32 buffers (checkpoint keys, the memory report), zero at the start.
   { R::state.size() } -> std::convertible_to<std::size_t>;
   requires R::state.size() <= max_rule_state;

@@ -20,12 +20,8 @@
 #include <string>
 #include <string_view>
 
-#include <nlohmann/json.hpp>
-
 #include "zero_one_adam_options.hpp"
-#include "detail/compression_json.hpp"
 #include "detail/config.hpp"
-#include "detail/json_fields.hpp"
 #include "detail/lamb_math.hpp"
 #include "detail/validate.hpp"
 #include "detail/zero_one_adam_driver.hpp"
@@ -84,33 +80,6 @@ struct zero_one_adam {
   /// Whether step t's gradients stay on their rank (the engine's all-reduce is off).
   static bool local_gradients(const options& o, std::uint64_t t) {
     return t > o.var_freeze_step || !variance_step(o, t);
-  }
-
-  static nlohmann::json to_json(const options& o) {
-    return {{"lr", o.lr},
-            {"beta1", o.beta1},
-            {"beta2", o.beta2},
-            {"eps", o.eps},
-            {"weight_decay", o.weight_decay},
-            {"var_freeze_step", o.var_freeze_step},
-            {"var_update_scaler", o.var_update_scaler},
-            {"local_step_scaler", o.local_step_scaler},
-            {"local_step_clipper", o.local_step_clipper},
-            {"compression", detail::compression_json(o.compression)}};
-  }
-  static options from_json(const nlohmann::json& j) {
-    using namespace detail;
-    constexpr auto most = std::numeric_limits<std::uint64_t>::max();
-    return {json_number(j, "lr"),
-            json_number(j, "beta1"),
-            json_number(j, "beta2"),
-            json_number(j, "eps"),
-            json_number(j, "weight_decay"),
-            json_count(j, "var_freeze_step", most),
-            json_count(j, "var_update_scaler", most),
-            json_count(j, "local_step_scaler", most),
-            json_count(j, "local_step_clipper", most),
-            compression_from_json(j)};
   }
 };
 

@@ -5,11 +5,10 @@
 #include "version.hpp"  // first: C++20, or a clear error
 
 #include <cstdint>
-#include <string>
-#include <string_view>
 
 #include "compression_options.hpp"
-#include "detail/validate.hpp"
+#include "detail/adam_family.hpp"
+#include "fields.hpp"
 
 namespace mpopt {
 
@@ -33,17 +32,12 @@ struct zero_one_adam_options {
   /// The compressed all-reduce's choices (compression_options.hpp); the same in every group.
   compression_options compression = {};
 
-  void validate(std::string_view group) const {
-    const std::string g(group);
-    detail::require_adam_family(g, *this);
-    compression.validate(g);
-    auto at_least_one = [&](const char* name, std::uint64_t x) {
-      if (x < 1) detail::fail(g, ".", name, " must be >= 1, got 0");
-    };
-    at_least_one("var_update_scaler", var_update_scaler);
-    at_least_one("local_step_scaler", local_step_scaler);
-    at_least_one("local_step_clipper", local_step_clipper);
-  }
+  static constexpr auto fields = std::tuple_cat(detail::adam_family_fields<zero_one_adam_options>(), mpopt::fields(
+      field{"var_freeze_step", &zero_one_adam_options::var_freeze_step},
+      field{"var_update_scaler", &zero_one_adam_options::var_update_scaler, checks::at_least(1)},
+      field{"local_step_scaler", &zero_one_adam_options::local_step_scaler, checks::at_least(1)},
+      field{"local_step_clipper", &zero_one_adam_options::local_step_clipper, checks::at_least(1)},
+      field{"compression", &zero_one_adam_options::compression}));
 };
 
 }  // namespace mpopt

@@ -14,8 +14,6 @@
 #include <utility>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "../communicator.hpp"
 #include "../error.hpp"
 #include "../options.hpp"
@@ -196,8 +194,8 @@ class agreement {
     if constexpr (requires { o.comm_.inner().options().deterministic; })
       deterministic = o.comm_.inner().options().deterministic;
     std::vector<setting> all =
-        pipeline_settings(o.options_, rounding_of_t<Precision>::name, LossScaler::name, o.scaler_.settings(),
-                          o.scaler_.save(), Communicator::name, deterministic);
+        pipeline_settings(o.options_, rounding_of_t<Precision>::name, LossScaler::name,
+                          field_refs(o.scaler_.config()), field_refs(o.scaler_.save()), Communicator::name, deterministic);
     for (std::size_t gi = 0; gi < o.groups_.size(); ++gi) {
       const auto& g = o.groups_[gi];
       // An expert group's communicator; its tensors' names differ between sets of experts
@@ -205,7 +203,7 @@ class agreement {
       const std::size_t replicas = g->expert_parallel() ? std::size_t(o.group_comms_[gi]->size()) : 0;
       tensors_summary tensors(g->label_, replicas);
       for (const auto& e : g->entries_) tensors.add(e.name, e.size, e.shape);
-      add_group_settings(all, g->label_, UpdateRule::to_json(g->options_), tensors);
+      add_group_settings(all, g->label_, field_refs(g->options_), tensors);
     }
     require_same_settings(o.comm_, std::span<const setting>(all), same_settings_advice);
   }

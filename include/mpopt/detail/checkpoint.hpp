@@ -31,6 +31,8 @@
 #include "checkpoint_io.hpp"
 #include "checkpoint_pieces.hpp"
 #include "config.hpp"
+#include "field_refs.hpp"
+#include "fields_json.hpp"
 #include "same_settings.hpp"
 #include "state_file.hpp"
 
@@ -128,10 +130,10 @@ class checkpointing {
     MPOPT_COLD typed_metadata metadata() const override {
       typed_metadata m;
       m.policies = {Precision::name, LossScaler::name, Partition::name, UpdateRule::name};
-      m.scaler = o_.scaler_.save();
+      m.scaler = options_json(o_.scaler_.save());
       m.counts = o_.counts_;
       for (const auto& g : o_.groups_) {
-        m.group_options.push_back(UpdateRule::to_json(g->options_));
+        m.group_options.push_back(options_json(g->options_));
         m.group_steps.push_back(g->step_);
       }
       if constexpr (std::is_same_v<rounding_of_t<Precision>, stochastic_rounding>) m.rounding_seed = o_.options_.rounding_seed;
@@ -152,11 +154,11 @@ class checkpointing {
     }
 
     MPOPT_COLD void read_group_options(const nlohmann::json& options) override {
-      groups_.push_back(UpdateRule::from_json(options));
+      groups_.push_back(options_from_json<typename UpdateRule::options>(options, ""));
     }
-    MPOPT_COLD void validate_group_options(const std::string& where) override { groups_.back().validate(where); }
+    MPOPT_COLD void validate_group_options(const std::string& where) override { check_options(groups_.back(), where); }
     MPOPT_COLD void read_scaler(const nlohmann::json& saved, std::uint64_t steps, const std::string& where) override {
-      scaler_.load(saved);
+      scaler_.load(options_from_json<typename LossScaler::state>(saved, "saved " + std::string(LossScaler::name) + "."));
       if constexpr (counts_iterations<LossScaler>)  // one scaler update per boundary
         if (std::uint64_t(scaler_.iteration()) > steps)
           fail(where, "saved dynamic_scale.iter (", scaler_.iteration(), ") exceeds the steps taken (", steps, ")");
@@ -165,8 +167,8 @@ class checkpointing {
                      const load_options& lo, std::uint64_t applied, std::span<const std::size_t> sizes) override {
       driver_ = o_.driver_.check_saved(meta, r, where, lo, applied, o_.comm_.size(), sizes);
     }
-    MPOPT_COLD std::string read_scaler_text() const override { return scaler_.save().dump(); }
-    MPOPT_COLD std::string read_group_text(std::size_t g) const override { return UpdateRule::to_json(groups_[g]).dump(); }
+    MPOPT_COLD std::string read_scaler_text() const override { return options_json(scaler_.save()).dump(); }
+    MPOPT_COLD std::string read_group_text(std::size_t g) const override { return options_json(groups_[g]).dump(); }
     MPOPT_COLD void require_same(std::span<const setting> settings, std::string_view advice) override {
       require_same_settings(o_.comm_, settings, advice);
     }

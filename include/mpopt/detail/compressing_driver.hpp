@@ -133,7 +133,7 @@ class compressing_driver : public staged_driver<Rule, Precision, Backend, Commun
     const int saved_world = int(json_integer(c, "world_size", 1, INT_MAX, "compression.world_size"));
     h.errors_world = json_flag(c, "errors_saved", "compression.errors_saved") ? saved_world : 0;
     const nlohmann::json& scale = json_field(c, "scale", "compression.scale");
-    h.scale = compression_scale_of(scale.is_string() ? scale.get<std::string>() : scale.dump(), "compression.scale");
+    h.scale = choice_of<compression_scale>(scale.is_string() ? scale.get<std::string>() : scale.dump(), "compression.scale");
     if (h.errors_world > 1 && h.errors_world != world && world > 1 && !lo.reset_compression_errors)
       fail(where, "saved by ", h.errors_world, " ranks in ", Rule::title, "'s compression stage, whose error-feedback "
            "buffers belong to those ranks: load it on ", h.errors_world, " ranks to resume exactly, or pass "

@@ -15,6 +15,7 @@
 #include "../precision.hpp"
 #include "../rule.hpp"
 #include "exchange_context.hpp"
+#include "field_refs.hpp"
 #include "memory_listing.hpp"
 #include "rule_driver.hpp"
 #include "tensor_side.hpp"
@@ -53,6 +54,8 @@ MPOPT_DETAIL_MEMBER_PROBE(request)
 MPOPT_DETAIL_MEMBER_PROBE(start_all_reduce)
 MPOPT_DETAIL_MEMBER_PROBE(start_reduce_scatter)
 MPOPT_DETAIL_MEMBER_PROBE(start_all_gather)
+MPOPT_DETAIL_MEMBER_PROBE(validate)
+MPOPT_DETAIL_MEMBER_PROBE(to_json)
 #undef MPOPT_DETAIL_MEMBER_PROBE
 
 // Each check is a static_assert of its own, so that the message names the one member at fault.
@@ -60,6 +63,15 @@ MPOPT_DETAIL_MEMBER_PROBE(start_all_gather)
 
 template <class R, class Precision, class Partition, class Backend, class Communicator>
 consteval bool rule_members_checked() {
+  if constexpr (requires { typename R::options; }) {
+    static_assert(described<typename R::options> || !declares_to_json<R>,
+                  "mpopt: the rule's options declare no `fields` table. A rule's options now declare each field once "
+                  "(fields.hpp), and to_json and from_json are no longer used: README, \"Migrating a rule to "
+                  "fields\"");
+    static_assert(!declares_validate<typename R::options> || validates<typename R::options>,
+                  "mpopt: the rule options' member `validate` must be: void validate(std::string_view group) const "
+                  "(what involves several fields; each field's own check is in its table)");
+  }
   static_assert(!declares_direction<R> || rule_direction<R>,
                 "mpopt: the rule's member `direction` must be a stage: "
                 "template <class E> static void direction(const scalars& k, E& e)");

@@ -15,12 +15,11 @@
 #include <utility>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "../communicator.hpp"
 #include "../options.hpp"
 #include "../tensor_spec.hpp"
 #include "config.hpp"
+#include "field_refs.hpp"
 #include "state_file.hpp"  // checksum64
 #include "validate.hpp"
 
@@ -112,34 +111,21 @@ inline std::string policies_text(std::initializer_list<std::string_view> names, 
   return text + ", sums in " + std::string(sums) + ", sent in " + std::string(sent);
 }
 
-/// Adds `value` as a setting: a string as it is, anything else as JSON text.
-inline void add_setting(std::vector<setting>& all, std::string name, const nlohmann::json& value) {
-  all.push_back({std::move(name), value.is_string() ? value.get<std::string>() : value.dump()});
-}
-/// Adds each member of a JSON object as a setting named prefix + key.
-inline void add_settings(std::vector<setting>& all, const std::string& prefix, const nlohmann::json& object) {
-  for (const auto& [key, value] : object.items()) add_setting(all, prefix + key, value);
+/// Adds each field as a setting named prefix + its name (a nested struct's as prefix + name + ".").
+MPOPT_COLD inline void add_field_settings(std::vector<setting>& all, const std::string& prefix,
+                                          std::span<const field_ref> fields) {
+  for (const field_ref& f : fields) {
+    const std::string name = prefix + std::string(f.name);
+    if (f.kind == field_kind::group) add_field_settings(all, name + ".", f.members(f.at));
+    else all.push_back({name, field_text(f)});
+  }
 }
 
 /// The step pipeline's options as settings; `rounding`: the precision's rounding.
-inline std::vector<setting> option_settings(const optimizer_options& o, std::string_view rounding) {
+MPOPT_COLD inline std::vector<setting> option_settings(const optimizer_options& o, std::string_view rounding) {
   std::vector<setting> all;
-  add_setting(all, "clip_grad", o.clip_grad);
-  add_setting(all, "accumulation_steps", o.accumulation_steps);
-  add_setting(all, "combine", o.combine == accumulation::mean ? "mean" : "sum");
-  add_setting(all, "skip_nonfinite", o.skip_nonfinite);
-  add_setting(all, "max_consecutive_skips", o.max_consecutive_skips);
-  add_setting(all, "bucket_elements", o.bucket_elements);
-  add_setting(all, "gradient_predivide", o.gradient_predivide);
-  add_setting(all, "sum_by_shard", o.sum_by_shard);
-  add_setting(all, "rounding", std::string(rounding));
-  add_setting(all, "rounding_seed", o.rounding_seed);
-  add_setting(all, "overlap_comm", o.overlap_comm);
-  add_setting(all, "buckets_in_flight", o.buckets_in_flight);
-  add_setting(all, "leave_param_gather_in_flight", o.leave_param_gather_in_flight);
-  add_setting(all, "spike_guard.window", o.spike_guard.window);
-  add_setting(all, "spike_guard.loss_z", o.spike_guard.loss_z);
-  add_setting(all, "spike_guard.norm_z", o.spike_guard.norm_z);
+  add_field_settings(all, "", field_refs(o));
+  all.push_back({"rounding", std::string(rounding)});
   return all;
 }
 
@@ -151,12 +137,13 @@ MPOPT_COLD inline std::vector<setting> settings_shape(const std::string& policie
 /// The step pipeline's options, the scaler's options and state (`scaler`: its name) and the
 /// communicator's `deterministic`, where it has one (`comm`: its name).
 MPOPT_COLD inline std::vector<setting> pipeline_settings(const optimizer_options& o, std::string_view rounding,
-                                                         std::string_view scaler, const nlohmann::json& scaler_options,
-                                                         const nlohmann::json& scaler_state, std::string_view comm,
+                                                         std::string_view scaler,
+                                                         std::span<const field_ref> scaler_options,
+                                                         std::span<const field_ref> scaler_state, std::string_view comm,
                                                          std::optional<bool> deterministic) {
   std::vector<setting> all = option_settings(o, rounding);
-  add_settings(all, std::string(scaler) + ".", scaler_options);
-  add_settings(all, std::string(scaler) + " state.", scaler_state);
+  add_field_settings(all, std::string(scaler) + ".", scaler_options);
+  add_field_settings(all, std::string(scaler) + " state.", scaler_state);
   if (deterministic) all.push_back({std::string(comm) + ".deterministic", *deterministic ? "true" : "false"});
   return all;
 }
@@ -193,10 +180,10 @@ class tensors_summary {
   std::size_t replicas_, elements_ = 0, tensors_ = 0;
 };
 
-/// A group's options (as JSON) and tensors (`tensors`: all of them added).
+/// A group's options and tensors (`tensors`: all of them added).
 MPOPT_COLD inline void add_group_settings(std::vector<setting>& all, const std::string& label,
-                                          const nlohmann::json& options, const tensors_summary& tensors) {
-  add_settings(all, label + ".", options);
+                                          std::span<const field_ref> options, const tensors_summary& tensors) {
+  add_field_settings(all, label + ".", options);
   tensors.settle(all);
 }
 

@@ -28,6 +28,7 @@
 #include "config.hpp"
 #include "step_data.hpp"
 #include "tensor_side.hpp"
+#include "field_refs.hpp"
 #include "validate.hpp"
 
 namespace mpopt {
@@ -127,7 +128,7 @@ class tensor_registry {
 
     const group_options& options() const { return options_; }
     void set_options(const group_options& o) {
-      o.validate(label_);
+      check_options(o, label_);
       options_ = o;
     }
     double lr() const { return options_.lr; }

@@ -3,20 +3,48 @@
 
 #include <cfloat>
 #include <cmath>
-#include <sstream>
+#include <concepts>
+#include <cstdint>
+#include <cstdio>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 #include "../error.hpp"
+#include "config.hpp"
 
 namespace mpopt::detail {
 
+// A message is built by non-template code, part by part: fail() instantiates one small function
+// per list of argument types, not a stream per call site.
+MPOPT_COLD inline void append_signed(std::string& s, std::int64_t x) { s += std::to_string(x); }
+MPOPT_COLD inline void append_unsigned(std::string& s, std::uint64_t x) { s += std::to_string(x); }
+/// 17 significant digits, as printf's %.17g: every double reads back as itself.
+MPOPT_COLD inline void append_double(std::string& s, double x) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.17g", x);
+  s += text;
+}
+[[noreturn]] MPOPT_COLD inline void throw_error(const std::string& message) { throw error(message); }
+
+template <class T>
+void append_part(std::string& s, const T& part) {
+  if constexpr (std::is_same_v<T, bool>) s += part ? "true" : "false";
+  else if constexpr (std::is_same_v<T, char>) s += part;
+  else if constexpr (std::is_enum_v<T>) append_signed(s, std::int64_t(part));
+  else if constexpr (std::signed_integral<T>) append_signed(s, part);
+  else if constexpr (std::unsigned_integral<T>) append_unsigned(s, part);
+  else if constexpr (std::floating_point<T>) append_double(s, double(part));
+  else s += std::string_view(part);
+}
+
+/// Throws mpopt::error with the parts' text: strings as they are, numbers as printf's %.17g or %d
+/// would write them, bools as true or false.
 template <class... Parts>
 [[noreturn]] void fail(const Parts&... parts) {
-  std::ostringstream s;
-  s.precision(17);
-  (s << ... << parts);
-  throw error(s.str());
+  std::string s;
+  (append_part(s, parts), ...);
+  throw_error(s);
 }
 
 inline void require_finite(std::string_view field, double x) {
@@ -59,24 +87,9 @@ inline void require_beta(std::string_view field, double x) {
   if (!(x >= 0 && x < 1)) fail(field, " must be in [0, 1), got ", x);
 }
 
-/// The options every Adam-family rule has (lr, beta1, beta2, eps, weight_decay) of group g.
-template <class Options>
-void require_adam_family(const std::string& g, const Options& o) {
-  require_non_negative(g + ".lr", o.lr);
-  require_float(g + ".lr", o.lr);
-  require_beta(g + ".beta1", o.beta1);
-  require_beta(g + ".beta2", o.beta2);
-  require_float_divisor(g + ".eps", o.eps);
-  require_non_negative(g + ".weight_decay", o.weight_decay);
-  require_float(g + ".weight_decay", o.weight_decay);
-}
-
-/// A trust-ratio clamp [min_coeff, max_coeff] of group g (LAMB, 1-bit LAMB).
-template <class Options>
-void require_coeff_clamp(const std::string& g, const Options& o) {
-  require_non_negative(g + ".min_coeff", o.min_coeff);
-  require_positive(g + ".max_coeff", o.max_coeff);
-  if (o.min_coeff > o.max_coeff) fail(g, ".min_coeff (", o.min_coeff, ") must be <= max_coeff (", o.max_coeff, ")");
+/// A trust-ratio clamp [min_coeff, max_coeff] of `group` (LAMB, 1-bit LAMB) is an interval.
+inline void require_coeff_order(std::string_view group, double min_coeff, double max_coeff) {
+  if (min_coeff > max_coeff) fail(group, ".min_coeff (", min_coeff, ") must be <= max_coeff (", max_coeff, ")");
 }
 
 }  // namespace mpopt::detail
