@@ -40,6 +40,32 @@ row "examples/quickstart.cpp" "$cxx" "${flags[@]}" "$root/examples/quickstart.cp
 row "examples/train_mlp.cpp" "$cxx" "${flags[@]}" "$root/examples/train_mlp.cpp"
 row "examples/configured_optimizer.cpp (make_optimizer)" "$cxx" "${flags[@]}" "$root/examples/configured_optimizer.cpp"
 if command -v mpicxx >/dev/null; then
+  # What a data-parallel trainer's unit holds: one ZeRO-2 optimizer over MPI that steps and saves.
+  cat > "$work/zero2_mpi.cpp" <<'CPP'
+#include <mpopt/adam.hpp>
+#include <mpopt/checkpoint.hpp>
+#include <mpopt/mpi.hpp>
+#include <mpopt/optimizer.hpp>
+
+#include <vector>
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  {
+    using optimizer = mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::zero2, mpopt::adam, mpopt::host, mpopt::mpi>;
+    optimizer opt{mpopt::mpi{MPI_COMM_WORLD}};
+    std::vector<mpopt::half> w(1024), g(1024);
+    opt.add_group({.lr = 1e-3}).add(w, g, "w");
+    for (int i = 0; i < 3; ++i) {
+      opt.grad_ready(0);
+      opt.step();
+    }
+    opt.save("zero2.safetensors");
+  }
+  MPI_Finalize();
+}
+CPP
+  row "one zero2 optimizer over MPI that steps and saves (mpicxx)" env OMPI_CXX="$cxx" mpicxx "${flags[@]}" "$work/zero2_mpi.cpp"
   row "tests/mpi_zero.cpp (mpicxx)" env OMPI_CXX="$cxx" mpicxx "${flags[@]}" -I"$root/tests" "$root/tests/mpi_zero.cpp"
 else
   echo "| tests/mpi_zero.cpp | skipped: no mpicxx | |"

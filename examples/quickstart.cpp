@@ -1,6 +1,8 @@
 // The README's usage snippet, compiled: fp16 weights with fp32 masters, dynamic loss scaling, AdamW,
 // two parameter groups (decay on the weights, none on the bias), a checkpoint at the end.
-#include <mpopt/mpopt.hpp>
+#include <mpopt/adam.hpp>
+#include <mpopt/checkpoint.hpp>
+#include <mpopt/optimizer.hpp>
 
 #include <cmath>
 #include <cstdio>

@@ -24,6 +24,7 @@
 
 #include "adam.hpp"
 #include "any_optimizer.hpp"
+#include "checkpoint.hpp"
 #include "communicator.hpp"
 #include "deepspeed_config.hpp"
 #include "detail/config.hpp"

@@ -18,7 +18,6 @@
 
 #include "communicator.hpp"
 #include "detail/agreement.hpp"
-#include "detail/checkpoint.hpp"
 #include "detail/expert_placement.hpp"
 #include "detail/flat_layout.hpp"
 #include "detail/index_set.hpp"
@@ -46,12 +45,15 @@
 
 namespace mpopt {
 
+namespace detail {
+template <class Opt, class Precision, class LossScaler, class Partition, class UpdateRule, class Backend>
+class checkpointing;  // save() and load(): defined in <mpopt/checkpoint.hpp>, which <mpopt/mpopt.hpp> includes
+}  // namespace detail
+
 template <precision_policy Precision, loss_scaler_policy LossScaler, class Partition, class UpdateRule,
           class Backend = host, communicator Communicator = single_process>
 class optimizer
     : public detail::tensor_registry<Precision, UpdateRule, Backend>,
-      public detail::checkpointing<optimizer<Precision, LossScaler, Partition, UpdateRule, Backend, Communicator>,
-                                   Precision, LossScaler, Partition, UpdateRule, Backend>,
       public detail::memory_listing<optimizer<Precision, LossScaler, Partition, UpdateRule, Backend, Communicator>,
                                     Precision, UpdateRule, Communicator>,
       public detail::state_access<optimizer<Precision, LossScaler, Partition, UpdateRule, Backend, Communicator>,
@@ -286,6 +288,25 @@ class optimizer
     complete_step(i);
     if (i == every_tensor) unwaited_.clear();
     else unwaited_.erase(i);
+  }
+
+  /// Writes every parameter, master and moment by tensor name, with the scaler, counters and group
+  /// options, to a safetensors file (format: README, "Checkpoints"); of expert groups, every rank's
+  /// experts. Every rank calls it; rank 0 writes, tensor by tensor as those held elsewhere are
+  /// gathered (one at a time), and a failure there throws on every rank. Needs
+  /// <mpopt/checkpoint.hpp>: a program that saves nothing compiles none of it.
+  template <class Path>
+  void save(const Path& path) {
+    checkpointing::save(*this, path);
+  }
+
+  /// Restores a save()d state. The file must come from an optimizer of the same policies and the
+  /// same tensors (names, sizes, groups), saved at any world size. Every rank reads and checks it;
+  /// only when all ranks found it good does anything change, otherwise every rank throws. Needs
+  /// <mpopt/checkpoint.hpp>.
+  template <class Path>
+  void load(const Path& path, load_options lo = {}) {
+    checkpointing::load(*this, path, lo);
   }
 
   /// Sets every gradient to zero (for backward passes that add into their gradients).

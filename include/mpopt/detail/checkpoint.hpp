@@ -2,8 +2,9 @@
 // master and rule state buffer by tensor name, with the scaler, the counters and each group's
 // options, in a safetensors file (README, "Checkpoints"; the container: state_file.hpp). Sharded
 // state is gathered tensor by tensor on save and each rank reads its own part on load, so a file
-// loads at any world size. The optimizer derives from checkpointing<itself, its policies>, which
-// hands it to checkpoint_flow.hpp as a checkpoint_subject: its tensors without their types, and the
+// loads at any world size. The optimizer's save() and load() call checkpointing<itself, its
+// policies>, declared in optimizer.hpp and defined here, which hands it to checkpoint_flow.hpp as a
+// checkpoint_subject: its tensors without their types, and the
 // parts that have types (the rule's options, the scaler, the driver's state). Everything else is
 // compiled once, not once per optimizer type: checkpoint_flow.hpp (the order of things),
 // checkpoint_pieces.hpp (which pieces a file holds), checkpoint_io.hpp (writing and reading them)
@@ -43,26 +44,17 @@ namespace detail {
 template <class Opt, class Precision, class LossScaler, class Partition, class UpdateRule, class Backend>
 class checkpointing {
  public:
-  /// Writes every parameter, master and moment by tensor name, with the scaler, counters and group
-  /// options, to a safetensors file (format: README, "Checkpoints"); of expert groups, every rank's
-  /// experts. Every rank calls it; rank 0 writes, tensor by tensor as those held elsewhere are
-  /// gathered (one at a time), and a failure there throws on every rank.
-  void save(const std::filesystem::path& path) {
-    subject s(self());
+  /// The optimizer's save() and load() (optimizer.hpp says what they do).
+  static void save(Opt& o, const std::filesystem::path& path) {
+    subject s(o);
     save_state(s, path);
   }
-
-  /// Restores a save()d state. The file must come from an optimizer of the same policies and the same
-  /// tensors (names, sizes, groups), saved at any world size. Every rank reads and checks it; only
-  /// when all ranks found it good does anything change, otherwise every rank throws.
-  void load(const std::filesystem::path& path, load_options lo = {}) {
-    subject s(self());
+  static void load(Opt& o, const std::filesystem::path& path, const load_options& lo) {
+    subject s(o);
     load_state(s, path, lo);
   }
 
  private:
-  Opt& self() { return static_cast<Opt&>(*this); }
-
   /// The optimizer as checkpoint_flow.hpp sees it; on load, the file's typed parts until restore().
   class subject final : public checkpoint_subject {
    public:
@@ -137,7 +129,7 @@ class checkpointing {
         m.group_steps.push_back(g->step_);
       }
       if constexpr (std::is_same_v<rounding_of_t<Precision>, stochastic_rounding>) m.rounding_seed = o_.options_.rounding_seed;
-      if (o_.guard_.on()) m.guard = o_.guard_.save();
+      if (o_.guard_.on()) m.guard = guard_json(o_.guard_.save());
       m.driver = o_.driver_.describe(o_.comm_.size());
       return m;
     }

@@ -20,7 +20,7 @@
 #include "../tensor_spec.hpp"
 #include "config.hpp"
 #include "field_refs.hpp"
-#include "state_file.hpp"  // checksum64
+#include "checksum.hpp"
 #include "validate.hpp"
 
 namespace mpopt::detail {

@@ -144,6 +144,25 @@ MPOPT_COLD inline void find_experts(std::span<const std::pair<std::string, std::
   }
 }
 
+/// The spike guard's windows as the metadata holds them.
+MPOPT_COLD inline nlohmann::json guard_json(const spike_guard::saved& s) { return {{"loss", s.loss}, {"norm", s.norm}}; }
+
+/// A file's spike-guard windows, checked: arrays of finite numbers, none longer than a window.
+MPOPT_COLD inline spike_guard::saved read_saved_guard(const nlohmann::json& j, const std::string& where) {
+  spike_guard::saved s;
+  for (auto [key, out] : {std::pair{"loss", &s.loss}, std::pair{"norm", &s.norm}}) {
+    const nlohmann::json& a = json_field(j, key, std::string("spike_guard.") + key);
+    if (!a.is_array() || a.size() > std::size_t(spike_guard_options::max_window))
+      fail(where, "spike_guard.", key, " must be an array of at most ", spike_guard_options::max_window, " numbers");
+    for (const auto& v : a) {
+      if (!v.is_number()) fail(where, "spike_guard.", key, " holds ", v.dump(), ", not a number");
+      out->push_back(v.get<double>());
+      require_finite(where + "spike_guard." + key + " value", out->back());
+    }
+  }
+  return s;
+}
+
 /// The counters of a saved state, each through an exact type and range check (json_fields.hpp).
 struct saved_counts {
   std::uint64_t applied = 0, skipped = 0, consecutive = 0;
@@ -156,7 +175,7 @@ MPOPT_COLD inline saved_counts read_saved_counts(const nlohmann::json& meta, con
   c.skipped = json_count(meta, "skipped_steps", max_steps);
   c.consecutive = json_count(meta, "consecutive_skips", c.skipped, "consecutive_skips (at most skipped_steps)");
   if (meta.contains("rounding_seed")) c.rounding_seed = json_count(meta, "rounding_seed", ~std::uint64_t{0});
-  if (meta.contains("spike_guard")) c.guard = spike_guard::check_saved(meta.at("spike_guard"), where);
+  if (meta.contains("spike_guard")) c.guard = read_saved_guard(meta.at("spike_guard"), where);
   return c;
 }
 

@@ -12,12 +12,8 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "../options.hpp"
-#include "json_fields.hpp"
 #include "step_decision.hpp"
-#include "validate.hpp"
 
 namespace mpopt::detail {
 
@@ -47,8 +43,8 @@ class value_window {
   }
 
   /// The values, oldest first.
-  nlohmann::json save() const {
-    nlohmann::json a = nlohmann::json::array();
+  std::vector<double> save() const {
+    std::vector<double> a;
     for (std::size_t i = 0; i < count_; ++i) a.push_back(at(i));
     return a;
   }
@@ -100,19 +96,11 @@ class spike_guard {
   double loss_score() const { return loss_score_; }
   double norm_score() const { return norm_score_; }
 
-  /// The windows, for a checkpoint's metadata (none while the guard is off).
-  nlohmann::json save() const { return {{"loss", loss_.save()}, {"norm", norm_.save()}}; }
-
-  /// The windows a file holds (what save() wrote), checked: finite numbers, no more than a window.
+  /// The windows, oldest value first: what a checkpoint keeps (saved_state.hpp checks a file's).
   struct saved {
     std::vector<double> loss, norm;
   };
-  static saved check_saved(const nlohmann::json& j, const std::string& where) {
-    saved s;
-    read_values(j, "loss", s.loss, where);
-    read_values(j, "norm", s.norm, where);
-    return s;
-  }
+  saved save() const { return {loss_.save(), norm_.save()}; }
   /// A file's windows; each keeps its newest values if this guard's window is shorter.
   void restore(const saved& s) {
     loss_.load(s.loss);
@@ -123,17 +111,6 @@ class spike_guard {
 
  private:
   static constexpr double nan = std::numeric_limits<double>::quiet_NaN();
-  static void read_values(const nlohmann::json& j, const char* key, std::vector<double>& out, const std::string& where) {
-    const nlohmann::json& a = json_field(j, key, std::string("spike_guard.") + key);
-    if (!a.is_array() || a.size() > std::size_t(spike_guard_options::max_window))
-      fail(where, "spike_guard.", key, " must be an array of at most ", spike_guard_options::max_window, " numbers");
-    for (const auto& v : a) {
-      if (!v.is_number()) fail(where, "spike_guard.", key, " holds ", v.dump(), ", not a number");
-      out.push_back(v.get<double>());
-      require_finite(where + "spike_guard." + key + " value", out.back());
-    }
-  }
-
   spike_guard_options o_;
   value_window loss_, norm_;
   double loss_sum_ = 0, boundary_loss_ = 0;

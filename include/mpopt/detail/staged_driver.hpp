@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
+#include <nlohmann/json_fwd.hpp>  // the checkpoint hooks' types, defined where checkpoints are
 
 #include "../memory_report.hpp"
 #include "../options.hpp"
@@ -19,10 +19,11 @@
 #include "../status.hpp"
 #include "metered.hpp"
 #include "passes.hpp"
-#include "state_file.hpp"
 #include "work_list.hpp"
 
 namespace mpopt::detail {
+
+class state_reader;
 
 template <class Rule, class Precision, class Backend, class Communicator>
 class staged_driver {
@@ -113,7 +114,10 @@ class staged_driver {
   static void for_each_kept(Self& self, F&& f) {
     if constexpr (reducing) f(std::string(Rule::tensor_state), self.tensor_state_.data());
   }
-  nlohmann::json describe(int) const { return nlohmann::json::object(); }
+  template <class Json = nlohmann::json>
+  Json describe(int) const {
+    return Json::object();
+  }
   struct saved {};
   saved check_saved(const nlohmann::json&, const state_reader&, const std::string&, const load_options&, std::uint64_t,
                     int, std::span<const std::size_t>) const {
