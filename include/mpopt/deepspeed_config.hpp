@@ -325,8 +325,7 @@ class deepspeed_reader {
                                   "refuses it too)");
     require_flag(p, "amsgrad", false, "neither DeepSpeed's fused optimizers nor mpopt have AMSGrad");
     o.lr = p.number("lr", o.lr);
-    require_non_negative(p.at("lr"), o.lr);
-    require_float(p.at("lr"), o.lr);
+    require_check(p.at("lr"), o.lr, checks::rate);
     if (const nlohmann::json* b = p.find("betas")) {
       if (!b->is_array() || b->size() != 2)
         fail(p.at("betas"), " must be a list of two numbers [beta1, beta2], got ", json_brief(*b));
@@ -335,14 +334,13 @@ class deepspeed_reader {
         const std::string at = p.at("betas") + "[" + std::to_string(i) + "]";
         if (!(*b)[i].is_number()) fail(at, " must be a number, got ", json_brief((*b)[i]));
         *betas[i] = (*b)[i].get<double>();
-        require_beta(at, *betas[i]);
+        require_check(at, *betas[i], checks::beta);
       }
     }
     o.eps = p.number("eps", o.eps);
-    require_float_divisor(p.at("eps"), o.eps);
+    require_check(p.at("eps"), o.eps, checks::divisor);
     o.weight_decay = p.number("weight_decay", o.weight_decay);
-    require_non_negative(p.at("weight_decay"), o.weight_decay);
-    require_float(p.at("weight_decay"), o.weight_decay);
+    require_check(p.at("weight_decay"), o.weight_decay, checks::rate);
   }
 
   void adam_params(const config_object& p, bool adamw) {
@@ -487,9 +485,10 @@ class deepspeed_reader {
 
   void step_options() {
     c_.options.clip_grad = top_.number("gradient_clipping", 1.0);
-    require_non_negative("gradient_clipping", c_.options.clip_grad);
+    require_check("gradient_clipping", c_.options.clip_grad, checks::at_least(0));
     c_.options.gradient_predivide = top_.number("gradient_predivide_factor", 1.0);
-    require_float_scale("gradient_predivide_factor", c_.options.gradient_predivide);
+    require_check("gradient_predivide_factor", c_.options.gradient_predivide, checks::above(0));
+    require_check("gradient_predivide_factor", c_.options.gradient_predivide, checks::float_scale);
     // The library's own checks, for what the reader may have missed.
     c_.options = validated(c_.options, c_.scaler == config_scaler::none);
     if (c_.scaler == config_scaler::dynamic_scale) dynamic_scale{c_.dynamic_options};

@@ -182,7 +182,7 @@ class dynamic_scale {
   void load(const state& s) {
     using detail::require_check;
     require_check("saved dynamic_scale.scale", s.scale, checks::loss_scale);
-    require_check("saved dynamic_scale.iter", double(s.iter), checks::closed(0, 0x1p53));
+    require_check("saved dynamic_scale.iter", double(s.iter), checks::closed(0, double(detail::max_steps)));
     require_check("saved dynamic_scale.last_overflow_iter", double(s.last_overflow_iter),
                   checks::closed(-1, double(s.iter) - 1).because("before iter"));
     require_check("saved dynamic_scale.hysteresis_left", double(s.hysteresis_left),

@@ -13,10 +13,6 @@
 
 namespace mpopt::detail {
 
-/// The most steps a checkpoint may count: 2^53, beyond which counts are no longer exact doubles
-/// (bias corrections raise the betas to the step count in double). No run comes near it.
-inline constexpr std::uint64_t max_steps = std::uint64_t{1} << 53;
-
 /// parent[key], which must exist; `name` is the field as messages call it (key when empty).
 inline const nlohmann::json& json_field(const nlohmann::json& parent, std::string_view key, std::string_view name = {}) {
   if (!parent.is_object()) fail(name.empty() ? key : name, ": its parent is not a JSON object");

@@ -21,6 +21,7 @@
 #include "../options.hpp"
 #include "../tensor_spec.hpp"
 #include "config.hpp"
+#include "field_refs.hpp"
 #include "json_fields.hpp"
 #include "same_settings.hpp"
 #include "spike_guard.hpp"
@@ -157,7 +158,7 @@ MPOPT_COLD inline spike_guard::saved read_saved_guard(const nlohmann::json& j, c
     for (const auto& v : a) {
       if (!v.is_number()) fail(where, "spike_guard.", key, " holds ", v.dump(), ", not a number");
       out->push_back(v.get<double>());
-      require_finite(where + "spike_guard." + key + " value", out->back());
+      require_check(where + "spike_guard." + key + " value", out->back(), check{});
     }
   }
   return s;

@@ -1,8 +1,6 @@
-// mpopt — option checks that name the offending field. Each throws mpopt::error before anything changes.
+// mpopt — the errors that name what is wrong (fail), and the few checks no fields table holds.
 #pragma once
 
-#include <cfloat>
-#include <cmath>
 #include <concepts>
 #include <cstdint>
 #include <cstdio>
@@ -47,45 +45,9 @@ template <class... Parts>
   throw_error(s);
 }
 
-inline void require_finite(std::string_view field, double x) {
-  if (!std::isfinite(x)) fail(field, " must be a finite number, got ", x);
-}
-
-inline void require_positive(std::string_view field, double x) {
-  require_finite(field, x);
-  if (!(x > 0)) fail(field, " must be > 0, got ", x);
-}
-
-inline void require_non_negative(std::string_view field, double x) {
-  require_finite(field, x);
-  if (!(x >= 0)) fail(field, " must be >= 0, got ", x);
-}
-
-/// A value the backends compute with as a float: finite there too (1e300 is a finite double).
-inline void require_float(std::string_view field, double x) {
-  require_finite(field, x);
-  if (!(std::fabs(x) <= FLT_MAX)) fail(field, " must be finite as a float (at most ", FLT_MAX, "), got ", x);
-}
-
-/// A float divisor (eps): at least the smallest normal float, so it neither rounds to 0 nor is flushed
-/// to 0 where denormals are.
-inline void require_float_divisor(std::string_view field, double x) {
-  require_float(field, x);
-  if (!(x >= FLT_MIN)) fail(field, " must be >= ", FLT_MIN, " (the smallest normal float: it divides), got ", x);
-}
-
-/// A factor whose reciprocal the backends use too: both normal floats, in [2^-126, 2^126].
-inline void require_float_scale(std::string_view field, double x) {
-  require_positive(field, x);
-  if (!(x >= FLT_MIN && x <= 1 / FLT_MIN))
-    fail(field, " must be in [2^-126, 2^126], where it and its reciprocal are normal floats, got ", x);
-}
-
-/// [0, 1): the range of an exponential-average coefficient.
-inline void require_beta(std::string_view field, double x) {
-  require_finite(field, x);
-  if (!(x >= 0 && x < 1)) fail(field, " must be in [0, 1), got ", x);
-}
+/// The most steps a checkpoint may count: 2^53, beyond which counts are no longer exact doubles
+/// (bias corrections raise the betas to the step count in double). No run comes near it.
+inline constexpr std::uint64_t max_steps = std::uint64_t{1} << 53;
 
 /// A trust-ratio clamp [min_coeff, max_coeff] of `group` (LAMB, 1-bit LAMB) is an interval.
 inline void require_coeff_order(std::string_view group, double min_coeff, double max_coeff) {
