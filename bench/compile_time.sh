@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # What a header-only library costs its users at every build: for each representative translation
 # unit, the seconds and peak memory (cc1plus's maximum resident set) of an -O2 compile to an object
-# file, and the preprocessed lines of <mpopt/mpopt.hpp>. Run from anywhere, on an idle machine:
+# file, and the preprocessed lines of <mpopt/mpopt.hpp>; header-only, then in the separately compiled
+# mode (MPOPT_SEPARATE_COMPILATION: the same units, and the one unit that includes <mpopt/src.hpp>).
+# Run from anywhere, on an idle machine:
 #   bench/compile_time.sh [CXX]        (default g++; MPI through mpicxx, with that compiler)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -33,15 +35,25 @@ row() {  # name, then the compile command
 
 lines=$(echo '#include <mpopt/mpopt.hpp>' | "$cxx" "${flags[@]}" -E -x c++ - | wc -l)
 echo "$($cxx --version | head -1); $(nproc) cores; <mpopt/mpopt.hpp> preprocesses to $lines lines"
-echo
-echo '| translation unit (-O2) | seconds | peak MiB |'
-echo '|---|---|---|'
-row "examples/quickstart.cpp" "$cxx" "${flags[@]}" "$root/examples/quickstart.cpp"
-row "examples/train_mlp.cpp" "$cxx" "${flags[@]}" "$root/examples/train_mlp.cpp"
-row "examples/configured_optimizer.cpp (make_optimizer)" "$cxx" "${flags[@]}" "$root/examples/configured_optimizer.cpp"
-if command -v mpicxx >/dev/null; then
-  # What a data-parallel trainer's unit holds: one ZeRO-2 optimizer over MPI that steps and saves.
-  cat > "$work/zero2_mpi.cpp" <<'CPP'
+units() {  # the rows, with "$@" added to every compile
+  row "examples/quickstart.cpp" "$cxx" "${flags[@]}" "$@" "$root/examples/quickstart.cpp"
+  row "examples/train_mlp.cpp" "$cxx" "${flags[@]}" "$@" "$root/examples/train_mlp.cpp"
+  row "examples/configured_optimizer.cpp (make_optimizer)" "$cxx" "${flags[@]}" "$@" "$root/examples/configured_optimizer.cpp"
+  if command -v mpicxx >/dev/null; then
+    row "one zero2 optimizer over MPI that steps and saves (mpicxx)" env OMPI_CXX="$cxx" mpicxx "${flags[@]}" "$@" "$work/zero2_mpi.cpp"
+    row "tests/mpi_zero.cpp (mpicxx)" env OMPI_CXX="$cxx" mpicxx "${flags[@]}" "$@" -I"$root/tests" "$root/tests/mpi_zero.cpp"
+  else
+    echo "| tests/mpi_zero.cpp | skipped: no mpicxx | |"
+  fi
+  if [ -f "$cccl/thrust/version.h" ]; then
+    row "examples/train_mlp.cpp, device backend on Thrust-OMP" "$cxx" "${flags[@]}" "$@" -isystem "$cccl" \
+      -DTHRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_OMP -DMPOPT_EXAMPLE_DEVICE=1 "$root/examples/train_mlp.cpp"
+  else
+    echo "| train_mlp, device backend | skipped: no CCCL at $cccl | |"
+  fi
+}
+# What a data-parallel trainer's unit holds: one ZeRO-2 optimizer over MPI that steps and saves.
+cat > "$work/zero2_mpi.cpp" <<'CPP'
 #include <mpopt/adam.hpp>
 #include <mpopt/checkpoint.hpp>
 #include <mpopt/mpi.hpp>
@@ -65,14 +77,14 @@ int main(int argc, char** argv) {
   MPI_Finalize();
 }
 CPP
-  row "one zero2 optimizer over MPI that steps and saves (mpicxx)" env OMPI_CXX="$cxx" mpicxx "${flags[@]}" "$work/zero2_mpi.cpp"
-  row "tests/mpi_zero.cpp (mpicxx)" env OMPI_CXX="$cxx" mpicxx "${flags[@]}" -I"$root/tests" "$root/tests/mpi_zero.cpp"
-else
-  echo "| tests/mpi_zero.cpp | skipped: no mpicxx | |"
-fi
-if [ -f "$cccl/thrust/version.h" ]; then
-  row "examples/train_mlp.cpp, device backend on Thrust-OMP" "$cxx" "${flags[@]}" -isystem "$cccl" \
-    -DTHRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_OMP -DMPOPT_EXAMPLE_DEVICE=1 "$root/examples/train_mlp.cpp"
-else
-  echo "| train_mlp, device backend | skipped: no CCCL at $cccl | |"
-fi
+echo
+echo '| translation unit (-O2) | seconds | peak MiB |'
+echo '|---|---|---|'
+units
+echo
+echo 'The separately compiled mode (-DMPOPT_SEPARATE_COMPILATION in every unit):'
+echo
+echo '| translation unit (-O2) | seconds | peak MiB |'
+echo '|---|---|---|'
+row "src/mpopt.cpp (<mpopt/src.hpp>: once per program)" "$cxx" "${flags[@]}" -DMPOPT_SEPARATE_COMPILATION "$root/src/mpopt.cpp"
+units -DMPOPT_SEPARATE_COMPILATION

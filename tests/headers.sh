@@ -3,6 +3,8 @@
 # directory on the include path (mpi.hpp and nccl.hpp get MPI's, nccl.hpp CUDA's, cuda.hpp and offload.hpp CCCL's
 # for its Thrust-OMP build, nothing more): mpopt.hpp with every given
 # compiler, with and without -march=native; every other public header with the first compiler.
+# The separately compiled mode (src.hpp): mpopt.hpp declares without defining, src.hpp includes every
+# .ipp file; header-only, two units that include everything link (each definition there is inline).
 set -u
 include_dir="$1"
 shift
@@ -11,12 +13,18 @@ for cxx in "$@"; do
   for arch in portable native; do jobs+=("$cxx $arch mpopt.hpp"); done
 done
 for h in "$include_dir"/mpopt/*.hpp; do
-  [ "$(basename "$h")" = mpopt.hpp ] || jobs+=("$1 portable $(basename "$h")")
+  case "$(basename "$h")" in
+    mpopt.hpp) ;;
+    src.hpp) jobs+=("$1 compiled $(basename "$h")") ;;
+    *) jobs+=("$1 portable $(basename "$h")") ;;
+  esac
 done
+jobs+=("$1 compiled mpopt.hpp")
 check() {
   read -r cxx arch header <<<"$1"
   flags=(-std=c++20 -Wall -Wextra -Wpedantic -Werror -fsyntax-only -I"$include_dir")
   [ "$arch" = native ] && flags+=(-march=native)
+  [ "$arch" = compiled ] && flags+=(-DMPOPT_SEPARATE_COMPILATION)
   # (g++ collects garbage from 1 GiB of heap on, as meson.build has it for our own builds: faster)
   case "$(basename "$cxx")" in g++*) flags+=(--param=ggc-min-heapsize=1048576) ;; esac
   cuda=/usr/local/cuda/include
@@ -45,4 +53,17 @@ export include_dir
 printf '%s\n' "${jobs[@]}" | xargs -P "$(nproc)" -I{} bash -c 'check "{}"'
 status=$?
 echo "${#jobs[@]} header compilations checked with: $*"
+
+for f in $(cd "$include_dir/mpopt" && find . -name '*.ipp' | sed 's|^\./||' | sort); do
+  grep -q "^#include \"$f\"" "$include_dir/mpopt/src.hpp" || { echo "FAIL: src.hpp does not include $f"; status=1; }
+done
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+unit='#include <mpopt/mpopt.hpp>
+#include <mpopt/make_optimizer.hpp>'
+for i in 1 2; do echo "$unit" | "$1" -std=c++20 -O0 -w -I"$include_dir" -x c++ -c - -o "$work/unit$i.o" & done
+wait
+echo 'int main() {}' | "$1" -x c++ - -x none "$work/unit1.o" "$work/unit2.o" -o "$work/two_units" ||
+  { echo "FAIL: two header-only units that include mpopt.hpp and make_optimizer.hpp do not link"; status=1; }
+echo "src.hpp includes every .ipp; two header-only units link"
 exit $status

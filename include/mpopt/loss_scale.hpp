@@ -12,8 +12,7 @@
 #include <tuple>
 #include <type_traits>
 
-#include "detail/field_refs.hpp"
-#include "detail/validate.hpp"
+#include "detail/config.hpp"
 #include "fields.hpp"
 #include "numeric.hpp"
 
@@ -75,16 +74,13 @@ class static_scale {
     bool operator==(const state&) const = default;
   };
 
-  explicit static_scale(options o = {}) : scale_(o.scale) { detail::check_options(o, "static_scale"); }
+  MPOPT_DECL explicit static_scale(options o = {});
   double scale() const { return scale_; }
   bool raises_on(bool) const { return false; }
   void update(bool) {}
   options config() const { return {scale_}; }
   state save() const { return {scale_}; }
-  void load(const state& s) {
-    detail::require_check("saved static_scale.scale", s.scale, checks::loss_scale);
-    scale_ = s.scale;
-  }
+  MPOPT_DECL void load(const state& s);
 
  private:
   double scale_;
@@ -114,9 +110,7 @@ struct dynamic_scale_options {
       field{"consecutive_hysteresis", &dynamic_scale_options::consecutive_hysteresis},
       field{"on_min_scale", &dynamic_scale_options::on_min_scale});
 
-  void validate(std::string_view where) const {
-    if (min_scale > init_scale) detail::fail(where, ".min_scale (", min_scale, ") must be <= init_scale (", init_scale, ")");
-  }
+  MPOPT_DECL void validate(std::string_view where) const;
 };
 
 /// DeepSpeed's DynamicLossScaler (runtime/fp16/loss_scaler.py): halve on overflow after `hysteresis`
@@ -140,11 +134,7 @@ class dynamic_scale {
     bool operator==(const state&) const = default;
   };
 
-  explicit dynamic_scale(options o = {}) : opt_(o) {
-    detail::check_options(o, "dynamic_scale");
-    scale_ = o.init_scale;
-    hysteresis_left_ = o.hysteresis;
-  }
+  MPOPT_DECL explicit dynamic_scale(options o = {});
 
   double scale() const { return scale_; }
   const options& config() const { return opt_; }
@@ -179,19 +169,7 @@ class dynamic_scale {
   state save() const { return {scale_, iter_, last_overflow_iter_, hysteresis_left_}; }
   /// Restores save()d state; the options stay this scaler's own (like DeepSpeed's min_loss_scale).
   /// Checks the state is one the rule can reach before changing anything.
-  void load(const state& s) {
-    using detail::require_check;
-    require_check("saved dynamic_scale.scale", s.scale, checks::loss_scale);
-    require_check("saved dynamic_scale.iter", double(s.iter), checks::closed(0, double(detail::max_steps)));
-    require_check("saved dynamic_scale.last_overflow_iter", double(s.last_overflow_iter),
-                  checks::closed(-1, double(s.iter) - 1).because("before iter"));
-    require_check("saved dynamic_scale.hysteresis_left", double(s.hysteresis_left),
-                  checks::closed(1, double(opt_.hysteresis)).because("up to hysteresis"));
-    scale_ = s.scale;
-    iter_ = s.iter;
-    last_overflow_iter_ = s.last_overflow_iter;
-    hysteresis_left_ = s.hysteresis_left;
-  }
+  MPOPT_DECL void load(const state& s);
 
  private:
   bool halves_now() const { return opt_.hysteresis == 1 || hysteresis_left_ == 1; }
@@ -240,3 +218,7 @@ concept loss_scaler_policy = requires(S s, const S cs, bool b, const typename S:
 };
 
 }  // namespace mpopt
+
+#if !defined(MPOPT_SEPARATE_COMPILATION)
+#include "loss_scale.ipp"
+#endif

@@ -5,9 +5,10 @@
 #include "version.hpp"  // first: C++20, or a clear error
 
 #include <cstddef>
-#include <cstdio>
 #include <string>
 #include <vector>
+
+#include "detail/config.hpp"
 
 namespace mpopt {
 
@@ -25,26 +26,14 @@ struct memory_report {
   std::size_t user_bytes() const { return sum(false); }
 
   /// One line per buffer, then the totals.
-  std::string to_string() const {
-    std::string out;
-    char line[256];
-    for (const auto& b : buffers) {
-      std::snprintf(line, sizeof line, "  %-26s %12zu B  %s%s\n", b.name.c_str(), b.bytes, b.purpose.c_str(),
-                    b.owned ? "" : " (yours)");
-      out += line;
-    }
-    std::snprintf(line, sizeof line, "  %-26s %12zu B  (+ %zu B in your tensors)\n", "optimizer total",
-                  owned_bytes(), user_bytes());
-    return out + line;
-  }
+  MPOPT_DECL std::string to_string() const;
 
  private:
-  std::size_t sum(bool owned) const {
-    std::size_t n = 0;
-    for (const auto& b : buffers)
-      if (b.owned == owned) n += b.bytes;
-    return n;
-  }
+  MPOPT_DECL std::size_t sum(bool owned) const;
 };
 
 }  // namespace mpopt
+
+#if !defined(MPOPT_SEPARATE_COMPILATION)
+#include "memory_report.ipp"
+#endif

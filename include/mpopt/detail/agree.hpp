@@ -2,7 +2,6 @@
 // reason, so that no rank goes on into a collective alone and every rank can say what went wrong.
 #pragma once
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -21,25 +20,10 @@ namespace mpopt::detail {
 inline constexpr std::size_t failure_record = 512;
 
 /// This rank's record: its message (cut to fit), or none.
-MPOPT_COLD inline void put_failure(std::span<std::uint8_t> record, const error* mine) {
-  std::fill(record.begin(), record.end(), std::uint8_t{0});
-  if (!mine) return;
-  record[0] = 1;
-  const std::string_view m = mine->message();
-  std::copy_n(m.begin(), std::min(m.size(), record.size() - 1), record.begin() + 1);
-}
+MPOPT_DECL void put_failure(std::span<std::uint8_t> record, const error* mine);
 
 /// "rank R: its message" of the lowest rank whose record holds a failure.
-MPOPT_COLD inline std::string first_failure(std::span<const std::uint8_t> records) {
-  for (std::size_t r = 0; r * failure_record < records.size(); ++r) {
-    const auto record = records.subspan(r * failure_record, failure_record);
-    if (!record[0]) continue;
-    const auto* text = reinterpret_cast<const char*>(record.data() + 1);
-    const std::string message(text, std::find(text, text + failure_record - 1, '\0'));
-    return "rank " + std::to_string(r) + ": " + message + (message.size() == failure_record - 1 ? "..." : "");
-  }
-  return "another rank";
-}
+MPOPT_DECL std::string first_failure(std::span<const std::uint8_t> records);
 
 /// Runs f on every rank of `comm` and agrees on the outcome: if it threw mpopt::error anywhere, it
 /// throws on every rank: its own message where it failed, elsewhere "what() failed on rank R:" and
@@ -66,3 +50,7 @@ void agree(C& comm, std::string_view what, F&& f) {
 }
 
 }  // namespace mpopt::detail
+
+#if !defined(MPOPT_SEPARATE_COMPILATION)
+#include "agree.ipp"
+#endif

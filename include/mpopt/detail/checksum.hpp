@@ -10,6 +10,8 @@
 #include <span>
 #include <string>
 
+#include "config.hpp"
+
 namespace mpopt::detail {
 
 /// MurmurHash64A (Austin Appleby's public-domain hash, seed 0), fed incrementally. Each 8-byte
@@ -34,19 +36,7 @@ class checksum64 {
     for (; i < s.size(); ++i) buf_[pending_++] = s[i];
   }
 
-  std::uint64_t finish() const {
-    std::uint64_t h = h_;
-    if (pending_ != 0) {  // 1..7 tail bytes, as a zero-extended little-endian word
-      std::uint64_t tail = 0;
-      for (std::size_t i = pending_; i-- > 0;) tail = (tail << 8) | std::to_integer<std::uint64_t>(buf_[i]);
-      h ^= tail;
-      h *= m;
-    }
-    h ^= h >> r;
-    h *= m;
-    h ^= h >> r;
-    return h;
-  }
+  MPOPT_DECL std::uint64_t finish() const;
 
   static std::string hex(std::uint64_t v) {
     std::string s(16, '0');
@@ -83,3 +73,7 @@ class checksum64 {
 };
 
 }  // namespace mpopt::detail
+
+#if !defined(MPOPT_SEPARATE_COMPILATION)
+#include "checksum.ipp"
+#endif

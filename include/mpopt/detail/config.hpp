@@ -24,6 +24,17 @@
 #define MPOPT_COLD
 #endif
 
+// Cold code that does not depend on the element types (checkpoint files, checks, layouts, reports)
+// is declared MPOPT_DECL in its header and defined in the .ipp file beside it. Header-only (the
+// default) each header includes its definitions, inline. With MPOPT_SEPARATE_COMPILATION defined in
+// every unit of a program, headers only declare, and one unit of the program includes
+// <mpopt/src.hpp>, which defines them all once (README, "Compile time").
+#if defined(MPOPT_SEPARATE_COMPILATION)
+#define MPOPT_DECL MPOPT_COLD
+#else
+#define MPOPT_DECL MPOPT_COLD inline
+#endif
+
 // OpenMP is optional: without -fopenmp the host backend runs on one thread and emits no
 // unknown-pragma warnings.
 #if defined(_OPENMP)

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "config.hpp"
 #include "flat_layout.hpp"
 
 namespace mpopt::detail {
@@ -17,19 +18,7 @@ namespace mpopt::detail {
 /// collectives must be.
 class ready_buckets {
  public:
-  void assign(const std::vector<bucket>& buckets, std::size_t tensors) {
-    buckets_ = buckets.size();
-    size_.resize(buckets_);
-    pending_.resize(buckets_);
-    reported_.resize(tensors);
-    tensor_buckets_.assign(tensors, {std::uint32_t(buckets_), 0});
-    for (std::uint32_t b = 0; b < buckets_; ++b) {
-      size_[b] = buckets[b].last_tensor - buckets[b].first_tensor;
-      for (std::uint32_t t = buckets[b].first_tensor; t < buckets[b].last_tensor; ++t)
-        tensor_buckets_[t] = {std::min(tensor_buckets_[t].first, b), b + 1};
-    }
-    restart();
-  }
+  MPOPT_DECL void assign(const std::vector<bucket>& buckets, std::size_t tensors);
 
   /// Tensor i is done; false if it was reported already since restart().
   bool report(std::size_t i) {
@@ -177,3 +166,7 @@ class in_flight {
 };
 
 }  // namespace mpopt::detail
+
+#if !defined(MPOPT_SEPARATE_COMPILATION)
+#include "in_flight.ipp"
+#endif

@@ -25,36 +25,19 @@ namespace mpopt::detail {
 // once, not once per optimizer type. The optimizer's memory_report() adds the numbers.
 
 /// A group whose tensors the optimizer allocated (flat): its buffers are the optimizer's.
-MPOPT_COLD inline void list_flat_group(mpopt::memory_report& r, const std::string& label, std::size_t param_bytes,
-                                       std::size_t grad_bytes) {
-  r.buffers.push_back({label + " parameters", "flat parameter buffer (views handed to the model)", param_bytes, true});
-  r.buffers.push_back({label + " gradients", "flat gradient buffer", grad_bytes, true});
-}
+MPOPT_DECL void list_flat_group(mpopt::memory_report& r, const std::string& label, std::size_t param_bytes,
+                                std::size_t grad_bytes);
 
 /// The model's own tensors, where there are any: listed, marked as the user's.
-MPOPT_COLD inline void list_user_tensors(mpopt::memory_report& r, std::size_t param_bytes, std::size_t grad_bytes) {
-  if (!param_bytes) return;
-  r.buffers.push_back({"parameters", "the model's parameter tensors", param_bytes, false});
-  r.buffers.push_back({"gradients", "the model's gradient tensors", grad_bytes, false});
-}
+MPOPT_DECL void list_user_tensors(mpopt::memory_report& r, std::size_t param_bytes, std::size_t grad_bytes);
 
 /// The fp32 masters (where the precision has them) and each of the rule's state buffers.
-MPOPT_COLD inline void list_state(mpopt::memory_report& r, bool has_master, std::span<const std::string_view> names,
-                                  std::string_view rule, std::size_t bytes) {
-  if (has_master) r.buffers.push_back({"master", "fp32 master weights", bytes, true});
-  for (const std::string_view name : names)
-    r.buffers.push_back({std::string(name), std::string(rule) + " state (fp32)", bytes, true});
-}
+MPOPT_DECL void list_state(mpopt::memory_report& r, bool has_master, std::span<const std::string_view> names,
+                           std::string_view rule, std::size_t bytes);
 
 /// The communicators' own buffers, where they have any: the optimizer's, then each expert group's.
-MPOPT_COLD inline void list_workspaces(mpopt::memory_report& r, std::string_view purpose, std::size_t bytes,
-                                       std::span<const std::size_t> expert_bytes) {
-  if (bytes) r.buffers.push_back({"communicator workspace", std::string(purpose), bytes, true});
-  for (std::size_t k = 0; k < expert_bytes.size(); ++k)
-    if (expert_bytes[k])
-      r.buffers.push_back(
-          {"expert communicator " + std::to_string(k) + " workspace", std::string(purpose), expert_bytes[k], true});
-}
+MPOPT_DECL void list_workspaces(mpopt::memory_report& r, std::string_view purpose, std::size_t bytes,
+                                std::span<const std::size_t> expert_bytes);
 
 /// Backend B holds buffers of its own besides the state (offload's copies).
 template <class B>
@@ -115,3 +98,7 @@ class memory_listing {
 };
 
 }  // namespace mpopt::detail
+
+#if !defined(MPOPT_SEPARATE_COMPILATION)
+#include "memory_listing.ipp"
+#endif

@@ -4,7 +4,6 @@
 // Every rank scores the same all-reduced values, so all hold the same steps.
 #pragma once
 
-#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -13,6 +12,7 @@
 #include <vector>
 
 #include "../options.hpp"
+#include "config.hpp"
 #include "step_decision.hpp"
 
 namespace mpopt::detail {
@@ -43,17 +43,9 @@ class value_window {
   }
 
   /// The values, oldest first.
-  std::vector<double> save() const {
-    std::vector<double> a;
-    for (std::size_t i = 0; i < count_; ++i) a.push_back(at(i));
-    return a;
-  }
+  MPOPT_DECL std::vector<double> save() const;
   /// The newest of `saved` (oldest first, finite; checked) that fit.
-  void load(const std::vector<double>& saved) {
-    first_ = 0;
-    count_ = std::min(saved.size(), values_.size());
-    std::copy(saved.end() - std::ptrdiff_t(count_), saved.end(), values_.begin());
-  }
+  MPOPT_DECL void load(const std::vector<double>& saved);
 
  private:
   static constexpr double nan = std::numeric_limits<double>::quiet_NaN();
@@ -102,12 +94,7 @@ class spike_guard {
   };
   saved save() const { return {loss_.save(), norm_.save()}; }
   /// A file's windows; each keeps its newest values if this guard's window is shorter.
-  void restore(const saved& s) {
-    loss_.load(s.loss);
-    norm_.load(s.norm);
-    loss_sum_ = 0;
-    verdict_ = spike::none;
-  }
+  MPOPT_DECL void restore(const saved& s);
 
  private:
   static constexpr double nan = std::numeric_limits<double>::quiet_NaN();
@@ -119,3 +106,7 @@ class spike_guard {
 };
 
 }  // namespace mpopt::detail
+
+#if !defined(MPOPT_SEPARATE_COMPILATION)
+#include "spike_guard.ipp"
+#endif

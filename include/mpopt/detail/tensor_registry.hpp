@@ -9,7 +9,6 @@
 #include <functional>
 #include <initializer_list>
 #include <iterator>
-#include <limits>
 #include <map>
 #include <memory>
 #include <span>
@@ -54,27 +53,10 @@ template <has_numeric_traits E, class S>
 struct stores_or_unknown<E, S> : std::is_same<storage_t<E>, S> {};
 
 /// A shape as messages write it: [2, 3].
-inline std::string shape_text(const tensor_shape& shape) {
-  std::string s = "[";
-  for (const std::int64_t d : shape.dims()) s += (s.size() > 1 ? ", " : "") + std::to_string(d);
-  return s + "]";
-}
+MPOPT_DECL std::string shape_text(const tensor_shape& shape);
 
 /// Refuses a shape with a negative dimension or whose product is not the element count.
-inline void check_shape(const std::string& name, const tensor_shape& shape, std::size_t size) {
-  if (shape.empty()) return;
-  std::uint64_t product = 1;
-  bool overflow = false;
-  for (const std::int64_t d : shape.dims()) {
-    if (d < 0) fail("tensor '", name, "': shape ", shape_text(shape), " has a negative dimension");
-    const auto ud = static_cast<std::uint64_t>(d);
-    if (ud != 0 && product > std::numeric_limits<std::uint64_t>::max() / ud) overflow = true;
-    product *= ud;
-  }
-  if (overflow || product != size)
-    fail("tensor '", name, "': shape ", shape_text(shape), " holds ", overflow ? "more than 2^64" : std::to_string(product),
-         " elements, the tensor has ", size);
-}
+MPOPT_DECL void check_shape(const std::string& name, const tensor_shape& shape, std::size_t size);
 
 /// The optimizer derives from tensor_registry. Its code depends on the element types, the rule's
 /// options and the backend, not on the rest of the optimizer's type: optimizers that share those
@@ -347,3 +329,7 @@ class tensor_registry {
 };
 
 }  // namespace mpopt::detail
+
+#if !defined(MPOPT_SEPARATE_COMPILATION)
+#include "tensor_registry.ipp"
+#endif

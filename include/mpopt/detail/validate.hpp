@@ -3,7 +3,6 @@
 
 #include <concepts>
 #include <cstdint>
-#include <cstdio>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -15,15 +14,11 @@ namespace mpopt::detail {
 
 // A message is built by non-template code, part by part: fail() instantiates one small function
 // per list of argument types, not a stream per call site.
-MPOPT_COLD inline void append_signed(std::string& s, std::int64_t x) { s += std::to_string(x); }
-MPOPT_COLD inline void append_unsigned(std::string& s, std::uint64_t x) { s += std::to_string(x); }
+MPOPT_DECL void append_signed(std::string& s, std::int64_t x);
+MPOPT_DECL void append_unsigned(std::string& s, std::uint64_t x);
 /// 17 significant digits, as printf's %.17g: every double reads back as itself.
-MPOPT_COLD inline void append_double(std::string& s, double x) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.17g", x);
-  s += text;
-}
-[[noreturn]] MPOPT_COLD inline void throw_error(const std::string& message) { throw error(message); }
+MPOPT_DECL void append_double(std::string& s, double x);
+[[noreturn]] MPOPT_DECL void throw_error(const std::string& message);
 
 template <class T>
 void append_part(std::string& s, const T& part) {
@@ -50,8 +45,10 @@ template <class... Parts>
 inline constexpr std::uint64_t max_steps = std::uint64_t{1} << 53;
 
 /// A trust-ratio clamp [min_coeff, max_coeff] of `group` (LAMB, 1-bit LAMB) is an interval.
-inline void require_coeff_order(std::string_view group, double min_coeff, double max_coeff) {
-  if (min_coeff > max_coeff) fail(group, ".min_coeff (", min_coeff, ") must be <= max_coeff (", max_coeff, ")");
-}
+MPOPT_DECL void require_coeff_order(std::string_view group, double min_coeff, double max_coeff);
 
 }  // namespace mpopt::detail
+
+#if !defined(MPOPT_SEPARATE_COMPILATION)
+#include "validate.ipp"
+#endif

@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "config.hpp"
+
 namespace mpopt::detail {
 
 constexpr std::size_t chunk_elements = std::size_t{1} << 16;
@@ -27,16 +29,8 @@ class work_list {
   /// Adds elements [first, last) of a tensor, element `first` at index `state` of the addressed
   /// buffer. Tensors come in ascending order, a tensor possibly in several ranges (one per owner).
   /// Chunk boundaries sit at multiples of chunk_elements from the tensor's start, whatever the range.
-  void add(std::uint32_t tensor, std::size_t first, std::size_t last, std::size_t state, std::uint32_t owner = 0) {
-    if (prefix_.empty()) prefix_.push_back(0);  // allocated on first use: an unused list holds no heap memory
-    while (first_chunk_.size() <= tensor) first_chunk_.push_back(chunks_.size());
-    for (std::size_t b = first; b < last;) {
-      const std::size_t end = std::min(last, (b / chunk_elements + 1) * chunk_elements);
-      chunks_.push_back({tensor, owner, b, end - b, state + (b - first)});
-      prefix_.push_back(prefix_.back() + (end - b));
-      b = end;
-    }
-  }
+  MPOPT_DECL void add(std::uint32_t tensor, std::size_t first, std::size_t last, std::size_t state,
+                      std::uint32_t owner = 0);
 
   std::size_t size() const { return chunks_.size(); }
   /// Heap bytes the list holds.
@@ -75,28 +69,7 @@ struct norm_segments {
   std::vector<std::size_t> first, second;  ///< offsets, one more than segments; `second` empty if unused
   std::size_t runs = 0;                    ///< (tensor, owner) runs, when `second` is used
 
-  norm_segments(const work_list& w, std::size_t tensors) {
-    std::vector<std::size_t> by_tensor{0}, run_starts, tensor_runs{0};
-    bool split = false;
-    for (std::size_t t = 0; t < tensors; ++t) {
-      const std::size_t c0 = w.first_chunk(t), c1 = w.first_chunk(t + 1);
-      for (std::size_t c = c0; c < c1; ++c)
-        if (c == c0 || w[c].owner != w[c - 1].owner) {
-          split = split || c != c0;
-          run_starts.push_back(c);
-        }
-      by_tensor.push_back(c1);
-      tensor_runs.push_back(run_starts.size());
-    }
-    if (!split) {
-      first = twice(by_tensor, w.size());
-      return;
-    }
-    runs = run_starts.size();
-    run_starts.push_back(w.size());
-    first = twice(run_starts, w.size());
-    second = twice(tensor_runs, runs);
-  }
+  MPOPT_DECL norm_segments(const work_list& w, std::size_t tensors);
 
  private:
   /// Offsets o (o[0] = 0, o.back() = total) over [x | x]: o, then total + o[1..].
@@ -133,3 +106,7 @@ class rank_ordered_sum {
 };
 
 }  // namespace mpopt::detail
+
+#if !defined(MPOPT_SEPARATE_COMPILATION)
+#include "work_list.ipp"
+#endif

@@ -1,0 +1,429 @@
+// mpopt — the DeepSpeed configuration reader's definitions (deepspeed_config.hpp): inline
+// header-only, else compiled once by <mpopt/src.hpp>.
+#pragma once
+
+#include "deepspeed_config.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <fstream>
+#include <iterator>
+#include <limits>
+
+namespace mpopt {
+
+namespace detail {
+
+MPOPT_DECL deepspeed_reader::deepspeed_reader(const nlohmann::json& j, int world_size)
+    : top_(j, ""), world_(world_size) {
+  if (world_size < 1) fail("world_size must be >= 1, got ", world_size);
+  c_.world_size = world_size;
+}
+
+MPOPT_DECL deepspeed_config deepspeed_reader::read() {
+  top_keys();
+  precision();
+  zero();
+  optimizer();
+  batch();
+  step_options();
+  return std::move(c_);
+}
+
+MPOPT_DECL void deepspeed_reader::ignore_flag(const config_object& o, std::string_view key) {
+  if (!o.has(key)) return;
+  o.flag(key, false);
+  ignore(o.at(key));
+}
+
+MPOPT_DECL void deepspeed_reader::require_flag(const config_object& o, std::string_view key, bool supported,
+                                               std::string_view why) {
+  if (o.flag(key, supported) != supported)
+    fail(o.at(key), ": ", supported ? "false" : "true", " is not supported (", why, ")");
+}
+
+MPOPT_DECL void deepspeed_reader::top_keys() {
+  for (const auto& item : top_.json().items()) {
+    const std::string& key = item.key();
+    if (std::ranges::find(deepspeed_engine_keys, key) != std::end(deepspeed_engine_keys)) {
+      ignore(key);
+      continue;
+    }
+    static constexpr std::string_view read_here[] = {
+        "fp16", "bf16", "bfloat16", "zero_optimization", "optimizer", "gradient_clipping",
+        "gradient_accumulation_steps", "gradient_predivide_factor", "train_batch_size",
+        "train_micro_batch_size_per_gpu", "prescale_gradients", "communication_data_type",
+        "gradient_allreduce_op", "scheduler"};
+    if (std::ranges::find(read_here, key) != std::end(read_here)) continue;
+    fail(key, ": unknown key (mpopt reads fp16, bf16, zero_optimization, optimizer, gradient_clipping, "
+              "gradient_accumulation_steps, gradient_predivide_factor, train_batch_size, "
+              "train_micro_batch_size_per_gpu, prescale_gradients, communication_data_type, "
+              "gradient_allreduce_op, and ignores the engine's keys; see the README)");
+  }
+  if (top_.has("scheduler"))
+    fail("scheduler: mpopt has no learning-rate schedulers: remove the key and set the rate with "
+         "group.set_lr(...) before each step (train_mlp --schedule linear does)");
+  if (top_.flag("prescale_gradients", false))
+    fail("prescale_gradients: true is not supported (mpopt divides after the sum; "
+         "gradient_predivide_factor divides before it)");
+  if (const nlohmann::json* t = top_.find("communication_data_type"); t && !t->is_null()) {
+    const std::string type = top_.text("communication_data_type", "");
+    if (type != "fp32")
+      fail("communication_data_type: \"", type, "\" is not supported (make_optimizer sums gradients across ranks "
+           "in fp32; mpopt::mixed_precision<T, float, T> sends them as T)");
+  }
+  if (const std::string op = top_.text("gradient_allreduce_op", "mean"); op != "mean")
+    fail("gradient_allreduce_op: \"", op, "\" is not supported (mpopt averages gradients over ranks: \"mean\")");
+}
+
+MPOPT_DECL void deepspeed_reader::precision() {
+  bool fp16 = false, bf16 = false;
+  double loss_scale = 0;
+  std::int64_t power = 16, window = 1000, hysteresis = 2;
+  bool consecutive = false;
+  double min_scale = 1;
+  if (const nlohmann::json* j = top_.find("fp16")) {
+    const config_object f(*j, "fp16");
+    f.allow_only({"enabled", "auto_cast", "loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis",
+                  "consecutive_hysteresis", "min_loss_scale", "fp16_master_weights_and_grads"},
+                 "mpopt");
+    fp16 = f.flag("enabled", false);
+    ignore_flag(f, "auto_cast");  // casting the model's inputs: the engine's business
+    loss_scale = f.number("loss_scale", 0);
+    if (!(loss_scale >= 0))
+      fail(f.at("loss_scale"), " must be >= 0 (0 enables dynamic loss scaling), got ", loss_scale);
+    if (!(loss_scale <= max_loss_scale))
+      fail(f.at("loss_scale"), " must be <= 2^64 (mpopt::max_loss_scale), got ", loss_scale);
+    power = f.integer("initial_scale_power", 16, -126, 64);  // the scale is a normal float, at most 2^64
+    constexpr std::int64_t big = std::numeric_limits<std::int64_t>::max();
+    window = f.integer("loss_scale_window", 1000, -big, big);
+    hysteresis = f.integer("hysteresis", 2, -big, big);
+    consecutive = f.flag("consecutive_hysteresis", false);
+    min_scale = f.number("min_loss_scale", 1);
+    require_flag(f, "fp16_master_weights_and_grads", false, "mpopt keeps fp32 master weights");
+    if (fp16 && loss_scale == 0) {  // DeepSpeed checks these only for the dynamic scale, which uses them
+      constexpr std::string_view when = " must be > 0 when dynamic loss scaling is enabled, got ";
+      if (window < 1) fail(f.at("loss_scale_window"), when, window);
+      if (hysteresis < 1) fail(f.at("hysteresis"), when, hysteresis);
+      if (!(min_scale > 0)) fail(f.at("min_loss_scale"), when, min_scale);
+      const double initial = std::ldexp(1.0, int(power));
+      if (!(min_scale <= initial))
+        fail(f.at("min_loss_scale"), " (", min_scale, ") must be <= 2^initial_scale_power (", initial, ")");
+    }
+  }
+  const nlohmann::json* b = top_.find("bf16");
+  const nlohmann::json* old = top_.find("bfloat16");
+  if (b && old) fail("bfloat16: the old name of bf16; give one of the two");
+  if (b || old) {
+    const config_object f(b ? *b : *old, b ? "bf16" : "bfloat16");
+    f.allow_only({"enabled", "immediate_grad_update", "check_grad_overflow", "bf16_master_weights_and_grads",
+                  "bf16_optimizer_states"},
+                 "mpopt");
+    bf16 = f.flag("enabled", false);
+    // When the bf16 gradient joins the fp32 sum: the same sum either way here.
+    ignore_flag(f, "immediate_grad_update");
+    const bool check = f.flag("check_grad_overflow", true);
+    if (bf16) c_.options.skip_nonfinite = check;
+    require_flag(f, "bf16_master_weights_and_grads", false, "mpopt keeps fp32 master weights");
+    require_flag(f, "bf16_optimizer_states", false, "mpopt keeps fp32 optimizer state");
+  }
+  if (fp16 && bf16) fail(b ? "bf16" : "bfloat16", ".enabled: fp16.enabled is true too; a run trains in one of them");
+  if (fp16) {
+    c_.precision = config_precision::fp16;
+    if (loss_scale > 0) {
+      c_.scaler = config_scaler::static_scale;
+      c_.static_options.scale = loss_scale;
+    } else {
+      c_.scaler = config_scaler::dynamic_scale;
+      c_.dynamic_options = {.init_scale = std::ldexp(1.0, int(power)),
+                            .window = window,
+                            .min_scale = min_scale,
+                            .hysteresis = hysteresis,
+                            .consecutive_hysteresis = consecutive};
+    }
+  } else if (bf16) {
+    c_.precision = config_precision::bf16;
+  }
+}
+
+MPOPT_DECL void deepspeed_reader::zero() {
+  const nlohmann::json* z = top_.find("zero_optimization");
+  if (!z) return;
+  if (z->is_boolean()) {  // DeepSpeed's deprecated form: true is stage 1
+    c_.zero_stage = z->get<bool>() ? 1 : 0;
+    return;
+  }
+  const config_object o(*z, "zero_optimization");
+  for (const auto& item : z->items()) {
+    const std::string& key = item.key();
+    if (std::ranges::find(deepspeed_stage3_keys, key) == std::end(deepspeed_stage3_keys)) continue;
+    if (key == "stage3_gather_16bit_weights_on_model_save") o.flag(key, false);
+    else o.integer(key, 0, 0, std::numeric_limits<std::int64_t>::max());
+    ignore(o.at(key));
+  }
+  o.allow_only({"stage", "reduce_bucket_size", "allgather_bucket_size", "contiguous_gradients", "overlap_comm",
+                "reduce_scatter", "allgather_partitions", "elastic_checkpoint", "load_from_fp32_weights",
+                "round_robin_gradients", "cpu_offload", "offload_optimizer", "offload_param",
+                "stage3_max_live_parameters", "stage3_max_reuse_distance", "stage3_prefetch_bucket_size",
+                "stage3_param_persistence_threshold", "stage3_gather_16bit_weights_on_model_save", "sub_group_size"},
+               "mpopt");
+  const std::int64_t stage = o.integer("stage", 0, 0, 3);
+  if (stage == 3)
+    fail(o.at("stage"), ": 3 is not supported (mpopt has stages 0, 1 and 2; stage 3 partitions the parameters too)");
+  c_.zero_stage = int(stage);
+  c_.options.bucket_elements = std::size_t(o.integer("reduce_bucket_size", 500000000, 1, std::int64_t{1} << 30));
+  if (o.has("allgather_bucket_size")) {
+    // Unused by DeepSpeed too where torch has all_gather_into_tensor; mpopt gathers in the reduce buckets.
+    const std::int64_t n = o.integer("allgather_bucket_size", 500000000, 1, std::numeric_limits<std::int64_t>::max());
+    if (n % 2 != 0) fail(o.at("allgather_bucket_size"), " must be a multiple of 2 (DeepSpeed asserts it), got ", n);
+    ignore(o.at("allgather_bucket_size"));
+  }
+  c_.options.overlap_comm = o.flag("overlap_comm", false);
+  // How the exchange is scheduled, not what it computes: mpopt packs gradients into buckets,
+  // reduce-scatters them and all-gathers the parameters, and its checkpoints load at any world size.
+  for (std::string_view key : {"contiguous_gradients", "reduce_scatter", "allgather_partitions", "elastic_checkpoint"})
+    ignore_flag(o, key);
+  require_flag(o, "load_from_fp32_weights", true, "load() restores the fp32 masters from the checkpoint");
+  require_flag(o, "round_robin_gradients", false, "mpopt shards each group's flat space in order");
+  require_flag(o, "cpu_offload", false, "mpopt does not offload");
+  for (std::string_view key : {"offload_optimizer", "offload_param"}) {
+    const nlohmann::json* v = o.find(key);
+    if (!v) continue;
+    const config_object off(*v, o.at(key));
+    off.allow_only({"device", "pin_memory"}, "mpopt");
+    const std::string device = off.text("device", "none");
+    if (device != "none")
+      fail(off.at("device"), ": \"", device, "\" is not supported (mpopt does not offload: \"none\")");
+    ignore_flag(off, "pin_memory");
+    ignore(o.at(key));
+  }
+}
+
+MPOPT_DECL void deepspeed_reader::optimizer() {
+  const nlohmann::json* j = top_.find("optimizer");
+  if (!j)
+    fail("optimizer: missing: make_optimizer builds the optimizer the configuration names (type Adam, AdamW, "
+         "Lamb, OneBitLamb, OneBitAdam or ZeroOneAdam)");
+  const config_object o(*j, "optimizer");
+  o.allow_only({"type", "params"}, "mpopt");
+  if (!o.has("type")) fail("optimizer.type: missing (Adam, AdamW, Lamb, OneBitLamb, OneBitAdam or ZeroOneAdam)");
+  c_.optimizer_type = o.text("type", "");
+  std::string type = c_.optimizer_type;  // DeepSpeed compares its own optimizers' names in lower case
+  for (char& ch : type) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+  const nlohmann::json empty = nlohmann::json::object();
+  const nlohmann::json* p = o.find("params");
+  const config_object params(p ? *p : empty, "optimizer.params");
+  if (type == "adam" || type == "adamw") {
+    adam_params(params, type == "adamw");
+  } else if (type == "lamb") {
+    lamb_params(params);
+  } else if (type == "onebitlamb") {
+    onebit_lamb_params(params);
+  } else if (type == "onebitadam") {
+    onebit_adam_params(params);
+  } else if (type == "zerooneadam") {
+    zero_one_adam_params(params);
+  } else {
+    fail("optimizer.type: \"", c_.optimizer_type,
+         "\" is not supported (mpopt has Adam, AdamW, Lamb, OneBitLamb, OneBitAdam and ZeroOneAdam)");
+  }
+}
+
+MPOPT_DECL void deepspeed_reader::adam_params(const config_object& p, bool adamw) {
+  p.allow_only({"lr", "betas", "eps", "weight_decay", "bias_correction", "adam_w_mode", "torch_adam", "amsgrad",
+                "set_grad_none", "max_grad_norm"},
+               adamw ? "AdamW" : "Adam");
+  c_.rule = config_rule::adam;
+  adam::options& o = c_.adam_options;
+  common_params(p, o);
+  o.bias_correction = p.flag("bias_correction", true);
+  // DeepSpeed builds AdamW for "Adam" unless adam_w_mode is false, and for "AdamW" always.
+  const bool w_mode = p.flag("adam_w_mode", true);
+  if (adamw && !w_mode)
+    fail(p.at("adam_w_mode"), ": false contradicts type AdamW (DeepSpeed would build AdamW anyway): use type Adam");
+  o.decoupled_weight_decay = adamw || w_mode;
+  ignore_flag(p, "torch_adam");     // torch's implementation of the same formula
+  ignore_flag(p, "set_grad_none");  // how the engine clears gradients
+  check_options(o, p.path());
+}
+
+MPOPT_DECL void deepspeed_reader::lamb_params(const config_object& p) {
+  p.allow_only({"lr", "betas", "eps", "weight_decay", "bias_correction", "eps_inside_sqrt", "max_coeff", "min_coeff",
+                "amsgrad", "max_grad_norm"},
+               "Lamb");
+  c_.rule = config_rule::lamb;
+  lamb::options& o = c_.lamb_options;
+  common_params(p, o);
+  o.bias_correction = p.flag("bias_correction", true);
+  o.eps_inside_sqrt = p.flag("eps_inside_sqrt", false);
+  o.max_coeff = p.number("max_coeff", o.max_coeff);
+  o.min_coeff = p.number("min_coeff", o.min_coeff);
+  check_options(o, p.path());
+}
+
+MPOPT_DECL void deepspeed_reader::onebit_lamb_params(const config_object& p) {
+  p.allow_only({"lr", "betas", "eps", "weight_decay", "bias_correction", "eps_inside_sqrt", "max_coeff", "min_coeff",
+                "amsgrad", "max_grad_norm", "freeze_step", "cuda_aware", "comm_backend_name", "coeff_beta",
+                "factor_max", "factor_min", "factor_threshold", "compression_scale", "exclude_zero_variance", "zero_variance_ratio"},
+               "OneBitLamb");
+  c_.rule = config_rule::onebit_lamb;
+  onebit_lamb_options& o = c_.onebit_lamb_options;
+  compressing_params(p, o, "1-bit LAMB");
+  o.max_coeff = p.number("max_coeff", o.max_coeff);
+  o.min_coeff = p.number("min_coeff", o.min_coeff);
+  o.freeze_step = freeze_step(p);
+  o.coeff_beta = p.number("coeff_beta", o.coeff_beta);
+  o.factor_max = p.number("factor_max", o.factor_max);
+  o.factor_min = p.number("factor_min", o.factor_min);
+  o.factor_threshold = p.number("factor_threshold", o.factor_threshold);
+  check_options(o, p.path());
+}
+
+MPOPT_DECL void deepspeed_reader::onebit_adam_params(const config_object& p) {
+  p.allow_only({"lr", "betas", "eps", "weight_decay", "bias_correction", "eps_inside_sqrt", "amsgrad",
+                "max_grad_norm", "freeze_step", "cuda_aware", "comm_backend_name", "compression_scale",
+                "exclude_zero_variance", "zero_variance_ratio"},
+               "OneBitAdam");
+  c_.rule = config_rule::onebit_adam;
+  onebit_adam_options& o = c_.onebit_adam_options;
+  compressing_params(p, o, "1-bit Adam");
+  o.freeze_step = freeze_step(p);
+  check_options(o, p.path());
+}
+
+MPOPT_DECL void deepspeed_reader::zero_one_adam_params(const config_object& p) {
+  p.allow_only({"lr", "betas", "eps", "weight_decay", "bias_correction", "eps_inside_sqrt", "amsgrad",
+                "max_grad_norm", "var_freeze_step", "var_update_scaler", "local_step_scaler", "local_step_clipper",
+                "cuda_aware", "comm_backend_name", "compression_scale", "exclude_zero_variance", "zero_variance_ratio"},
+               "ZeroOneAdam");
+  c_.rule = config_rule::zero_one_adam;
+  zero_one_adam_options& o = c_.zero_one_adam_options;
+  compressing_params(p, o, "0/1 Adam");
+  // DeepSpeed's step s counts its set-up call; its phase 1 ends after s = var_freeze_step + 1, that
+  // is after var_freeze_step updates, as mpopt's.
+  constexpr auto most = std::int64_t(max_steps);
+  o.var_freeze_step = std::uint64_t(p.integer("var_freeze_step", std::int64_t(o.var_freeze_step), 0, most));
+  o.var_update_scaler = std::uint64_t(p.integer("var_update_scaler", std::int64_t(o.var_update_scaler), 1, most));
+  o.local_step_scaler = std::uint64_t(p.integer("local_step_scaler", std::int64_t(o.local_step_scaler), 1, most));
+  o.local_step_clipper = std::uint64_t(p.integer("local_step_clipper", std::int64_t(o.local_step_clipper), 1, most));
+  check_options(o, p.path());
+}
+
+MPOPT_DECL std::uint64_t deepspeed_reader::freeze_step(const config_object& p) {
+  return std::uint64_t(p.integer("freeze_step", 100000, 2, std::int64_t(max_steps)) - 1);
+}
+
+MPOPT_DECL void deepspeed_reader::batch() {
+  constexpr std::int64_t big = std::numeric_limits<std::int32_t>::max();
+  const bool has_gas = top_.has("gradient_accumulation_steps"), has_tbs = top_.has("train_batch_size"),
+             has_mbs = top_.has("train_micro_batch_size_per_gpu");
+  const std::int64_t gas = top_.integer("gradient_accumulation_steps", 1, 1, big);
+  const std::int64_t tbs = top_.integer("train_batch_size", 1, 1, std::numeric_limits<std::int64_t>::max() / 4);
+  const std::int64_t mbs = top_.integer("train_micro_batch_size_per_gpu", 1, 1, big);
+  const std::int64_t w = world_;
+  std::int64_t steps = gas;
+  if (has_tbs && has_mbs) {  // mbs * w and gas * w fit: each factor is below 2^31
+    if (!has_gas) {
+      steps = tbs / (mbs * w);
+      c_.accumulation_from_batch_sizes = true;
+    }
+    if (steps < 1 || steps > big || tbs % (mbs * w) != 0 || tbs / (mbs * w) != steps)
+      fail("train_batch_size: ", tbs, " is not train_micro_batch_size_per_gpu (", mbs,
+           ") x gradient_accumulation_steps", has_gas ? " (" + std::to_string(gas) + ")" : std::string(), " x ", w,
+           w == 1 ? " rank" : " ranks");
+  } else if (has_tbs && tbs % (gas * w) != 0) {
+    fail("train_batch_size: ", tbs, " does not split into gradient_accumulation_steps (", gas, ") x ", w,
+         w == 1 ? " rank" : " ranks", " micro-batches");
+  }
+  c_.options.accumulation_steps = int(steps);
+  if (has_mbs) c_.micro_batch_size = int(mbs);
+  else if (has_tbs) c_.micro_batch_size = int(tbs / (steps * w));
+}
+
+MPOPT_DECL void deepspeed_reader::step_options() {
+  c_.options.clip_grad = top_.number("gradient_clipping", 1.0);
+  require_check("gradient_clipping", c_.options.clip_grad, checks::at_least(0));
+  c_.options.gradient_predivide = top_.number("gradient_predivide_factor", 1.0);
+  require_check("gradient_predivide_factor", c_.options.gradient_predivide, checks::above(0));
+  require_check("gradient_predivide_factor", c_.options.gradient_predivide, checks::float_scale);
+  // The library's own checks, for what the reader may have missed.
+  c_.options = validated(c_.options, c_.scaler == config_scaler::none);
+  if (c_.scaler == config_scaler::dynamic_scale) dynamic_scale{c_.dynamic_options};
+  if (c_.scaler == config_scaler::static_scale) static_scale{c_.static_options};
+}
+
+MPOPT_DECL nlohmann::json parse_json_strictly(std::string_view text) {
+  struct frame {
+    std::vector<std::string> keys;
+    std::string key;
+  };
+  std::vector<frame> stack;
+  auto path = [&] {
+    std::string p;
+    for (const auto& f : stack)
+      if (!f.key.empty()) p += (p.empty() ? "" : ".") + f.key;
+    return p;
+  };
+  const nlohmann::json::parser_callback_t check = [&](int, nlohmann::json::parse_event_t e, nlohmann::json& v) {
+    using event = nlohmann::json::parse_event_t;
+    if (e == event::object_start || e == event::array_start) stack.push_back({});
+    if (e == event::object_end || e == event::array_end) stack.pop_back();
+    if (e == event::key) {
+      frame& f = stack.back();
+      const std::string& key = v.get_ref<const std::string&>();
+      if (std::find(f.keys.begin(), f.keys.end(), key) != f.keys.end()) {
+        f.key = key;
+        fail(path(), ": given twice");
+      }
+      f.keys.push_back(key);
+      f.key = key;
+    }
+    return true;
+  };
+  try {
+    return nlohmann::json::parse(text.begin(), text.end(), check);
+  } catch (const nlohmann::json::parse_error& e) {
+    fail("not valid JSON: ", e.what());
+  }
+}
+
+}  // namespace detail
+
+MPOPT_DECL deepspeed_config deepspeed_config::parse(const nlohmann::json& j, int world_size) {
+  return detail::deepspeed_reader(j, world_size).read();
+}
+
+MPOPT_DECL deepspeed_config deepspeed_config::parse_text(std::string_view text, int world_size) {
+  return parse(detail::parse_json_strictly(text), world_size);
+}
+
+MPOPT_DECL deepspeed_config deepspeed_config::read(const std::filesystem::path& file, int world_size) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) detail::fail("cannot open the DeepSpeed configuration '", file.string(), "'");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) detail::fail("cannot read the DeepSpeed configuration '", file.string(), "'");
+  try {
+    return parse_text(text, world_size);
+  } catch (const error& e) {
+    detail::fail(file.string(), ": ", e.message());
+  }
+}
+
+MPOPT_DECL std::string deepspeed_config::summary() const {
+  std::string s = precision == config_precision::fp16 ? "fp16" : precision == config_precision::bf16 ? "bf16" : "fp32";
+  if (scaler == config_scaler::dynamic_scale) s += " with a dynamic loss scale";
+  if (scaler == config_scaler::static_scale) s += " with a static loss scale";
+  s += zero_stage == 0 ? ", no ZeRO" : ", ZeRO stage " + std::to_string(zero_stage);
+  s += ", ";
+  switch (rule) {
+    case config_rule::adam: s += adam_options.decoupled_weight_decay ? "AdamW" : "Adam (L2 weight decay)"; break;
+    case config_rule::lamb: s += "Lamb"; break;
+    case config_rule::onebit_lamb: s += "OneBitLamb"; break;
+    case config_rule::onebit_adam: s += "OneBitAdam"; break;
+    case config_rule::zero_one_adam: s += "ZeroOneAdam"; break;
+  }
+  return s;
+}
+
+}  // namespace mpopt

@@ -1,0 +1,37 @@
+// mpopt — the memory report's lines (memory_listing.hpp): inline header-only, else compiled once by
+// <mpopt/src.hpp>.
+#pragma once
+
+#include "memory_listing.hpp"
+
+namespace mpopt::detail {
+
+MPOPT_DECL void list_flat_group(mpopt::memory_report& r, const std::string& label, std::size_t param_bytes,
+                                std::size_t grad_bytes) {
+  r.buffers.push_back({label + " parameters", "flat parameter buffer (views handed to the model)", param_bytes, true});
+  r.buffers.push_back({label + " gradients", "flat gradient buffer", grad_bytes, true});
+}
+
+MPOPT_DECL void list_user_tensors(mpopt::memory_report& r, std::size_t param_bytes, std::size_t grad_bytes) {
+  if (!param_bytes) return;
+  r.buffers.push_back({"parameters", "the model's parameter tensors", param_bytes, false});
+  r.buffers.push_back({"gradients", "the model's gradient tensors", grad_bytes, false});
+}
+
+MPOPT_DECL void list_state(mpopt::memory_report& r, bool has_master, std::span<const std::string_view> names,
+                           std::string_view rule, std::size_t bytes) {
+  if (has_master) r.buffers.push_back({"master", "fp32 master weights", bytes, true});
+  for (const std::string_view name : names)
+    r.buffers.push_back({std::string(name), std::string(rule) + " state (fp32)", bytes, true});
+}
+
+MPOPT_DECL void list_workspaces(mpopt::memory_report& r, std::string_view purpose, std::size_t bytes,
+                                std::span<const std::size_t> expert_bytes) {
+  if (bytes) r.buffers.push_back({"communicator workspace", std::string(purpose), bytes, true});
+  for (std::size_t k = 0; k < expert_bytes.size(); ++k)
+    if (expert_bytes[k])
+      r.buffers.push_back(
+          {"expert communicator " + std::to_string(k) + " workspace", std::string(purpose), expert_bytes[k], true});
+}
+
+}  // namespace mpopt::detail
