@@ -46,10 +46,10 @@ optimizer_snapshot snapshot_of(Opt& opt, const Params& params) {
   if constexpr (mpopt::reducing_rule<rule>) s.tensor_state = bytes_of(opt.tensor_state());
   for (std::size_t g = 0; g < opt.group_count(); ++g) {
     s.group_steps.push_back(opt.group(g).step());
-    s.group_options.push_back(mpopt::detail::options_json(opt.group(g).options()).dump());
+    s.group_options.push_back(mpopt::detail::options_text(opt.group(g).options()));
     s.group_sizes.push_back(opt.group(g).size());
   }
   s.scale_bits = std::bit_cast<std::uint64_t>(opt.loss_scale());
-  s.scaler = mpopt::detail::options_json(opt.scaler().save()).dump();
+  s.scaler = mpopt::detail::options_text(opt.scaler().save());
   return s;
 }

@@ -4,14 +4,14 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <optional>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
-#include <vector>
 
 #include "../communicator.hpp"
 #include "../error.hpp"
+#include "collectives.hpp"
 #include "config.hpp"
 
 namespace mpopt::detail {
@@ -28,25 +28,11 @@ MPOPT_DECL std::string first_failure(std::span<const std::uint8_t> records);
 /// Runs f on every rank of `comm` and agrees on the outcome: if it threw mpopt::error anywhere, it
 /// throws on every rank: its own message where it failed, elsewhere "what() failed on rank R:" and
 /// that rank's message (the lowest failing rank's). Collective.
-template <class C, class F>
+MPOPT_DECL void agree(cold_collectives& comm, std::string_view what, const std::function<void()>& f);
+template <adapted_communicator C, class F>
 void agree(C& comm, std::string_view what, F&& f) {
-  std::optional<error> mine;
-  try {
-    f();
-  } catch (const error& e) {
-    mine = e;
-  }
-  std::uint8_t failed = mine.has_value();
-  comm.all_reduce(std::span<std::uint8_t>(&failed, 1), reduce_op::max);
-  if (!failed) return;
-  const std::size_t world = std::size_t(comm.size());
-  std::vector<std::uint8_t> records(world * failure_record);
-  put_failure(std::span(records).subspan(std::size_t(comm.rank()) * failure_record, failure_record),
-              mine ? &*mine : nullptr);
-  const std::vector<std::size_t> counts(world, failure_record);
-  comm.all_gather(std::span<std::uint8_t>(records), std::span<const std::size_t>(counts));
-  if (mine) throw *mine;
-  fail(what, "() failed on ", first_failure(records));
+  collectives_of<C> c(comm);
+  agree(static_cast<cold_collectives&>(c), what, std::function<void()>([&f] { f(); }));
 }
 
 }  // namespace mpopt::detail

@@ -5,6 +5,10 @@
 #include "agree.hpp"
 
 #include <algorithm>
+#include <optional>
+#include <vector>
+
+#include "validate.hpp"
 
 namespace mpopt::detail {
 
@@ -25,6 +29,26 @@ MPOPT_DECL std::string first_failure(std::span<const std::uint8_t> records) {
     return "rank " + std::to_string(r) + ": " + message + (message.size() == failure_record - 1 ? "..." : "");
   }
   return "another rank";
+}
+
+MPOPT_DECL void agree(cold_collectives& comm, std::string_view what, const std::function<void()>& f) {
+  std::optional<error> mine;
+  try {
+    f();
+  } catch (const error& e) {
+    mine = e;
+  }
+  std::uint8_t failed = mine.has_value();
+  comm.all_reduce_max(std::span<std::uint8_t>(&failed, 1));
+  if (!failed) return;
+  const std::size_t world = std::size_t(comm.size());
+  std::vector<std::uint8_t> records(world * failure_record);
+  put_failure(std::span(records).subspan(std::size_t(comm.rank()) * failure_record, failure_record),
+              mine ? &*mine : nullptr);
+  const std::vector<std::size_t> counts(world, failure_record);
+  comm.all_gather(std::span<std::uint8_t>(records), std::span<const std::size_t>(counts));
+  if (mine) throw *mine;
+  fail(what, "() failed on ", first_failure(records));
 }
 
 }  // namespace mpopt::detail

@@ -3,39 +3,40 @@
 // options, in a safetensors file (README, "Checkpoints"; the container: state_file.hpp). Sharded
 // state is gathered tensor by tensor on save and each rank reads its own part on load, so a file
 // loads at any world size. The optimizer's save() and load() call checkpointing<itself, its
-// policies>, declared in optimizer.hpp and defined here, which hands it to checkpoint_flow.hpp as a
-// checkpoint_subject: its tensors without their types, and the
-// parts that have types (the rule's options, the scaler, the driver's state). Everything else is
-// compiled once, not once per optimizer type: checkpoint_flow.hpp (the order of things),
-// checkpoint_pieces.hpp (which pieces a file holds), checkpoint_io.hpp (writing and reading them)
-// and saved_state.hpp (the metadata).
+// policies>, declared in optimizer.hpp and defined here, which hands the optimizer over as a
+// checkpoint_subject (checkpoint_subject.hpp): its tensors without their types, and the parts that
+// have types (the rule's options, the scaler, the driver's state). Everything else is compiled once,
+// not once per optimizer type, and is all that needs a JSON library or <filesystem>:
+// checkpoint_flow.hpp (the order of things), checkpoint_pieces.hpp (which pieces a file holds),
+// checkpoint_io.hpp (writing and reading them) and saved_state.hpp (the metadata).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <filesystem>
 #include <functional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
-#include <nlohmann/json.hpp>
+#include <nlohmann/json_fwd.hpp>
 
 #include "../error.hpp"
 #include "../loss_scale.hpp"
 #include "../options.hpp"
 #include "../precision.hpp"
 #include "../tensor.hpp"
-#include "checkpoint_flow.hpp"
-#include "checkpoint_io.hpp"
-#include "checkpoint_pieces.hpp"
+#include "checkpoint_subject.hpp"
 #include "config.hpp"
 #include "field_refs.hpp"
 #include "fields_json.hpp"
 #include "same_settings.hpp"
-#include "state_file.hpp"
+
+#if !defined(MPOPT_SEPARATE_COMPILATION)
+#include "checkpoint_flow.hpp"  // save_state() and load_state(), inline
+#endif
 
 namespace mpopt {
 
@@ -45,13 +46,15 @@ template <class Opt, class Precision, class LossScaler, class Partition, class U
 class checkpointing {
  public:
   /// The optimizer's save() and load() (optimizer.hpp says what they do).
-  static void save(Opt& o, const std::filesystem::path& path) {
+  template <class Path>
+  static void save(Opt& o, const Path& path) {
     subject s(o);
-    save_state(s, path);
+    save_state(s, path_text(path));
   }
-  static void load(Opt& o, const std::filesystem::path& path, const load_options& lo) {
+  template <class Path>
+  static void load(Opt& o, const Path& path, const load_options& lo) {
     subject s(o);
-    load_state(s, path, lo);
+    load_state(s, path_text(path), lo);
   }
 
  private:
@@ -119,25 +122,29 @@ class checkpointing {
       return o_.comm_.size() > 1 && Opt::driver::replicas_differ(o_.groups_) ? o_.comm_.size() : 0;
     }
 
-    MPOPT_COLD typed_metadata metadata() const override {
+    MPOPT_COLD typed_metadata metadata() override {
       typed_metadata m;
       m.policies = {Precision::name, LossScaler::name, Partition::name, UpdateRule::name};
-      m.scaler = options_json(o_.scaler_.save());
+      scaler_state_ = o_.scaler_.save();
+      m.scaler = field_refs(scaler_state_);
       m.counts = o_.counts_;
       for (const auto& g : o_.groups_) {
-        m.group_options.push_back(options_json(g->options_));
+        m.group_options.push_back(field_refs(g->options_));
         m.group_steps.push_back(g->step_);
       }
       if constexpr (std::is_same_v<rounding_of_t<Precision>, stochastic_rounding>) m.rounding_seed = o_.options_.rounding_seed;
-      if (o_.guard_.on()) m.guard = guard_json(o_.guard_.save());
-      m.driver = o_.driver_.describe(o_.comm_.size());
+      if (o_.guard_.on()) m.guard = o_.guard_.save();
       return m;
     }
+    MPOPT_COLD void describe_driver(nlohmann::json& meta) const override {
+      // Only the compressing drivers record anything; they include <nlohmann/json.hpp>.
+      if constexpr (requires { &Opt::driver::describe; }) meta = o_.driver_.describe(o_.comm_.size());
+    }
 
-    MPOPT_COLD std::vector<state_stream::tensor> extras() const override {
-      std::vector<state_stream::tensor> extras;
+    MPOPT_COLD std::vector<std::pair<std::string, std::size_t>> extras() const override {
+      std::vector<std::pair<std::string, std::size_t>> extras;
       o_.driver_.for_each_extra(o_.comm_.size(), [&](std::string key, std::size_t elements) {
-        extras.push_back({std::move(key), "F32", {std::int64_t(elements)}});
+        extras.emplace_back(std::move(key), elements);
       });
       return extras;
     }
@@ -159,8 +166,8 @@ class checkpointing {
                      const load_options& lo, std::uint64_t applied, std::span<const std::size_t> sizes) override {
       driver_ = o_.driver_.check_saved(meta, r, where, lo, applied, o_.comm_.size(), sizes);
     }
-    MPOPT_COLD std::string read_scaler_text() const override { return options_json(scaler_.save()).dump(); }
-    MPOPT_COLD std::string read_group_text(std::size_t g) const override { return options_json(groups_[g]).dump(); }
+    MPOPT_COLD std::string read_scaler_text() const override { return options_text(scaler_.save()); }
+    MPOPT_COLD std::string read_group_text(std::size_t g) const override { return options_text(groups_[g]); }
     MPOPT_COLD void require_same(std::span<const setting> settings, std::string_view advice) override {
       require_same_settings(o_.comm_, settings, advice);
     }
@@ -176,7 +183,7 @@ class checkpointing {
       return held;
     }
 
-    MPOPT_COLD void restore(const saved_header& h,
+    MPOPT_COLD void restore(const saved_counts& h, std::span<const std::uint64_t> group_steps,
                             const std::function<void(const std::string&, std::size_t, const untyped&, std::size_t, bool)>&
                                 read) override {
       o_.backend_.params_in(o_.data());  // where the backend's passes read them (offload.hpp)
@@ -190,7 +197,7 @@ class checkpointing {
       o_.scaler_ = scaler_;
       for (std::size_t g = 0; g < o_.groups_.size(); ++g) {
         o_.groups_[g]->options_ = groups_[g];
-        o_.groups_[g]->step_ = h.group_steps[g];
+        o_.groups_[g]->step_ = group_steps[g];
       }
       o_.counts_ = {h.applied, h.skipped, h.consecutive};
       o_.guard_.restore(h.guard);  // a file without the guard's windows starts them empty
@@ -200,6 +207,7 @@ class checkpointing {
    private:
     Opt& o_;
     LossScaler scaler_;
+    typename LossScaler::state scaler_state_{};  // what metadata() describes
     std::vector<typename UpdateRule::options> groups_;
     typename Opt::driver::saved driver_;
   };

@@ -5,37 +5,24 @@
 #include "checkpoint_flow.hpp"
 
 #include <algorithm>
+#include <filesystem>
 #include <iterator>
 
 #include "../error.hpp"
+#include "fields_json.hpp"
 #include "json_fields.hpp"
 #include "validate.hpp"
 
 namespace mpopt::detail {
 
-MPOPT_DECL nlohmann::json describe(const checkpoint_subject& s, const checkpoint_view& v) {
-  typed_metadata m = s.metadata();
-  return state_metadata(m.policies, std::move(m.scaler), m.counts, saved_groups(v, m.group_options, m.group_steps),
-                        m.rounding_seed, s.replicas(), std::move(m.guard), m.driver);
-}
-
-MPOPT_DECL void save_state(checkpoint_subject& s, const std::filesystem::path& path) {
-  if (!s.finalized()) fail("save(): nothing to save before the first step (or finalize())");
-  if (s.micro_step() != 0)
-    fail("save() at micro-step ", s.micro_step(), " of ", s.accumulation_steps(), ": save after the accumulation boundary");
-  s.at("save()");
-  // Rank 0 writes: a rank given another path would take its save() for done.
-  const setting where[] = {{"the path given to save()", path.string()}};
-  s.require_same(where, "Every rank must pass save() the same path; rank 0 writes the file");
-  s.finish_step();
-  const checkpoint_view v = s.view();
-  std::vector<state_piece> pieces;  // in file order: each rank's copy where the replicas differ
-  for (int r = 0; r < std::max(1, s.replicas()); ++r) {
-    std::vector<state_piece> copy = file_pieces(v, r);
-    pieces.insert(pieces.end(), std::make_move_iterator(copy.begin()), std::make_move_iterator(copy.end()));
-  }
-  write_state(s, path, [&] { return describe(s, v); }, pieces, s.extras(),
-              [&](const std::function<void(std::span<const std::byte>)>& write) { s.save_extras(write); });
+MPOPT_DECL nlohmann::json describe(checkpoint_subject& s, const checkpoint_view& v) {
+  const typed_metadata m = s.metadata();
+  std::vector<nlohmann::json> group_options;
+  for (const auto& fields : m.group_options) group_options.push_back(fields_json(fields));
+  nlohmann::json driver = nlohmann::json::object();
+  s.describe_driver(driver);
+  return state_metadata(m.policies, fields_json(m.scaler), m.counts, saved_groups(v, group_options, m.group_steps),
+                        m.rounding_seed, s.replicas(), m.guard ? guard_json(*m.guard) : nlohmann::json(), driver);
 }
 
 MPOPT_DECL saved_header check_saved(checkpoint_subject& s, const state_reader& r, const std::string& where,
@@ -92,19 +79,40 @@ MPOPT_DECL void check_same_checkpoint(checkpoint_subject& s, const saved_header&
   s.agree("load", [&] { check_groups_held(held, h.found.group_tensors); });
 }
 
-MPOPT_DECL void load_state(checkpoint_subject& s, const std::filesystem::path& path, const load_options& lo) {
+MPOPT_DECL void save_state(checkpoint_subject& s, const std::string& path) {
+  if (!s.finalized()) fail("save(): nothing to save before the first step (or finalize())");
+  if (s.micro_step() != 0)
+    fail("save() at micro-step ", s.micro_step(), " of ", s.accumulation_steps(), ": save after the accumulation boundary");
+  s.at("save()");
+  // Rank 0 writes: a rank given another path would take its save() for done.
+  const setting where[] = {{"the path given to save()", path}};
+  s.require_same(where, "Every rank must pass save() the same path; rank 0 writes the file");
+  s.finish_step();
+  const checkpoint_view v = s.view();
+  std::vector<state_piece> pieces;  // in file order: each rank's copy where the replicas differ
+  for (int r = 0; r < std::max(1, s.replicas()); ++r) {
+    std::vector<state_piece> copy = file_pieces(v, r);
+    pieces.insert(pieces.end(), std::make_move_iterator(copy.begin()), std::make_move_iterator(copy.end()));
+  }
+  std::vector<state_stream::tensor> extras;
+  for (auto& [key, elements] : s.extras()) extras.push_back({std::move(key), "F32", {std::int64_t(elements)}});
+  write_state(s, path, [&] { return describe(s, v); }, pieces, std::move(extras),
+              [&](const std::function<void(std::span<const std::byte>)>& write) { s.save_extras(write); });
+}
+
+MPOPT_DECL void load_state(checkpoint_subject& s, const std::string& path, const load_options& lo) {
   std::optional<state_reader> file;
   saved_header saved;
   s.at("load()");
   s.agree("load", [&] {
     file.emplace(path);
-    saved = check_saved(s, *file, path.string() + ": ", lo);
+    saved = check_saved(s, *file, path + ": ", lo);
   });
   check_same_checkpoint(s, saved);
   s.prepare_to_read();
   std::vector<std::byte> staged;  // a tensor for device memory, read on the host first
   read_state(*file, s, held_pieces(s.view(), saved.found.kept_at, saved.found.file_tensors), saved.replica, staged);
-  s.restore(saved, [&](const std::string& key, std::size_t first, const untyped& to, std::size_t count, bool on_device) {
+  s.restore(saved, saved.group_steps, [&](const std::string& key, std::size_t first, const untyped& to, std::size_t count, bool on_device) {
     read_piece(*file, s, key, first, to, count, on_device, staged);
   });
 }

@@ -17,50 +17,13 @@
 #include <nlohmann/json.hpp>
 
 #include "../numeric.hpp"
+#include "checkpoint_subject.hpp"
 #include "config.hpp"
 #include "flat_layout.hpp"
 #include "saved_state.hpp"
 #include "state_file.hpp"
 
 namespace mpopt::detail {
-
-template <>
-struct state_dtype<half> : dtype_name<half> {};
-template <>
-struct state_dtype<bfloat16> : dtype_name<bfloat16> {};
-
-/// What saving and loading need of the optimizer's communicator and backend.
-class checkpoint_io {
- public:
-  virtual int rank() const = 0;
-  /// In place, rank r's piece the counts[r] elements after those of ranks < r (communicator.hpp).
-  virtual void all_gather(std::span<float> data, std::span<const std::size_t> counts) = 0;
-  virtual void all_gather(std::span<std::uint8_t> data, std::span<const std::size_t> counts) = 0;
-  /// Bytes between the backend's memory and the host's, done when it returns.
-  virtual void to_host(std::byte* dst, const std::byte* src, std::size_t bytes) = 0;
-  virtual void to_device(std::byte* dst, const std::byte* src, std::size_t bytes) = 0;
-  /// Runs f on every rank and agrees on the outcome (agree.hpp).
-  virtual void agree(std::string_view what, const std::function<void()>& f) = 0;
-
- protected:
-  ~checkpoint_io() = default;
-};
-
-/// A typed pointer as a state file sees it: bytes of a dtype.
-struct untyped {
-  std::byte* data = nullptr;
-  std::string_view dtype;
-  std::size_t element_bytes = 0;
-  bool floats = false;  ///< fp32: all-gathered as floats; anything else as bytes
-
-  template <class T>
-  static untyped of(T* p) {
-    using E = std::remove_const_t<T>;
-    return {reinterpret_cast<std::byte*>(const_cast<E*>(p)), state_dtype<E>::value, sizeof(E), std::is_same_v<E, float>};
-  }
-  /// Element i onwards.
-  untyped at(std::size_t i) const { return {data + i * element_bytes, dtype, element_bytes, floats}; }
-};
 
 /// One tensor (or a run of per-tensor values) of a state file as this rank holds it. `data` is
 /// null where it holds none of it (another set of experts, or before finalize()).

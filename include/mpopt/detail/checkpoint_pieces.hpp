@@ -16,43 +16,13 @@
 
 #include "../tensor_spec.hpp"
 #include "checkpoint_io.hpp"
+#include "checkpoint_subject.hpp"
 #include "config.hpp"
 #include "expert_placement.hpp"
 #include "flat_layout.hpp"
 #include "saved_state.hpp"
 
 namespace mpopt::detail {
-
-/// The optimizer's tensors and state as a checkpoint sees them: bytes of a dtype, by name.
-struct checkpoint_view {
-  struct tensor {
-    const std::string* name;
-    std::size_t size;
-    const tensor_shape* shape;
-    untyped param;
-  };
-  struct group {
-    std::vector<tensor> tensors;
-    bool expert_parallel = false;
-    const expert_placement* experts = nullptr;  ///< where its sets of experts are (after finalize())
-  };
-  std::vector<group> groups;
-  const flat_layout* layout = nullptr;  ///< null before finalize(): state pointers are null then
-  std::size_t world = 1;
-  bool has_master = false;
-  untyped master;                                           ///< fp32 masters, where has_master
-  std::vector<std::pair<std::string_view, untyped>> state;  ///< the rule's buffers, in its order
-  std::vector<std::pair<std::string, untyped>> kept;        ///< what the rule's driver keeps per tensor
-  bool tensors_on_device = false;  ///< the parameters are in device memory
-  bool state_on_device = false;    ///< masters and state are
-
-  /// The tensors a file holds: every group's, and of an expert group those of every set of experts.
-  std::size_t file_tensors() const {
-    std::size_t n = 0;
-    for (const auto& g : groups) n += g.tensors.size() * (g.experts ? g.experts->size() : 1);
-    return n;
-  }
-};
 
 /// `u` from element `i` on, or without data where `mine` is false (`u` may be null: before finalize()).
 MPOPT_DECL untyped part_of(const untyped& u, std::size_t i, bool mine = true);

@@ -24,24 +24,7 @@
 namespace mpopt::detail {
 
 /// Every rank's bytes, gathered over `comm` (collective): the lengths first, then the bytes.
-template <class C>
-std::vector<std::vector<std::uint8_t>> gather_bytes(metered<C>& comm, std::span<const std::uint8_t> mine) {
-  const auto w = std::size_t(comm.size()), me = std::size_t(comm.rank());
-  std::vector<std::uint64_t> lengths(w, 0);
-  lengths[me] = mine.size();
-  comm.all_reduce(std::span<std::uint64_t>(lengths), reduce_op::max);
-  std::vector<std::size_t> counts(lengths.begin(), lengths.end());
-  std::vector<std::uint8_t> all;
-  for (std::size_t r = 0; r < w; ++r) {
-    if (r == me) all.insert(all.end(), mine.begin(), mine.end());
-    else all.resize(all.size() + counts[r]);
-  }
-  comm.all_gather(std::span<std::uint8_t>(all), std::span<const std::size_t>(counts));
-  std::vector<std::vector<std::uint8_t>> out;
-  for (std::size_t r = 0, at = 0; r < w; at += counts[r++])
-    out.emplace_back(all.begin() + std::ptrdiff_t(at), all.begin() + std::ptrdiff_t(at + counts[r]));
-  return out;
-}
+MPOPT_DECL std::vector<std::vector<std::uint8_t>> gather_bytes(cold_collectives& comm, std::span<const std::uint8_t> mine);
 
 /// An expert group's communicator `replicas` fits the optimizer's `world`: its size divides the
 /// world's, and a device communicator shares the world's stream, so that its collectives keep the
@@ -92,6 +75,11 @@ MPOPT_DECL expert_placement placed_experts(std::size_t g, const std::vector<std:
                                           const std::vector<std::vector<std::uint8_t>>& mine_too,
                                           std::span<const std::uint64_t> replica_of, int replicas, int rank);
 
+/// Expert group g's placement, from its tensor names (`joined`, each ended by a zero byte), checked
+/// on every rank (collective over `world` and the group's communicator `replicas`).
+MPOPT_DECL expert_placement place_expert_group(cold_collectives& world, cold_collectives& replicas, std::size_t g,
+                                               const std::vector<std::uint8_t>& joined);
+
 /// The placement of every expert group (groups[g]->expert_parallel(), over *group_comms[g]), checked
 /// on every rank: the ranks of one expert communicator hold the same tensor names, and different
 /// sets no name in common (expert tensors are named by their global expert id, so that a
@@ -110,14 +98,8 @@ std::vector<expert_placement> place_experts(metered<C>& comm, const Groups& grou
       joined.insert(joined.end(), n.begin(), n.end());
       joined.push_back(0);
     }
-    const auto everyone = gather_bytes(comm, joined);
-    const auto mine_too = gather_bytes(replicas, joined);
-    std::vector<std::uint64_t> replica(std::size_t(comm.size()), 0);
-    replica[std::size_t(comm.rank())] = std::uint64_t(replicas.rank());
-    comm.all_reduce(std::span<std::uint64_t>(replica), reduce_op::max);
-    agree(comm, "finalize", [&] {
-      out.push_back(placed_experts(g, joined, everyone, mine_too, replica, replicas.size(), comm.rank()));
-    });
+    collectives_of<metered<C>> world(comm), experts(replicas);
+    out.push_back(place_expert_group(world, experts, g, joined));
   }
   return out;
 }

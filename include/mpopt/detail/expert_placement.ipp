@@ -63,4 +63,36 @@ MPOPT_DECL expert_placement placed_experts(std::size_t g, const std::vector<std:
   return p;
 }
 
+MPOPT_DECL std::vector<std::vector<std::uint8_t>> gather_bytes(cold_collectives& comm, std::span<const std::uint8_t> mine) {
+  const auto w = std::size_t(comm.size()), me = std::size_t(comm.rank());
+  std::vector<std::uint64_t> lengths(w, 0);
+  lengths[me] = mine.size();
+  comm.all_reduce_max(std::span<std::uint64_t>(lengths));
+  std::vector<std::size_t> counts(lengths.begin(), lengths.end());
+  std::vector<std::uint8_t> all;
+  for (std::size_t r = 0; r < w; ++r) {
+    if (r == me) all.insert(all.end(), mine.begin(), mine.end());
+    else all.resize(all.size() + counts[r]);
+  }
+  comm.all_gather(std::span<std::uint8_t>(all), std::span<const std::size_t>(counts));
+  std::vector<std::vector<std::uint8_t>> out;
+  for (std::size_t r = 0, at = 0; r < w; at += counts[r++])
+    out.emplace_back(all.begin() + std::ptrdiff_t(at), all.begin() + std::ptrdiff_t(at + counts[r]));
+  return out;
+}
+
+MPOPT_DECL expert_placement place_expert_group(cold_collectives& world, cold_collectives& replicas, std::size_t g,
+                                               const std::vector<std::uint8_t>& joined) {
+  const auto everyone = gather_bytes(world, joined);
+  const auto mine_too = gather_bytes(replicas, joined);
+  std::vector<std::uint64_t> replica(std::size_t(world.size()), 0);
+  replica[std::size_t(world.rank())] = std::uint64_t(replicas.rank());
+  world.all_reduce_max(std::span<std::uint64_t>(replica));
+  expert_placement placed;
+  agree(world, "finalize", [&] {
+    placed = placed_experts(g, joined, everyone, mine_too, replica, replicas.size(), world.rank());
+  });
+  return placed;
+}
+
 }  // namespace mpopt::detail

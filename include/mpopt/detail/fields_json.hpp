@@ -1,11 +1,12 @@
 // mpopt — options with fields (fields.hpp) as JSON records, for checkpoints: each field under its
-// name, a nested struct as an object. Compiled once, not once per options type.
+// name, a nested struct as an object. Compiled once, not once per options type; declared over
+// nlohmann/json's forward declarations, so that the typed side of a checkpoint parses no JSON library.
 #pragma once
 
 #include <span>
 #include <string>
 
-#include <nlohmann/json.hpp>
+#include <nlohmann/json_fwd.hpp>
 
 #include "config.hpp"
 #include "field_refs.hpp"
@@ -14,6 +15,8 @@
 namespace mpopt::detail {
 
 MPOPT_DECL nlohmann::json fields_json(std::span<const field_ref> fields);
+/// The record as compact JSON text (what ranks compare).
+MPOPT_DECL std::string fields_text(std::span<const field_ref> fields);
 
 /// Reads every field from j, which must hold each with its type; `prefix` names them in messages.
 /// Values are not checked here (check_fields), and members j has besides are ignored.
@@ -27,9 +30,14 @@ O options_from_json(const nlohmann::json& j, const std::string& prefix) {
   return o;
 }
 
-template <class O>
-nlohmann::json options_json(const O& o) {
+/// An options object's record (where <nlohmann/json.hpp> is included), or its text.
+template <class O, class Json = nlohmann::json>
+Json options_json(const O& o) {
   return fields_json(field_refs(o));
+}
+template <class O>
+std::string options_text(const O& o) {
+  return fields_text(field_refs(o));
 }
 
 }  // namespace mpopt::detail

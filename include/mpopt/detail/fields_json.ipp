@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include <nlohmann/json.hpp>
+
 #include "json_fields.hpp"
 
 namespace mpopt::detail {
@@ -29,6 +31,8 @@ MPOPT_DECL nlohmann::json fields_json(std::span<const field_ref> fields) {
   }
   return j;
 }
+
+MPOPT_DECL std::string fields_text(std::span<const field_ref> fields) { return fields_json(fields).dump(); }
 
 MPOPT_DECL void read_fields(const nlohmann::json& j, std::span<const field_ref> fields, const std::string& prefix) {
   for (const field_ref& f : fields) {

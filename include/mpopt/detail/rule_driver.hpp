@@ -19,8 +19,9 @@
 //   d.finish(c)                what is left (reductions, exchanges, the last pass); run again if it threw
 //   d.report(status)           what the step status says of it
 //   d.list_memory(report)      its buffers; returns its bookkeeping bytes
-//   checkpoints: D::for_each_kept(d, f) (per-tensor values by name), d.describe(world),
-//   d.check_saved(...), d.restore(...), d.for_each_extra(world, f), d.save_extra(...)
+//   checkpoints: D::for_each_kept(d, f) (per-tensor values by name), d.check_saved(...),
+//   d.restore(...), d.for_each_extra(world, f), d.save_extra(...); and d.describe(world), the
+//   metadata it adds, where it adds any (the compressing drivers)
 #pragma once
 
 #include <concepts>

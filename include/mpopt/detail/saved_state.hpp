@@ -16,6 +16,7 @@
 
 #include "../options.hpp"
 #include "../tensor_spec.hpp"
+#include "checkpoint_subject.hpp"
 #include "config.hpp"
 #include "same_settings.hpp"
 #include "spike_guard.hpp"
@@ -58,12 +59,6 @@ struct saved_range {
 MPOPT_DECL void check_saved_tensor(const state_reader& r, const std::string& key, std::string_view dtype,
                                    const saved_range& range, const std::string& where);
 
-/// The policies' names, as the metadata holds them. Any partition loads any file: the file is per
-/// parameter.
-struct saved_policies {
-  std::string_view precision, loss_scaler, partition, rule;
-};
-
 /// One group's tensors in the metadata: names and sizes in file order.
 MPOPT_DECL void add_saved_tensor(nlohmann::json& tensors, const std::string& name, std::size_t size);
 /// One group in the metadata.
@@ -95,12 +90,6 @@ MPOPT_DECL nlohmann::json guard_json(const spike_guard::saved& s);
 /// A file's spike-guard windows, checked: arrays of finite numbers, none longer than a window.
 MPOPT_DECL spike_guard::saved read_saved_guard(const nlohmann::json& j, const std::string& where);
 
-/// The counters of a saved state, each through an exact type and range check (json_fields.hpp).
-struct saved_counts {
-  std::uint64_t applied = 0, skipped = 0, consecutive = 0;
-  std::optional<std::uint64_t> rounding_seed;  // saved under stochastic rounding
-  spike_guard::saved guard;  // the spike guard's windows, where it was on
-};
 MPOPT_DECL saved_counts read_saved_counts(const nlohmann::json& meta, const std::string& where);
 
 /// The rank whose copy of the parameters and state this rank reads: where every rank's copy was

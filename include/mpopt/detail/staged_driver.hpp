@@ -114,10 +114,6 @@ class staged_driver {
   static void for_each_kept(Self& self, F&& f) {
     if constexpr (reducing) f(std::string(Rule::tensor_state), self.tensor_state_.data());
   }
-  template <class Json = nlohmann::json>
-  Json describe(int) const {
-    return Json::object();
-  }
   struct saved {};
   saved check_saved(const nlohmann::json&, const state_reader&, const std::string&, const load_options&, std::uint64_t,
                     int, std::span<const std::size_t>) const {

@@ -33,25 +33,10 @@
 #include "../error.hpp"
 #include "checksum.hpp"
 #include "config.hpp"
+#include "state_dtype.hpp"
 #include "replacing_file.hpp"
 
 namespace mpopt::detail {
-
-/// Maps an element type to its safetensors dtype name. The library's 16-bit float types (and any
-/// other trivially copyable type whose size matches the dtype) opt in by specializing it:
-///   template <> struct state_dtype<mpopt::half> { static constexpr std::string_view value = "F16"; };
-template <class T>
-struct state_dtype {};
-template <> struct state_dtype<double> { static constexpr std::string_view value = "F64"; };
-template <> struct state_dtype<float> { static constexpr std::string_view value = "F32"; };
-template <> struct state_dtype<std::int64_t> { static constexpr std::string_view value = "I64"; };
-template <> struct state_dtype<std::int32_t> { static constexpr std::string_view value = "I32"; };
-template <> struct state_dtype<std::uint8_t> { static constexpr std::string_view value = "U8"; };
-
-template <class T>
-concept state_element = std::is_trivially_copyable_v<T> && requires {
-  { state_dtype<T>::value } -> std::convertible_to<std::string_view>;
-};
 
 /// Bytes per element of a safetensors dtype we support; 0 for anything else.
 MPOPT_DECL std::size_t state_dtype_size(std::string_view dtype);
