@@ -1,7 +1,7 @@
 // Tests for the loss-scaler policies (include/mpopt/loss_scale.hpp), on the scaler classes directly and
 // through a real fp16 optimizer whose gradients overflow on chosen steps. Every scenario is checked
 // against an independent transcription of DeepSpeed's DynamicLossScaler.update_scale
-// (reference/deepspeed-semantics.md §1) and, for the DeepSpeed unit-test schedules
+// (docs/design.md §3.1) and, for the DeepSpeed unit-test schedules
 // (test_dynamic_loss_scale.py, test_zero_optim_overflow.py, test_fp16.py), against sequences derived by hand.
 #include <doctest/doctest.h>
 

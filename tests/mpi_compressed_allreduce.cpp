@@ -1,5 +1,5 @@
 // The error-compensated 1-bit all-reduce (mpopt::compressed_allreduce) on W MPI ranks, against the
-// float64 simulation of onebit_reference.hpp (written from deepspeed-semantics.md §7, not from the
+// float64 simulation of onebit_reference.hpp (written from docs/design.md §3.7, not from the
 // library): W workers and W servers in one process, rounding to float where the algorithm keeps
 // fp32 buffers. Several rounds, so the error feedback is exercised; sizes 0, 1,
 // and ones that are not multiples of 8 W or that span several 64 Ki-element chunks.

@@ -49,7 +49,7 @@ TEST_SUITE("mpi") {
     auto variance = [](const rule::options& o, std::uint64_t t) { return t <= o.var_freeze_step && rule::variance_step(o, t); };
     auto one_bit = [](const rule::options& o, std::uint64_t t) { return t <= o.var_freeze_step && !rule::variance_step(o, t); };
     auto sync = [](const rule::options& o, std::uint64_t t) { return t > o.var_freeze_step && rule::sync_step(o, t); };
-    rule::options o;  // kappa 2, V 10, local_step_scaler 2, H 4 (deepspeed-semantics §16)
+    rule::options o;  // kappa 2, V 10, local_step_scaler 2, H 4 (docs/design.md §3.9)
     o.var_update_scaler = 2, o.var_freeze_step = 10, o.local_step_scaler = 2, o.local_step_clipper = 4;
     CHECK(steps(o, 30, variance) == std::vector<std::uint64_t>{2, 3, 4, 6, 8});
     CHECK(steps(o, 30, one_bit) == std::vector<std::uint64_t>{5, 7, 9, 10, 11});

@@ -1,6 +1,6 @@
 // A float64 reference of 1-bit LAMB, 1-bit Adam, 0/1 Adam and their compressed all-reduce, written
-// from reference/deepspeed-semantics.md §7, §15 and §16 and DESIGN.md §3 (and the decisions in README), NOT
-// from the library's code. It includes nothing from mpopt. W ranks are simulated in one process.
+// from docs/design.md §3.7-§3.10 (and the decisions in README), NOT from the library's code. It
+// includes nothing from mpopt. W ranks are simulated in one process.
 //
 // Arithmetic is double; values are rounded to float only where the algorithm keeps them in fp32
 // buffers and where a sign is taken from them (the worker's compensated vector, the errors, the
@@ -307,10 +307,10 @@ struct onebit_model {
   bool tied(std::size_t i, std::size_t k) const { return world > 1 && sim.tied(p, i, k); }
 };
 
-/// 1-bit Adam over W ranks (§15), one parameter group, no loss scaling, no clipping. Warm-up
-/// (applied steps 1..freeze_step): gradients averaged over ranks, m and v advanced, uncorrected.
-/// Then v is frozen and each rank's momentum beta1 m + (1 - beta1) g_r goes through the
-/// compressed all-reduce. Both stages: p -= lr (m / (sqrt(v) + eps) + wd p).
+/// 1-bit Adam over W ranks (docs/design.md §3.8), one parameter group, no loss scaling, no
+/// clipping. Warm-up (applied steps 1..freeze_step): gradients averaged over ranks, m and v
+/// advanced, uncorrected. Then v is frozen and each rank's momentum beta1 m + (1 - beta1) g_r goes
+/// through the compressed all-reduce. Both stages: p -= lr (m / (sqrt(v) + eps) + wd p).
 struct onebit_adam_model {
   struct hyper {
     double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
@@ -365,9 +365,9 @@ struct onebit_adam_model {
   }
 };
 
-/// 0/1 Adam over W ranks (§16), one parameter group, no loss scaling, no clipping; the schedule in
-/// DeepSpeed's count s = t + 1 (its set-up call is s = 1). Phase 2 lets the ranks' parameters,
-/// momenta and accumulators part between syncs, so those are kept per rank.
+/// 0/1 Adam over W ranks (docs/design.md §3.9), one parameter group, no loss scaling, no clipping;
+/// the schedule in DeepSpeed's count s = t + 1 (its set-up call is s = 1). Phase 2 lets the ranks'
+/// parameters, momenta and accumulators part between syncs, so those are kept per rank.
 struct zero_one_adam_model {
   struct hyper {
     double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;

@@ -1,6 +1,6 @@
-// A float64 reference of mpopt's step pipeline, written straight from the contract (DESIGN.md §2-3,
-// reference/deepspeed-semantics.md §1, §5, §6) and NOT from the library's code. It includes nothing
-// from mpopt: it is a specification to test the library against, so it favours plain loops over speed.
+// A float64 reference of mpopt's step pipeline, written straight from the contract (docs/design.md
+// §2 and §3.1-§3.6) and NOT from the library's code. It includes nothing from mpopt: it is a
+// specification to test the library against, so it favours plain loops over speed.
 //
 // Inputs are exactly what the library sees: the gradient values float(grad) of the low-precision
 // gradients the test wrote (already multiplied by the loss scale) and the initial parameters as the
@@ -218,7 +218,7 @@ struct model {
     return st;
   }
 
-  // FusedAdam (deepspeed-semantics.md §5), step t of the group.
+  // FusedAdam (docs/design.md §3.5), step t of the group.
   static void adam_update(const hyper& h, std::uint64_t t, tensor& p, tensor& m, tensor& v, const tensor& grad) {
     const double bc1 = h.bias_correction ? 1 - std::pow(h.beta1, double(t)) : 1;
     const double bc2 = h.bias_correction ? 1 - std::pow(h.beta2, double(t)) : 1;
@@ -233,7 +233,7 @@ struct model {
     }
   }
 
-  // FusedLamb (deepspeed-semantics.md §6): returns the tensor's trust ratio.
+  // FusedLamb (docs/design.md §3.6): returns the tensor's trust ratio.
   static double lamb_update(const hyper& h, std::uint64_t t, tensor& p, tensor& m, tensor& v, const tensor& grad) {
     tensor u(p.size());
     double pp = 0, uu = 0;
