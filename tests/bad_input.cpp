@@ -979,6 +979,28 @@ TEST_CASE("registration refuses memory shared by two tensors, naming both, and r
   opt.step();
 }
 
+/// A layout whose owner() gives two shards to one rank, or a rank that does not exist.
+struct crowded_zero1 : mpopt::zero1 {
+  static constexpr std::string_view name = "crowded_zero1";
+  struct layout : mpopt::one_shard_each {
+    static std::size_t owner(std::size_t shard, std::size_t) { return shard + 1; }
+  };
+};
+/// A sharded layout over replicated's exchange, which works on every element: not a partition.
+struct sharded_replicated : mpopt::replicated {
+  using layout = mpopt::one_shard_each;
+};
+static_assert(mpopt::partition_policy<crowded_zero1, mpopt::fp32, mpopt::host, mpopt::single_process>);
+static_assert(!mpopt::partition_policy<sharded_replicated, mpopt::fp32, mpopt::host, mpopt::single_process>);
+
+TEST_CASE("a partition whose layout does not give each rank one shard is refused at finalize(), naming it") {
+  mpopt::optimizer<mpopt::fp32, mpopt::no_scaling, crowded_zero1, mpopt::adam> opt;
+  std::vector<float> w(64, 1.0f), gw(64, 0.0f);
+  opt.add_group({}).add(w, gw, "w");
+  CHECK_ERROR(opt.finalize(), "partition crowded_zero1: its layout's owner(0, 1) is 1");
+  CHECK(w == std::vector<float>(64, 1.0f));
+}
+
 TEST_CASE("registration checks overlap across many tensors in any order") {
   // 2,000 tensors carved out of two buffers in shuffled order, then one that overlaps a random one.
   fp32_adam opt;

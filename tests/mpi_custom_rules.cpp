@@ -103,18 +103,10 @@ std::pair<typename Rule::options, typename Rule::options> options_of() {
 
 /// A partition written outside the library: zero1 with the shards in reverse rank order (rank r
 /// holds shard W-1-r). It says only which elements a rank owns; zero1's exchange does the rest.
-struct reversed_zero1 {
+struct reversed_zero1 : mpopt::zero1 {
   static constexpr std::string_view name = "reversed_zero1";
-  template <class Precision, class Backend, class Communicator>
-  struct exchange : mpopt::zero1::exchange<Precision, Backend, Communicator> {
-    using context = typename mpopt::zero1::exchange<Precision, Backend, Communicator>::context;
-    static mpopt::detail::flat_layout lay_out(const std::vector<std::uint32_t>& groups,
-                                              const std::vector<std::size_t>& sizes, std::size_t n, const context& c) {
-      const int w = c.comm.size();
-      std::vector<std::size_t> ranks;  // the rank of each shard
-      for (int shard = 0; shard < w; ++shard) ranks.push_back(std::size_t(w - 1 - shard));
-      return {groups, sizes, n, w, w - 1 - c.comm.rank(), true, ranks};
-    }
+  struct layout : mpopt::one_shard_each {
+    static std::size_t owner(std::size_t shard, std::size_t world) { return world - 1 - shard; }
   };
 };
 static_assert(mpopt::partition_policy<reversed_zero1, mpopt::fp16, mpopt::host, mpopt::mpi>);

@@ -1,5 +1,5 @@
 // mpopt — the optimizer: one class template composing precision, loss scaler, partition, update
-// rule, backend and communicator policies. It owns the step pipeline (DESIGN.md §2); the policies
+// rule, backend and communicator policies. It owns the step pipeline (docs/design.md §2); the policies
 // own their options, state and element math.
 #pragma once
 
@@ -89,7 +89,8 @@ class optimizer
                 "this loss scaler does not serve the precision's gradients: the built-in scalers are for fp16 (use "
                 "mpopt::no_scaling with mpopt::fp32 or mpopt::bf16); a scaler of yours declares serves<Grad>");
   static_assert(partition_policy<Partition, Precision, Backend, Communicator>,
-                "Partition must model mpopt::partition_policy (partition.hpp): mpopt::replicated, zero1, zero2 or yours");
+                "Partition must model mpopt::partition_policy (partition.hpp): mpopt::replicated, zero1, zero2 or yours, "
+                "with a layout whose sharding its exchange shares");
   static_assert(update_rule<UpdateRule>,
                 "UpdateRule must model mpopt::update_rule (rule.hpp; README, \"Writing your own rule\")");
   static_assert(detail::runs_on_stream_of<Backend, Communicator>,
@@ -194,7 +195,8 @@ class optimizer
       tensor_groups.push_back(t.group);
       sizes.push_back(t.size);
     }
-    layout_.emplace(exchange::lay_out(tensor_groups, sizes, groups_.size(), context()));
+    layout_.emplace(
+        detail::lay_out<typename Partition::layout>(Partition::name, tensor_groups, sizes, groups_.size(), context()));
     const detail::flat_layout& layout = *layout_;
     work_ = layout.local_work();
     uncounted_ = layout.uncounted(work_);
@@ -497,16 +499,17 @@ class optimizer
 
   /// The update's first pass, then what follows it (finish_step), issued to the backend (the caller
   /// waits). Coefficients are fixed here, so a step finished later is the step that was committed.
-  /// `applied`: this step's number among applied steps, which keys stochastic rounding.
-  void update(detail::step_data<Precision>& d, std::uint64_t applied) {
+  /// `applied`: this step's number among applied steps, which keys stochastic rounding; `ahead`: how
+  /// far the step is ahead of the groups' counters (1 where they advance once it is decided).
+  void update(detail::step_data<Precision>& d, std::uint64_t applied, std::uint64_t ahead = 0) {
     for (std::size_t g = 0; g < groups_.size(); ++g)
-      coefficients_[g] = UpdateRule::prepare(groups_[g]->options_, groups_[g]->step_);
+      coefficients_[g] = UpdateRule::prepare(groups_[g]->options_, groups_[g]->step_ + ahead);
     d.rounding_key = detail::rounding_key(options_.rounding_seed, applied);
     gradients_ = d;
     auto c = update_context();
     driver_.begin(c);
     pending_stage_ = stage::rule;
-    if (options_.leave_param_gather_in_flight && exchange::sharded) {
+    if (options_.leave_param_gather_in_flight && Partition::layout::sharded) {
       complete_step(leave_in_flight);
       if (pending_stage_ == stage::params_in_flight) unwaited_.reset(tensors_.size());
     } else {

@@ -1,7 +1,7 @@
-// mpopt — partitioning policies: which part of the optimizer state each rank owns, and how
-// gradients and parameters travel between ranks. A policy names an exchange, the object the
-// optimizer holds and calls through a fixed vocabulary (partition_exchange below); the optimizer
-// never asks which policy it holds.
+// mpopt — partitioning policies: which part of the optimizer state each rank owns (a layout), and how
+// gradients and parameters travel between ranks (an exchange, the object the optimizer holds and
+// calls through a fixed vocabulary: partition_exchange below). The optimizer never asks which policy
+// it holds.
 #pragma once
 
 #include "version.hpp"  // first: C++20, or a clear error
@@ -15,17 +15,38 @@
 
 #include "detail/exchange_context.hpp"
 #include "detail/flat_layout.hpp"
+#include "detail/partition_layout.hpp"
 #include "detail/replicated_exchange.hpp"
 #include "detail/sharded_exchange.hpp"
 #include "memory_report.hpp"
 
 namespace mpopt {
 
+/// Layouts: which elements' state each rank holds, over each group's communicator of `world` ranks.
+/// Every rank holds every element's.
+struct every_element {
+  static constexpr bool sharded = false;
+};
+/// Each rank holds one shard of every group: shard s is rank owner(s, world)'s. A layout of yours
+/// derives from it and changes owner(), a permutation of the ranks.
+struct one_shard_each {
+  static constexpr bool sharded = true;
+  static std::size_t owner(std::size_t shard, std::size_t /*world*/) { return shard; }
+};
+
+template <class L>
+concept partition_layout = requires {
+  { L::sharded } -> std::convertible_to<bool>;
+} && (!L::sharded || requires(std::size_t s) {
+  { L::owner(s, s) } -> std::convertible_to<std::size_t>;
+});
+
 /// Every rank holds the full master and rule state and updates every element (plain data parallel).
 /// Gradients are summed over ranks in fp32 at the accumulation boundary.
 struct replicated {
   static constexpr std::string_view name = "replicated";
-  static constexpr bool sharded = false;  ///< each rank updates only its own shard
+  using layout = every_element;
+  static constexpr bool sharded = layout::sharded;  ///< each rank updates only its own shard
   static constexpr bool reduce_every_micro_step = false;
   template <class Precision, class Backend, class Communicator>
   using exchange = detail::replicated_exchange<Precision, Backend, Communicator>;
@@ -36,7 +57,8 @@ struct replicated {
 /// updates its shard and the updated parameters are all-gathered.
 struct zero1 {
   static constexpr std::string_view name = "zero1";
-  static constexpr bool sharded = true;
+  using layout = one_shard_each;
+  static constexpr bool sharded = layout::sharded;
   static constexpr bool reduce_every_micro_step = false;
   template <class Precision, class Backend, class Communicator>
   using exchange = detail::zero1_exchange<Precision, Backend, Communicator>;
@@ -47,18 +69,15 @@ struct zero1 {
 /// Under overlap_comm (every partition) those collectives run while backward goes on.
 struct zero2 {
   static constexpr std::string_view name = "zero2";
-  static constexpr bool sharded = true;
+  using layout = one_shard_each;
+  static constexpr bool sharded = layout::sharded;
   static constexpr bool reduce_every_micro_step = true;
   template <class Precision, class Backend, class Communicator>
   using exchange = detail::zero2_exchange<Precision, Backend, Communicator>;
 };
 
 /// What the optimizer asks of a partition's exchange E, in the order of a step:
-///   E::lay_out(groups, sizes, n, c)  which elements I own: the flat layout (detail/flat_layout.hpp),
-///                               one shard of each group over its communicator (c.comm_of(g)) or
-///                               all of them, and how the ranks' sums of squares make the global
-///                               norm (each element counted once: summed over ranks or not)
-///   E::sharded                  the same at compile time, for rules that need every element
+///   E::sharded                  whether it works on one shard per rank (its layout's must agree)
 ///   e.allocate(layout, c)       its buffers, at finalize()
 ///   e.grad_ready(c, t)          backward finished tensor t; false if it was reported already
 ///   e.grad_consumed(t)          whether tensor t's gradient memory may be reused
@@ -72,10 +91,8 @@ struct zero2 {
 ///   e.list_memory(report)       its buffers; returns its bookkeeping bytes
 template <class E>
 concept partition_exchange =
-    requires(E& e, const E& ce, typename E::context& c, const detail::flat_layout& layout, memory_report& r,
-             const std::vector<std::uint32_t>& groups, const std::vector<std::size_t>& sizes) {
+    requires(E& e, const E& ce, typename E::context& c, const detail::flat_layout& layout, memory_report& r) {
       { E::sharded } -> std::convertible_to<bool>;
-      { E::lay_out(groups, sizes, std::size_t{}, c) } -> std::same_as<detail::flat_layout>;
       e.allocate(layout, c);
       { e.grad_ready(c, std::size_t{}) } -> std::same_as<bool>;
       { ce.grad_consumed(std::size_t{}) } -> std::same_as<bool>;
@@ -89,12 +106,14 @@ concept partition_exchange =
       { ce.list_memory(r) } -> std::same_as<std::size_t>;
     };
 
-/// A partitioning policy: a name (saved in checkpoints) and an exchange for every precision,
-/// backend and communicator.
+/// A partitioning policy: a name (saved in checkpoints), a layout, and an exchange for every
+/// precision, backend and communicator that works on that layout.
 template <class P, class Precision, class Backend, class Communicator>
 concept partition_policy = requires {
   { P::name } -> std::convertible_to<std::string_view>;
+  typename P::layout;
   typename P::template exchange<Precision, Backend, Communicator>;
-} && partition_exchange<typename P::template exchange<Precision, Backend, Communicator>>;
+} && partition_layout<typename P::layout> && partition_exchange<typename P::template exchange<Precision, Backend, Communicator>> &&
+    P::layout::sharded == P::template exchange<Precision, Backend, Communicator>::sharded;
 
 }  // namespace mpopt

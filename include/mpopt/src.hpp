@@ -23,6 +23,7 @@
 #include "detail/in_flight.ipp"
 #include "detail/json_fields.ipp"
 #include "detail/memory_listing.ipp"
+#include "detail/partition_layout.ipp"
 #include "detail/replacing_file.ipp"
 #include "detail/same_settings.ipp"
 #include "detail/saved_state.ipp"

@@ -166,14 +166,13 @@ class agreement {
       if (applies(decided)) o.commit_and_update(d);
     } else {
       // The update runs behind the decision (a skipped step's passes change nothing), with the
-      // group counters advanced for its coefficients; the host reads the decision once, after it.
-      for (auto& g : o.groups_) ++g->step_;
-      o.update(d, o.counts_.applied + 1);
+      // coefficients of the groups' next step; the host reads the decision once, after it, and
+      // only then do the counters advance.
+      o.update(d, o.counts_.applied + 1, 1);
       wait_for_collectives(o.comm_);
       o.backend_.to_host(&decided, o.decision_.data(), 1);  // waits: the parameters are updated on return
-      if (decided.skip) {
-        for (auto& g : o.groups_) --g->step_;
-      } else {
+      if (!decided.skip) {
+        for (auto& g : o.groups_) ++g->step_;
         o.count_applied();
       }
     }

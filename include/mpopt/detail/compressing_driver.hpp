@@ -38,7 +38,7 @@ namespace mpopt::detail {
 template <class Rule, class Precision, class Partition, class Backend, class Communicator>
 class compressing_driver : public staged_driver<Rule, Precision, Backend, Communicator> {
   using base = staged_driver<Rule, Precision, Backend, Communicator>;
-  static_assert(!Partition::template exchange<Precision, Backend, Communicator>::sharded,
+  static_assert(!Partition::layout::sharded,
                 "a compressing rule keeps the whole momentum on every rank (its compressed all-reduce averages it): "
                 "use mpopt::replicated");
 

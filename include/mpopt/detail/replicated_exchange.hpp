@@ -32,20 +32,6 @@ class replicated_exchange {
                 "the accumulator the step reads is the one summed over ranks, so it lives where the communicator "
                 "works: offload over a device communicator (nccl) needs mpopt::zero1 or mpopt::zero2");
 
-  /// Every element is mine; with sum_by_shard, work is still cut at the would-be shards of each
-  /// group's communicator. Where groups are replicated over different ranks (expert groups), the
-  /// global norm is a sum over every rank, in which the first replica of each element counts it.
-  static flat_layout lay_out(const std::vector<std::uint32_t>& tensor_groups, const std::vector<std::size_t>& sizes,
-                             std::size_t groups, const context& c) {
-    const bool summed = c.comm.size() > 1 && c.has_expert_groups();
-    std::vector<shard_plan> plans;
-    for (std::size_t g = 0; g < groups; ++g) {
-      const auto& comm = c.comm_of(g);
-      plans.push_back({c.options.sum_by_shard ? std::size_t(comm.size()) : 1, 0, {}, !summed || comm.rank() == 0});
-    }
-    return flat_layout(tensor_groups, sizes, std::move(plans), false, summed);
-  }
-
   /// The accumulator holds the sum over micro-steps and ranks (zeroed: padding is sent too),
   /// all-reduced bucket by bucket (in the communication type, through a staging slot, if it differs).
   void allocate(const flat_layout& layout, const context& c) {

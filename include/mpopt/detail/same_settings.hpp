@@ -17,9 +17,9 @@
 #include "../communicator.hpp"
 #include "../options.hpp"
 #include "../tensor_spec.hpp"
+#include "collectives.hpp"
 #include "config.hpp"
 #include "field_refs.hpp"
-#include "collectives.hpp"
 #include "validate.hpp"
 
 namespace mpopt::detail {

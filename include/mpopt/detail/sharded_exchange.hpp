@@ -37,15 +37,6 @@ class sharded_exchange {
   static constexpr bool sharded = true;
   static constexpr bool shard_in_grads = ShardInGrads;
 
-  /// Shard r of every group is rank r's of the group's communicator.
-  static flat_layout lay_out(const std::vector<std::uint32_t>& tensor_groups, const std::vector<std::size_t>& sizes,
-                             std::size_t groups, const context& c) {
-    std::vector<shard_plan> plans;
-    for (std::size_t g = 0; g < groups; ++g)
-      plans.push_back({std::size_t(c.comm_of(g).size()), std::size_t(c.comm_of(g).rank()), {}, true});
-    return flat_layout(tensor_groups, sizes, std::move(plans), true, true);
-  }
-
   /// Each rank's per-tensor partial sums (sums: [one per tensor | one per tensor]) cover its shard:
   /// they add up over the ranks of the tensor's group's communicator.
   void sum_partials(context& c, std::span<double> sums) {

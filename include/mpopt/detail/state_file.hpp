@@ -33,8 +33,8 @@
 #include "../error.hpp"
 #include "checksum.hpp"
 #include "config.hpp"
-#include "state_dtype.hpp"
 #include "replacing_file.hpp"
+#include "state_dtype.hpp"
 
 namespace mpopt::detail {
 
