@@ -122,7 +122,7 @@ MPOPT_DECL void check_fields(std::span<const field_ref> fields, const std::strin
       case field_kind::number: require_check(name, number_value(f), *f.rule); break;
       case field_kind::integer: require_check(name, integer_as_double(integer_value(f)), *f.rule); break;
       case field_kind::choice:
-        if (choice_index(f) < 0 || std::size_t(choice_index(f)) >= f.choices.size())
+        if (const std::int64_t i = choice_index(f); i < 0 || std::size_t(i) >= f.choices.size())
           fail(name, " holds no valid choice (", field_text(f), ")");
         break;
       case field_kind::group: check_fields(f.members(f.at), name + "."); break;

@@ -10,19 +10,21 @@
 
 namespace mpopt::detail {
 
+/// A setting's text as the ranks compare it.
+MPOPT_DECL std::uint64_t text_hash(std::string_view text) {
+  checksum64 sum(text.size());
+  sum.update(std::as_bytes(std::span(text)));
+  return sum.finish();
+}
+
 MPOPT_DECL void require_same_settings(cold_collectives& comm, std::span<const setting> settings,
                                       std::string_view advice) {
   const std::size_t n = settings.size();
-  auto hash = [](const std::string& text) {
-    checksum64 sum(text.size());
-    sum.update(std::as_bytes(std::span(text)));
-    return sum.finish();
-  };
   // Per setting the largest hash of any rank, then the largest complement (the smallest hash):
   // where they differ, every rank sees it.
   std::vector<std::uint64_t> mine(n), seen(2 * n);
   for (std::size_t i = 0; i < n; ++i) {
-    mine[i] = hash(settings[i].value);
+    mine[i] = text_hash(settings[i].value);
     seen[i] = mine[i];
     seen[n + i] = ~mine[i];
   }
@@ -124,10 +126,8 @@ MPOPT_DECL void tensors_summary::add(const std::string& name, std::size_t size, 
 MPOPT_DECL void tensors_summary::settle(std::vector<setting>& all) const {
   all.push_back({label_ + " data-parallel over",
                  replicas_ ? std::to_string(replicas_) + " ranks (expert group)" : "every rank"});
-  checksum64 sum(text_.size());
-  sum.update(std::as_bytes(std::span(text_)));
   all.push_back({label_ + " tensors", std::to_string(tensors_) + " tensors, " + std::to_string(elements_) +
-                                          " elements, hash " + checksum64::hex(sum.finish()).substr(0, 8)});
+                                          " elements, hash " + checksum64::hex(text_hash(text_)).substr(0, 8)});
 }
 
 MPOPT_DECL void add_group_settings(std::vector<setting>& all, const std::string& label,
