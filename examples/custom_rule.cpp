@@ -1,5 +1,5 @@
-// Update rules of your own (user_rules.hpp: Lion, SGD with Nesterov momentum, LARS) trained like the
-// built-in ones: fp16 weights with fp32 masters and dynamic loss scaling, gradient clipping, two
+// Update rules of your own (user_rules.hpp: Lion, SGD with Nesterov momentum, LARS, Adagrad) trained
+// like the built-in ones: fp16 weights with fp32 masters and dynamic loss scaling, gradient clipping, two
 // parameter groups and a checkpoint. The model is a linear regression y = W x + b on a fixed
 // random teacher; exits nonzero unless every rule brings the loss down at least tenfold.
 //   build/examples/custom_rule [--steps N]
@@ -93,5 +93,6 @@ int main(int argc, char** argv) {
          train<user_rules::sgd>({.lr = 0.05, .weight_decay = 1e-4, .nesterov = true}, {.lr = 0.05, .nesterov = true}, steps));
   report("LARS", train<user_rules::lars>({.lr = 1.0, .momentum = 0.9, .weight_decay = 1e-4, .eta = 0.02},
                                          {.lr = 0.05, .momentum = 0.9, .weight_decay = 0.0, .eta = 1.0}, steps));
+  report("Adagrad", train<user_rules::adagrad>({.lr = 0.1, .initial_accumulator_value = 0.1}, {.lr = 0.1}, steps));
   return all_learned ? 0 : 1;
 }

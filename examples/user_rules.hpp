@@ -1,11 +1,12 @@
-// Three update rules written as a user would, outside mpopt's headers (README, "Writing your own
-// rule"): Lion, SGD with momentum (optionally Nesterov) and LARS. Each declares its options (each
+// Four update rules written as a user would, outside mpopt's headers (README, "Writing your own
+// rule"): Lion, SGD with momentum (optionally Nesterov), LARS and Adagrad. Each declares its options (each
 // field once, with its check), its fp32 state, the scalars of a step and its element stages;
 // mpopt::optimizer runs them on every precision, partition and backend. examples/custom_rule.cpp trains with them; the tests check them
 // against float64 references (tests/custom_rules.cpp, tests/mpi_custom_rules.cpp).
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -125,6 +126,39 @@ struct lars {
     const V v = fma(V(k.momentum), e.state(0), V(e.tensor_scale()) * fma(V(k.decay), w, e.grad()));
     e.set_state(0, v);
     e.set_param(w - v);
+  }
+};
+
+/// Adagrad, as torch.optim.Adagrad: L2 decay into the gradient, a running sum of squared gradients
+/// that starts at initial_accumulator_value (per group: the rule declares its state's start), and
+/// a learning rate lr / (1 + (t - 1) lr_decay). One state buffer.
+struct adagrad {
+  struct options {
+    double lr = 1e-2, lr_decay = 0.0, weight_decay = 0.0, initial_accumulator_value = 0.0, eps = 1e-10;
+    static constexpr auto fields = mpopt::fields(
+        field{"lr", &options::lr, checks::rate}, field{"lr_decay", &options::lr_decay, checks::rate},
+        field{"weight_decay", &options::weight_decay, checks::rate},
+        field{"initial_accumulator_value", &options::initial_accumulator_value, checks::rate},
+        field{"eps", &options::eps, checks::above(0)});
+  };
+  static constexpr std::string_view name = "adagrad";
+  static constexpr std::array<std::string_view, 1> state = {"sum"};
+  static float initial_state(const options& o, std::size_t) { return float(o.initial_accumulator_value); }
+  struct scalars {
+    float lr, weight_decay, eps;
+  };
+  static scalars prepare(const options& o, std::uint64_t step) {
+    return {float(o.lr / (1 + double(step - 1) * o.lr_decay)), float(o.weight_decay), float(o.eps)};
+  }
+  template <class E>
+  MPOPT_HOST_DEVICE static void update(const scalars& k, E& e) {
+    using V = typename E::vec;
+    using namespace mpopt::math;
+    const V w = e.param();
+    const V g = fma(V(k.weight_decay), w, e.grad());
+    const V sum = fma(g, g, e.state(0));
+    e.set_state(0, sum);
+    e.set_param(w - V(k.lr) * g / (sqrt(sum) + V(k.eps)));
   }
 };
 

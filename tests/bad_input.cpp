@@ -184,6 +184,50 @@ static_assert(takes_group_options<fp32_adam, mpopt::adam::options>);
 // A static scale takes static options, not dynamic ones.
 static_assert(!std::is_constructible_v<fp16_static_adam, mpopt::optimizer_options, mpopt::dynamic_scale_options>);
 
+// The host backend models mpopt::backend_policy for every precision; every driver models
+// detail::rule_driver over the optimizer's context, for every partition it serves (the device
+// backend and offload: device_passes.cpp and offload.cpp).
+static_assert(mpopt::backend_policy<mpopt::host, mpopt::fp32> && mpopt::backend_policy<mpopt::host, mpopt::fp16> &&
+              mpopt::backend_policy<mpopt::host, mpopt::bf16_stochastic> &&
+              mpopt::backend_policy<mpopt::host, mpopt::mixed_precision<mpopt::half, mpopt::half, mpopt::half>>);
+static_assert(mpopt::detail::compression_passes<mpopt::host, mpopt::fp16>);
+static_assert(!mpopt::backend_policy<int, mpopt::fp32>);
+static_assert(!mpopt::backend_policy<mpopt::single_process, mpopt::fp32>);  // a communicator
+/// The host backend with one hook taken away: params_out(), which hands the model its parameters.
+struct host_without_params_out : mpopt::host {
+ private:
+  using mpopt::host::params_out;
+};
+static_assert(!mpopt::backend_policy<host_without_params_out, mpopt::fp32>);
+/// State in std::vector: no zeroed(n).
+struct host_with_vectors : mpopt::host {
+  template <class T>
+  using buffer = std::vector<T>;
+};
+static_assert(!mpopt::backend_policy<host_with_vectors, mpopt::fp32>);
+
+template <class Precision, class Partition, class Rule>
+using pipeline_of =
+    mpopt::detail::step_pipeline<Precision, mpopt::no_scaling, Partition, Rule, mpopt::host, mpopt::single_process>;
+template <class Pipeline, class Driver = typename Pipeline::driver_type>
+constexpr bool drives = mpopt::detail::rule_driver<Driver, typename Pipeline::rule_context_type>;
+template <class Precision, class Rule>
+constexpr bool drives_every_partition = drives<pipeline_of<Precision, mpopt::replicated, Rule>> &&
+                                        drives<pipeline_of<Precision, mpopt::zero1, Rule>> &&
+                                        drives<pipeline_of<Precision, mpopt::zero2, Rule>>;
+static_assert(drives_every_partition<mpopt::fp32, mpopt::adam> && drives_every_partition<mpopt::fp16, mpopt::lamb> &&
+              drives_every_partition<mpopt::bf16, mpopt::lamb>);
+static_assert(drives<pipeline_of<mpopt::fp16, mpopt::replicated, mpopt::onebit_lamb>> &&
+              drives<pipeline_of<mpopt::fp32, mpopt::replicated, mpopt::onebit_adam>> &&
+              drives<pipeline_of<mpopt::bf16, mpopt::replicated, mpopt::zero_one_adam>>);
+/// LAMB's driver with one hook taken away: finish(), the stages after the per-tensor norms.
+using lamb_pipeline = pipeline_of<mpopt::fp16, mpopt::zero1, mpopt::lamb>;
+struct staged_without_finish : lamb_pipeline::driver_type {
+ private:
+  using lamb_pipeline::driver_type::finish;
+};
+static_assert(!drives<lamb_pipeline, staged_without_finish>);
+
 // A foreign type whose traits say it lives on a device.
 struct device_buffer {
   float* ptr;

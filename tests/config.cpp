@@ -11,8 +11,13 @@
 #include "temp_dir.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <fstream>
+#include <initializer_list>
+#include <map>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace {
@@ -46,6 +51,78 @@ std::string with(const std::string& section, const std::string& body, const std:
 }
 std::string params(const std::string& type, const std::string& body) {
   return R"({"optimizer": {"type": ")" + type + R"(", "params": )" + body + "}}";
+}
+
+
+/// An options table the reader has no code for: read_params_through_table reads its fields from
+/// optimizer.params by their names.
+struct momentum_options {
+  double lr = 0.01;
+  double momentum = 0.9;
+  bool nesterov = false;
+  std::uint32_t warmup = 10;
+  double beta1 = 0.5;  // a field DeepSpeed's keys below do not name
+  mpopt::compression_options compression = {};
+  static constexpr auto fields = mpopt::fields(
+      mpopt::field{"lr", &momentum_options::lr, mpopt::checks::rate},
+      mpopt::field{"momentum", &momentum_options::momentum, mpopt::checks::beta},
+      mpopt::field{"nesterov", &momentum_options::nesterov},
+      mpopt::field{"warmup", &momentum_options::warmup, mpopt::checks::at_least(1)},
+      mpopt::field{"beta1", &momentum_options::beta1, mpopt::checks::beta},
+      mpopt::field{"compression", &momentum_options::compression});
+};
+
+momentum_options read_momentum(const std::string& json, std::initializer_list<std::string_view> by_hand = {}) {
+  const nlohmann::json j = nlohmann::json::parse(json);
+  const mpopt::detail::config_object p(j, "optimizer.params");
+  momentum_options o;
+  mpopt::detail::read_params_through_table(
+      p, {"lr", "momentum", "nesterov", "warmup", "dampening", "exclude_zero_variance", "zero_variance_ratio"},
+      "Momentum", mpopt::detail::field_refs(o), by_hand);
+  return o;
+}
+
+/// Each leaf field of a table (a nested group's by their own names) and its value as text.
+void flatten(std::span<const mpopt::detail::field_ref> fields, std::map<std::string, std::string>& out) {
+  for (const auto& f : fields) {
+    if (f.kind == mpopt::detail::field_kind::group) flatten(f.members(f.at), out);
+    else out[std::string(f.name)] = mpopt::detail::field_text(f);
+  }
+}
+template <class O>
+std::map<std::string, std::string> flat_fields(const O& o) {
+  std::map<std::string, std::string> out;
+  flatten(mpopt::detail::field_refs(o), out);
+  return out;
+}
+
+/// Reads `body` as optimizer.params of `type`, which sets every key DeepSpeed names like a field of
+/// the rule's table to a value not the default, and checks each such field holds it. The table's
+/// other fields are `by_hand`: a DeepSpeed key maps to them another way (the caller checks those),
+/// or, where body does not name them, they are refused as keys.
+template <class O>
+O every_field_read(const std::string& type, const std::string& body, O deepspeed_config::*rule_options,
+                   std::initializer_list<std::string_view> by_hand) {
+  INFO("optimizer.type ", type);
+  const nlohmann::json j = nlohmann::json::parse(body);
+  const O read = parse(params(type, body)).*rule_options;
+  const std::map<std::string, std::string> defaults = flat_fields(O{}), values = flat_fields(read);
+  for (const auto& field : defaults) {
+    const std::string& name = field.first;
+    INFO("field ", name);
+    if (std::ranges::find(by_hand, name) != by_hand.end()) {
+      if (!j.contains(name))
+        CHECK_REFUSED(params(type, "{\"" + name + "\": 0}"), "optimizer.params." + name, ": unknown key");
+      continue;
+    }
+    REQUIRE(j.contains(name));  // a field DeepSpeed names the same: the test gives it
+    const nlohmann::json& v = j[name];
+    const std::string given =
+        v.is_boolean() ? (v.get<bool>() ? "true" : "false") : mpopt::detail::shortest_text(v.get<double>());
+    CHECK(given != field.second);
+    CHECK(values.at(name) == given);
+  }
+  return read;
 }
 
 }  // namespace
@@ -546,6 +623,75 @@ TEST_SUITE("config") {
                   "\"gloo\" is not one of DeepSpeed's");
     CHECK_REFUSED(R"({"optimizer": {"type": "ZeroOneAdam"}, "zero_optimization": {"stage": 1}})", "zero_optimization.stage",
                   ": 1 does not go with optimizer.type ZeroOneAdam");
+  }
+
+  TEST_CASE("optimizer.params are read through the options' table: a field needs no reader code, its check "
+            "names the key's path, and a field DeepSpeed does not name is refused as a key") {
+    const momentum_options o = read_momentum(R"({"lr": 0.5, "momentum": 0.75, "nesterov": true, "warmup": 7,
+        "dampening": 0.1, "exclude_zero_variance": false, "zero_variance_ratio": 0.25})");
+    CHECK(o.lr == 0.5);
+    CHECK(o.momentum == 0.75);
+    CHECK(o.nesterov);
+    CHECK(o.warmup == 7);
+    CHECK(o.beta1 == 0.5);
+    CHECK_FALSE(o.compression.exclude_zero_variance);  // a nested group's fields, by their own names
+    CHECK(o.compression.zero_variance_ratio == 0.25);
+    CHECK(read_momentum(R"({"warmup": 7})", {"warmup"}).warmup == 10);  // mapped by the rule's own code
+    const auto refused = [](const std::string& json) { return error_of([&] { read_momentum(json); }); };
+    CHECK(refused(R"({"momentum": 1})") == "mpopt: optimizer.params.momentum must be in [0, 1), got 1");
+    CHECK(refused(R"({"warmup": 0})") == "mpopt: optimizer.params.warmup must be an integer in [1, 4294967295], got 0");
+    CHECK(refused(R"({"warmup": 4294967296})").find("must be an integer in [1, 4294967295]") != std::string::npos);
+    CHECK(refused(R"({"nesterov": 1})") == "mpopt: optimizer.params.nesterov must be true or false, got 1");
+    CHECK(refused(R"({"zero_variance_ratio": 1})").find("optimizer.params.zero_variance_ratio must be in [0, 1)") !=
+          std::string::npos);
+    CHECK(refused(R"({"beta1": 0.1})").rfind("mpopt: optimizer.params.beta1: unknown key (Momentum reads lr, ", 0) == 0);
+  }
+
+  TEST_CASE("every field of each rule's table that DeepSpeed names the same is read from optimizer.params; the "
+            "others are mapped by hand or refused as keys") {
+    const std::string common = R"("lr": 0.02, "betas": [0.5, 0.6], "eps": 1e-6, "weight_decay": 0.1)";
+    const std::string compression =
+        R"("compression_scale": "global", "exclude_zero_variance": false, "zero_variance_ratio": 0.01)";
+    const auto betas_read = [](const auto& o) { return o.beta1 == 0.5 && o.beta2 == 0.6; };
+
+    const auto adam = every_field_read("Adam", "{" + common + R"(, "bias_correction": false, "adam_w_mode": false})",
+                                       &deepspeed_config::adam_options, {"beta1", "beta2", "decoupled_weight_decay"});
+    CHECK(betas_read(adam));
+    CHECK_FALSE(adam.decoupled_weight_decay);
+
+    const auto lamb = every_field_read(
+        "Lamb", "{" + common + R"(, "bias_correction": false, "eps_inside_sqrt": true, "max_coeff": 5, "min_coeff": 0.05})",
+        &deepspeed_config::lamb_options, {"beta1", "beta2"});
+    CHECK(betas_read(lamb));
+
+    const auto onebit_lamb = every_field_read(
+        "OneBitLamb", "{" + common + R"(, "max_coeff": 5, "min_coeff": 0.05, "freeze_step": 50, "coeff_beta": 0.8,
+                      "factor_max": 3, "factor_min": 0.25, "factor_threshold": 0.2, )" + compression + "}",
+        &deepspeed_config::onebit_lamb_options, {"beta1", "beta2", "freeze_step", "scale"});
+    CHECK(betas_read(onebit_lamb));
+    CHECK(onebit_lamb.freeze_step == 49);
+    CHECK(onebit_lamb.compression.scale == mpopt::compression_scale::global);
+
+    const auto onebit_adam = every_field_read("OneBitAdam", "{" + common + R"(, "freeze_step": 50, )" + compression + "}",
+                                              &deepspeed_config::onebit_adam_options,
+                                              {"beta1", "beta2", "freeze_step", "scale"});
+    CHECK(betas_read(onebit_adam));
+    CHECK(onebit_adam.freeze_step == 49);
+    CHECK(onebit_adam.compression.scale == mpopt::compression_scale::global);
+
+    const auto zero_one_adam = every_field_read(
+        "ZeroOneAdam", "{" + common + R"(, "var_freeze_step": 1000, "var_update_scaler": 8, "local_step_scaler": 1000,
+                       "local_step_clipper": 4, )" + compression + "}",
+        &deepspeed_config::zero_one_adam_options, {"beta1", "beta2", "scale"});
+    CHECK(betas_read(zero_one_adam));
+    CHECK(zero_one_adam.compression.scale == mpopt::compression_scale::global);
+
+    CHECK_REFUSED(params("OneBitAdam", R"({"compression_scale": "per_rank"})"), "optimizer.params.compression_scale",
+                  R"( must be one of "per_tensor", "global", got "per_rank")");
+    CHECK_REFUSED(params("ZeroOneAdam", R"({"zero_variance_ratio": 1})"), "optimizer.params.zero_variance_ratio",
+                  " must be in [0, 1), got 1");
+    CHECK_REFUSED(params("ZeroOneAdam", R"({"var_freeze_step": 9007199254740993})"), "optimizer.params.var_freeze_step",
+                  " must be an integer in [0, 9007199254740992]");
   }
 
   TEST_CASE("config-json: 1-bit Adam and 0/1 Adam with DeepSpeed's defaults; freeze_step F is F - 1 warm-up updates, "

@@ -1,4 +1,4 @@
-// Rules a user writes outside include/ (examples/user_rules.hpp: Lion, SGD with momentum, LARS)
+// Rules a user writes outside include/ (examples/user_rules.hpp: Lion, SGD with momentum, LARS, Adagrad)
 // against float64 references written here from their papers' formulas, for 50 steps in fp32, fp16
 // with dynamic loss scaling and bf16, with clipping and skipped steps; their checkpoints round-trip.
 #include <doctest/doctest.h>
@@ -72,6 +72,23 @@ void reference_step(const user_rules::lars::options& o, std::uint64_t, ref_tenso
   }
 }
 
+/// torch.optim.Adagrad: d = g + wd w; clr = lr / (1 + (t - 1) lr_decay); sum += d^2 (sum starts at
+/// initial_accumulator_value); w -= clr d / (sqrt(sum) + eps).
+void reference_step(const user_rules::adagrad::options& o, std::uint64_t step, ref_tensor& t, const vec& g) {
+  const double clr = o.lr / (1 + double(step - 1) * o.lr_decay);
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    const double d = g[i] + o.weight_decay * t.w[i];
+    t.s[i] += d * d;
+    t.w[i] -= clr * d / (std::sqrt(t.s[i]) + o.eps);
+  }
+}
+/// What the rule's buffer starts at: Adagrad's initial_accumulator_value, otherwise zero.
+double reference_start(const user_rules::adagrad::options& o) { return o.initial_accumulator_value; }
+template <class Options>
+double reference_start(const Options&) {
+  return 0.0;
+}
+
 // ---------------------------------------------------------------- the runs
 
 template <class Precision, class Scaler, class Rule>
@@ -105,7 +122,7 @@ struct rig {
       for (std::size_t n : sizes[gi]) {
         params.emplace_back(n);
         grads.emplace_back(n, P(0.0f));
-        ref.push_back({vec(n), vec(n, 0.0), 1.0, std::vector<int>(n, 0)});
+        ref.push_back({vec(n), vec(n, reference_start(group_options[gi])), 1.0, std::vector<int>(n, 0)});
         for (std::size_t i = 0; i < n; ++i) {
           params.back()[i] = P(float(normal(rng)));
           ref.back().w[i] = double(float(params.back()[i]));
@@ -196,12 +213,15 @@ const user_rules::sgd::options sgd_a{.lr = 0.05, .momentum = 0.9, .dampening = 0
 const user_rules::sgd::options sgd_b{.lr = 0.02, .momentum = 0.8, .dampening = 0.1, .weight_decay = 0.0, .nesterov = false};
 const user_rules::lars::options lars_a{.lr = 0.5, .momentum = 0.9, .weight_decay = 5e-4, .eta = 1e-2};
 const user_rules::lars::options lars_b{.lr = 0.1, .momentum = 0.5, .weight_decay = 0.0, .eta = 2e-2};
+const user_rules::adagrad::options adagrad_a{.lr = 0.05, .lr_decay = 0.01, .weight_decay = 0.01, .initial_accumulator_value = 0.1};
+const user_rules::adagrad::options adagrad_b{.lr = 0.02, .initial_accumulator_value = 0.5, .eps = 1e-6};
 
 /// The two groups' options each rule is tested with.
 template <class Rule>
 std::pair<typename Rule::options, typename Rule::options> options_of() {
   if constexpr (std::is_same_v<Rule, user_rules::lion>) return {lion_a, lion_b};
   else if constexpr (std::is_same_v<Rule, user_rules::sgd>) return {sgd_a, sgd_b};
+  else if constexpr (std::is_same_v<Rule, user_rules::adagrad>) return {adagrad_a, adagrad_b};
   else return {lars_a, lars_b};
 }
 
@@ -209,7 +229,7 @@ std::pair<typename Rule::options, typename Rule::options> options_of() {
 
 TEST_SUITE("custom_rules") {
   TEST_CASE_TEMPLATE("a user rule matches its float64 reference for 50 steps in every precision", Rule, user_rules::lion,
-                     user_rules::sgd, user_rules::lars) {
+                     user_rules::sgd, user_rules::lars, user_rules::adagrad) {
     const auto [a, b] = options_of<Rule>();
     // Lion: a sign that float rounding may flip costs 2 lr; elsewhere the errors are roundings.
     const double flips = std::is_same_v<Rule, user_rules::lion> ? 2 * lion_a.lr : 0.0;
@@ -230,6 +250,21 @@ TEST_SUITE("custom_rules") {
     CHECK(r.worst_error() > 1e-3);
   }
 
+  TEST_CASE("a rule's state starts where it declares, per group") {
+    rig<mpopt::bf16, mpopt::no_scaling, user_rules::adagrad> r(adagrad_a, adagrad_b);
+    r.opt.finalize();
+    for (std::size_t t = 0; t < r.params.size(); ++t) {
+      const float start = float(r.group_of[t] == 0 ? adagrad_a.initial_accumulator_value : adagrad_b.initial_accumulator_value);
+      const auto sum = r.opt.moment(0, t);
+      CHECK(std::all_of(sum.begin(), sum.end(), [&](float x) { return x == start; }));
+    }
+    // A rule of zeros (SGD's buffer) still starts at zero.
+    rig<mpopt::bf16, mpopt::no_scaling, user_rules::sgd> z(sgd_a, sgd_b);
+    z.opt.finalize();
+    const auto buffer = z.opt.moment(0, 2);
+    CHECK(std::all_of(buffer.begin(), buffer.end(), [](float x) { return x == 0.0f; }));
+  }
+
   TEST_CASE("LARS keeps its local learning rates, as it declares") {
     rig<mpopt::fp32, mpopt::no_scaling, user_rules::lars> r(lars_a, lars_b);
     for (int step = 1; step <= 3; ++step) r.step(0.5, false);
@@ -239,7 +274,7 @@ TEST_SUITE("custom_rules") {
   }
 
   TEST_CASE_TEMPLATE("a user rule's checkpoint round-trips under the names its declaration gives", Rule, user_rules::lion,
-                     user_rules::sgd, user_rules::lars) {
+                     user_rules::sgd, user_rules::lars, user_rules::adagrad) {
     const auto o = options_of<Rule>().first;
     temp_dir dir;
     const auto file = dir.path / "rule.safetensors";

@@ -27,6 +27,23 @@ using mpopt::detail::work_list;
 using update = mpopt::detail::update_stage;
 using direction = mpopt::detail::direction_stage;
 
+// The device backend models mpopt::backend_policy for every precision, and every rule's driver
+// runs over it (detail::rule_driver), for every partition it serves.
+static_assert(mpopt::backend_policy<mpopt::cuda, mpopt::fp32> && mpopt::backend_policy<mpopt::cuda, mpopt::fp16> &&
+              mpopt::backend_policy<mpopt::cuda, mpopt::bf16_stochastic>);
+static_assert(mpopt::detail::compression_passes<mpopt::cuda, mpopt::fp16>);
+template <class Precision, class Partition, class Rule>
+using device_pipeline =
+    mpopt::detail::step_pipeline<Precision, mpopt::no_scaling, Partition, Rule, mpopt::cuda, mpopt::single_process>;
+template <class Pipeline>
+constexpr bool drives = mpopt::detail::rule_driver<typename Pipeline::driver_type, typename Pipeline::rule_context_type>;
+static_assert(drives<device_pipeline<mpopt::fp32, mpopt::replicated, mpopt::adam>> &&
+              drives<device_pipeline<mpopt::fp16, mpopt::zero1, mpopt::lamb>> &&
+              drives<device_pipeline<mpopt::bf16, mpopt::zero2, mpopt::lamb>> &&
+              drives<device_pipeline<mpopt::fp16, mpopt::replicated, mpopt::onebit_lamb>> &&
+              drives<device_pipeline<mpopt::fp16, mpopt::replicated, mpopt::onebit_adam>> &&
+              drives<device_pipeline<mpopt::fp16, mpopt::replicated, mpopt::zero_one_adam>>);
+
 /// A buffer mirrored in host and device memory (the same memory in the OMP build, copies on a GPU).
 template <class T>
 struct mirrored {

@@ -68,6 +68,12 @@ struct every_kind {
   bool operator==(const every_kind&) const = default;
 };
 
+/// An integer whose bound lies where doubles are 2 apart.
+struct step_limit {
+  std::uint64_t steps = 1;
+  static constexpr auto fields = mpopt::fields(mpopt::field{"steps", &step_limit::steps, mpopt::checks::closed(1, 0x1p53)});
+};
+
 std::string check_error(const every_kind& o) {
   return error_of([&] { mpopt::detail::check_options(o, "g"); });
 }
@@ -102,6 +108,13 @@ TEST_CASE("fields: each check names the field, its bound and the value, and vali
   CHECK(with([](every_kind& o) { o.low = 3; }) == "mpopt: g.low must be <= high");
   // A field's own check comes first.
   CHECK(with([](every_kind& o) { o.low = NAN; }).starts_with("mpopt: g.low must be a finite number"));
+  // An integer is checked exactly, and shown exactly: 2^53 + 1 has no double of its own.
+  auto limit_error = [](std::uint64_t steps) {
+    return error_of([&] { mpopt::detail::check_options(step_limit{steps}, "g"); });
+  };
+  CHECK(limit_error(std::uint64_t(1) << 53) == no_error);
+  CHECK(limit_error((std::uint64_t(1) << 53) + 1) == "mpopt: g.steps must be in [1, 9007199254740992], got 9007199254740993");
+  CHECK(limit_error(~std::uint64_t(0)) == "mpopt: g.steps must be in [1, 9007199254740992], got 18446744073709551615");
 }
 
 TEST_CASE("fields: a record holds every kind exactly, at its extremes") {

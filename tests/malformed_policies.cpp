@@ -87,6 +87,10 @@ struct direction_without_scalars : trust_sgd {
 struct state_not_a_name : trust_sgd {
   static constexpr EITHER(int, std::string_view) tensor_state = EITHER(1, "trust");
 };
+/// A starting value that takes no options: every group would start alike, whatever its options say.
+struct initial_state_without_options : mpopt::adam {
+  static float initial_state(EITHER(std::size_t, const options&, std::size_t)) { return 0.1f; }
+};
 struct direction_alone : mpopt::adam {
   template <class E>
   static void EITHER(direction, direction_of_mine)(const scalars&, E&) {}
@@ -109,6 +113,19 @@ struct driver_with_sums_function : mpopt::detail::onebit_lamb_driver<mpopt::oneb
 struct sums_gradient_function : mpopt::onebit_lamb {
   template <class P, class Partition, class B, class C>
   using driver = driver_with_sums_function<P, Partition, B, C>;
+};
+
+/// LAMB under a staged driver that hides finish(): the stages after the per-tensor norms would never run.
+template <class Rule, class P, class B, class C>
+struct driver_without_finish : mpopt::detail::staged_driver<Rule, P, B, C> {
+#ifndef MALFORMED_FIXED
+ private:
+  using mpopt::detail::staged_driver<Rule, P, B, C>::finish;
+#endif
+};
+struct finish_hidden : mpopt::lamb {
+  template <class P, class Partition, class B, class C>
+  using driver = driver_without_finish<finish_hidden, P, B, C>;
 };
 
 // ---------------------------------------------------------------- scalers and precisions
@@ -139,6 +156,14 @@ struct tensor_buffer_not_a_template : mpopt::host {
 };
 struct list_memory_not_const : mpopt::host {
   std::size_t list_memory(mpopt::memory_report&) EITHER(, const) { return 0; }
+};
+
+/// The host backend hiding params_out(): the optimizer could not hand the model its parameters.
+struct params_out_hidden : mpopt::host {
+#ifndef MALFORMED_FIXED
+ private:
+  using mpopt::host::params_out;
+#endif
 };
 
 // ---------------------------------------------------------------- communicators
@@ -208,15 +233,18 @@ static_assert(sizeof(optimizer<mpopt::fp16, mpopt::dynamic_scale, validate_not_c
 static_assert(sizeof(optimizer<mpopt::fp16, mpopt::dynamic_scale, scale_returns_double>));  // expect: the rule's member `tensor_scale` must be
 static_assert(sizeof(optimizer<mpopt::fp16, mpopt::dynamic_scale, direction_without_scalars>));  // expect: the rule's member `direction` must be
 static_assert(sizeof(optimizer<mpopt::fp16, mpopt::dynamic_scale, state_not_a_name>));  // expect: the rule's member `tensor_state` must be
+static_assert(sizeof(optimizer<mpopt::fp16, mpopt::dynamic_scale, initial_state_without_options>));  // expect: the rule's member `initial_state` must be
 static_assert(sizeof(optimizer<mpopt::fp16, mpopt::dynamic_scale, direction_alone>));  // expect: declares all three of `direction`, `tensor_scale` and `tensor_state`
 static_assert(sizeof(optimizer<mpopt::fp16, mpopt::dynamic_scale, driver_not_a_template>));  // expect: the rule's member `driver` must be
 static_assert(sizeof(optimizer<mpopt::fp16, mpopt::dynamic_scale, sums_gradient_function>));  // expect: the driver's member `sums_gradient` must be
+static_assert(sizeof(optimizer<mpopt::fp16, mpopt::dynamic_scale, finish_hidden>));  // expect: the rule's driver must model detail::rule_driver
 static_assert(sizeof(optimizer<mpopt::fp16, serves_not_a_template>));  // expect: the loss scaler's member `serves` must be
 static_assert(sizeof(optimizer<mpopt::fp16, iteration_a_number>));  // expect: the loss scaler's member `iteration` must be
 static_assert(sizeof(optimizer<rounding_a_value>));  // expect: the precision's member `rounding` must be
 static_assert(sizeof(optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::adam, tensor_space_a_type>));  // expect: the backend's member `tensor_space` must be
 static_assert(sizeof(optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::adam, tensor_buffer_not_a_template>));  // expect: the backend's member `tensor_buffer` must be
 static_assert(sizeof(optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::adam, list_memory_not_const>));  // expect: the backend's member `list_memory` must be
+static_assert(sizeof(optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::adam, params_out_hidden>));  // expect: Backend must model mpopt::backend_policy
 static_assert(sizeof(optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::adam, mpopt::host, space_a_number>));  // expect: the communicator's member `space` must be
 static_assert(sizeof(optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::adam, mpopt::host, stream_not_const>));  // expect: the communicator's member `stream` must be
 static_assert(sizeof(optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::adam, mpopt::host, synchronize_with_argument>));  // expect: the communicator's member `synchronize` must be

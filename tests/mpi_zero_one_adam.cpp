@@ -295,7 +295,9 @@ TEST_SUITE("mpi") {
                        &mpopt::zero_one_adam::options::local_step_clipper}) {
       auto o = zero_one_options();
       o.*field = 0;
-      CHECK(refused(o).find(" must be >= 1, got 0") != std::string::npos);
+      CHECK(refused(o).find(" must be in [1, 9007199254740992], got 0") != std::string::npos);
+      o.*field = (std::uint64_t(1) << 53) + 1;  // a step count, as checkpoints keep them
+      CHECK(refused(o).find(" must be in [1, 9007199254740992], got 9007199254740993") != std::string::npos);
     }
     auto o = zero_one_options();
     o.beta2 = -0.1;

@@ -60,6 +60,22 @@ struct device_comm : mpopt::mpi {
 #endif
 static_assert(mpopt::detail::collectives_on_tensor_side<offload, device_comm>);
 static_assert(!mpopt::detail::collectives_on_tensor_side<offload, mpopt::mpi>);
+// offload models mpopt::backend_policy for every precision, its tensors' side's bucket passes
+// included (collective_side), and every rule's driver runs over it, for every partition it serves.
+static_assert(mpopt::backend_policy<offload, mpopt::fp32> && mpopt::backend_policy<offload, mpopt::fp16> &&
+              mpopt::backend_policy<offload, mpopt::bf16_stochastic>);
+static_assert(mpopt::detail::compression_passes<offload, mpopt::fp16>);
+static_assert(mpopt::detail::runs_on_stream_of<offload, device_comm>);
+template <class Precision, class Partition, class Rule, class Comm = mpopt::mpi>
+using offload_pipeline = mpopt::detail::step_pipeline<Precision, mpopt::no_scaling, Partition, Rule, offload, Comm>;
+template <class Pipeline>
+constexpr bool drives = mpopt::detail::rule_driver<typename Pipeline::driver_type, typename Pipeline::rule_context_type>;
+static_assert(drives<offload_pipeline<mpopt::fp32, mpopt::replicated, mpopt::adam>> &&
+              drives<offload_pipeline<mpopt::fp16, mpopt::zero1, mpopt::lamb, device_comm>> &&
+              drives<offload_pipeline<mpopt::bf16, mpopt::zero2, mpopt::lamb, device_comm>> &&
+              drives<offload_pipeline<mpopt::fp16, mpopt::replicated, mpopt::onebit_lamb>> &&
+              drives<offload_pipeline<mpopt::fp16, mpopt::replicated, mpopt::onebit_adam>> &&
+              drives<offload_pipeline<mpopt::fp16, mpopt::replicated, mpopt::zero_one_adam>>);
 
 /// Host or device memory, either way.
 template <class T>

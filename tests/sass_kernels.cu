@@ -13,7 +13,7 @@ using cuda_passes = detail::backend_passes<cuda>;
 template class detail::backend_passes<cuda>;  // its non-template members: the flat-buffer passes
 
 #define MPOPT_UPDATE_KERNELS(P)                                                                                   \
-  template void cuda_passes::initialize_state<P>(const detail::step_data<P>&);                                    \
+  template void cuda_passes::initialize_state<P>(const detail::step_data<P>&, const float*);                      \
   template void cuda_passes::accumulate<P>(const detail::step_data<P>&, bool, float);                             \
   template void cuda_passes::gradient_norm<P>(const detail::step_data<P>&, double*);                              \
   template void cuda_passes::rule_stage<adam, detail::update_stage, P>(const detail::step_data<P>&,                \

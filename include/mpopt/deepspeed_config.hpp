@@ -9,6 +9,8 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <initializer_list>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -92,6 +94,23 @@ inline constexpr std::string_view deepspeed_stage3_keys[] = {
     "stage3_max_live_parameters",         "stage3_max_reuse_distance", "stage3_prefetch_bucket_size",
     "stage3_param_persistence_threshold", "stage3_gather_16bit_weights_on_model_save", "sub_group_size"};
 
+/// Reads `key` of `o` into field `f`, by the field's kind (number, flag, integer, choice), checked
+/// by the field's check; messages name the key's path. An integer's bounds are the check's within
+/// what the field's type holds.
+MPOPT_DECL void read_config_field(const config_object& o, std::string_view key, const field_ref& f);
+
+/// A rule's optimizer.params read through its options' table: refuses each key `keys` (DeepSpeed's
+/// names, for rule `who`) does not list, then reads each listed key that names a field of `table`
+/// (read_config_field), except those `by_hand` names, which the rule maps itself. A nested group's
+/// fields are read at the same level: DeepSpeed's keys are flat. A table field DeepSpeed does not
+/// name stays unread, and its name is refused as a key.
+MPOPT_DECL void read_params_through_table(const config_object& params, std::initializer_list<std::string_view> keys,
+                                          std::string_view who, std::span<const field_ref> table,
+                                          std::initializer_list<std::string_view> by_hand = {});
+
+/// The field of `table` named `name`; one the reader relies on, so its absence is a bug.
+MPOPT_DECL const field_ref& field_named(std::span<const field_ref> table, std::string_view name);
+
 /// Reader of one DeepSpeed configuration (deepspeed_config::parse).
 class deepspeed_reader {
  public:
@@ -115,31 +134,9 @@ class deepspeed_reader {
 
   MPOPT_DECL void optimizer();
 
-  /// lr, betas, eps and weight_decay, which every rule has; max_grad_norm and amsgrad, which DeepSpeed refuses.
-  template <class Options>
-  static void common_params(const config_object& p, Options& o) {
-    if (p.has("max_grad_norm"))
-      fail(p.at("max_grad_norm"), ": not an optimizer parameter: use the top-level gradient_clipping (DeepSpeed "
-                                  "refuses it too)");
-    require_flag(p, "amsgrad", false, "neither DeepSpeed's fused optimizers nor mpopt have AMSGrad");
-    o.lr = p.number("lr", o.lr);
-    require_check(p.at("lr"), o.lr, checks::rate);
-    if (const nlohmann::json* b = p.find("betas")) {
-      if (!b->is_array() || b->size() != 2)
-        fail(p.at("betas"), " must be a list of two numbers [beta1, beta2], got ", json_brief(*b));
-      double* betas[] = {&o.beta1, &o.beta2};
-      for (std::size_t i = 0; i < 2; ++i) {
-        const std::string at = p.at("betas") + "[" + std::to_string(i) + "]";
-        if (!(*b)[i].is_number()) fail(at, " must be a number, got ", json_brief((*b)[i]));
-        *betas[i] = (*b)[i].get<double>();
-        require_check(at, *betas[i], checks::beta);
-      }
-    }
-    o.eps = p.number("eps", o.eps);
-    require_check(p.at("eps"), o.eps, checks::divisor);
-    o.weight_decay = p.number("weight_decay", o.weight_decay);
-    require_check(p.at("weight_decay"), o.weight_decay, checks::rate);
-  }
+  /// What every rule's params share besides the keys its table reads: betas, a list that fills
+  /// the table's beta1 and beta2; max_grad_norm and amsgrad, which DeepSpeed refuses.
+  MPOPT_DECL static void common_params(const config_object& p, std::span<const field_ref> table);
 
   MPOPT_DECL void adam_params(const config_object& p, bool adamw);
 
@@ -153,29 +150,8 @@ class deepspeed_reader {
 
   /// What the compressing rules share: the common parameters, two keys DeepSpeed takes and ignores
   /// (no bias correction, eps outside the root), the communication backend (the communicator
-  /// make_optimizer is given does the communicating), and no ZeRO.
-  template <class Options>
-  void compressing_params(const config_object& p, Options& o, std::string_view title) {
-    common_params(p, o);
-    const std::string t(title);
-    require_flag(p, "bias_correction", false, t + " has no bias correction; DeepSpeed ignores the key");
-    require_flag(p, "eps_inside_sqrt", false, t + " adds eps outside the root; DeepSpeed ignores the key");
-    ignore_flag(p, "cuda_aware");
-    if (p.has("comm_backend_name")) {
-      const std::string name = p.text("comm_backend_name", "");
-      if (name != "nccl" && name != "mpi" && name != "hccl" && name != "compressed")
-        fail(p.at("comm_backend_name"), ": \"", name, "\" is not one of DeepSpeed's (nccl, mpi, hccl, compressed)");
-      ignore(p.at("comm_backend_name"));
-    }
-    // mpopt's own keys (compression_options.hpp); DeepSpeed has neither.
-    if (p.has("compression_scale"))
-      o.compression.scale = choice_of<compression_scale>(p.text("compression_scale", ""), p.at("compression_scale"));
-    o.compression.exclude_zero_variance = p.flag("exclude_zero_variance", o.compression.exclude_zero_variance);
-    o.compression.zero_variance_ratio = p.number("zero_variance_ratio", o.compression.zero_variance_ratio);
-    if (c_.zero_stage > 0)
-      fail("zero_optimization.stage: ", c_.zero_stage, " does not go with optimizer.type ", c_.optimizer_type,
-           " (its compression needs the whole momentum on every rank; DeepSpeed refuses it too)");
-  }
+  /// make_optimizer is given does the communicating), compression_scale, and no ZeRO.
+  MPOPT_DECL void compressing_params(const config_object& p, std::span<const field_ref> table, std::string_view title);
 
   /// DeepSpeed's first call only sets up state and counts as a step: freeze_step F gives F - 1
   /// warm-up updates, which is mpopt's freeze_step.

@@ -230,14 +230,34 @@ MPOPT_DECL void deepspeed_reader::optimizer() {
   }
 }
 
+MPOPT_DECL void deepspeed_reader::common_params(const config_object& p, std::span<const field_ref> table) {
+  if (p.has("max_grad_norm"))
+    fail(p.at("max_grad_norm"), ": not an optimizer parameter: use the top-level gradient_clipping (DeepSpeed "
+                                "refuses it too)");
+  require_flag(p, "amsgrad", false, "neither DeepSpeed's fused optimizers nor mpopt have AMSGrad");
+  if (const nlohmann::json* b = p.find("betas")) {
+    if (!b->is_array() || b->size() != 2)
+      fail(p.at("betas"), " must be a list of two numbers [beta1, beta2], got ", json_brief(*b));
+    for (std::size_t i = 0; i < 2; ++i) {
+      const field_ref& beta = field_named(table, i == 0 ? "beta1" : "beta2");
+      const std::string at = p.at("betas") + "[" + std::to_string(i) + "]";
+      if (!(*b)[i].is_number()) fail(at, " must be a number, got ", json_brief((*b)[i]));
+      const double x = (*b)[i].get<double>();
+      require_check(at, x, *beta.rule);
+      set_number(beta, x);
+    }
+  }
+}
+
 MPOPT_DECL void deepspeed_reader::adam_params(const config_object& p, bool adamw) {
-  p.allow_only({"lr", "betas", "eps", "weight_decay", "bias_correction", "adam_w_mode", "torch_adam", "amsgrad",
-                "set_grad_none", "max_grad_norm"},
-               adamw ? "AdamW" : "Adam");
   c_.rule = config_rule::adam;
   adam::options& o = c_.adam_options;
-  common_params(p, o);
-  o.bias_correction = p.flag("bias_correction", true);
+  const std::vector<field_ref> table = field_refs(o);
+  read_params_through_table(p,
+                            {"lr", "betas", "eps", "weight_decay", "bias_correction", "adam_w_mode", "torch_adam",
+                             "amsgrad", "set_grad_none", "max_grad_norm"},
+                            adamw ? "AdamW" : "Adam", table);
+  common_params(p, table);
   // DeepSpeed builds AdamW for "Adam" unless adam_w_mode is false, and for "AdamW" always.
   const bool w_mode = p.flag("adam_w_mode", true);
   if (adamw && !w_mode)
@@ -249,65 +269,84 @@ MPOPT_DECL void deepspeed_reader::adam_params(const config_object& p, bool adamw
 }
 
 MPOPT_DECL void deepspeed_reader::lamb_params(const config_object& p) {
-  p.allow_only({"lr", "betas", "eps", "weight_decay", "bias_correction", "eps_inside_sqrt", "max_coeff", "min_coeff",
-                "amsgrad", "max_grad_norm"},
-               "Lamb");
   c_.rule = config_rule::lamb;
   lamb::options& o = c_.lamb_options;
-  common_params(p, o);
-  o.bias_correction = p.flag("bias_correction", true);
-  o.eps_inside_sqrt = p.flag("eps_inside_sqrt", false);
-  o.max_coeff = p.number("max_coeff", o.max_coeff);
-  o.min_coeff = p.number("min_coeff", o.min_coeff);
+  const std::vector<field_ref> table = field_refs(o);
+  read_params_through_table(p,
+                            {"lr", "betas", "eps", "weight_decay", "bias_correction", "eps_inside_sqrt", "max_coeff",
+                             "min_coeff", "amsgrad", "max_grad_norm"},
+                            "Lamb", table);
+  common_params(p, table);
   check_options(o, p.path());
 }
 
 MPOPT_DECL void deepspeed_reader::onebit_lamb_params(const config_object& p) {
-  p.allow_only({"lr", "betas", "eps", "weight_decay", "bias_correction", "eps_inside_sqrt", "max_coeff", "min_coeff",
-                "amsgrad", "max_grad_norm", "freeze_step", "cuda_aware", "comm_backend_name", "coeff_beta",
-                "factor_max", "factor_min", "factor_threshold", "compression_scale", "exclude_zero_variance", "zero_variance_ratio"},
-               "OneBitLamb");
   c_.rule = config_rule::onebit_lamb;
   onebit_lamb_options& o = c_.onebit_lamb_options;
-  compressing_params(p, o, "1-bit LAMB");
-  o.max_coeff = p.number("max_coeff", o.max_coeff);
-  o.min_coeff = p.number("min_coeff", o.min_coeff);
+  const std::vector<field_ref> table = field_refs(o);
+  read_params_through_table(p,
+                            {"lr", "betas", "eps", "weight_decay", "bias_correction", "eps_inside_sqrt", "max_coeff",
+                             "min_coeff", "amsgrad", "max_grad_norm", "freeze_step", "cuda_aware", "comm_backend_name",
+                             "coeff_beta", "factor_max", "factor_min", "factor_threshold", "compression_scale",
+                             "exclude_zero_variance", "zero_variance_ratio"},
+                            "OneBitLamb", table, {"freeze_step"});
+  compressing_params(p, table, "1-bit LAMB");
   o.freeze_step = freeze_step(p);
-  o.coeff_beta = p.number("coeff_beta", o.coeff_beta);
-  o.factor_max = p.number("factor_max", o.factor_max);
-  o.factor_min = p.number("factor_min", o.factor_min);
-  o.factor_threshold = p.number("factor_threshold", o.factor_threshold);
   check_options(o, p.path());
 }
 
 MPOPT_DECL void deepspeed_reader::onebit_adam_params(const config_object& p) {
-  p.allow_only({"lr", "betas", "eps", "weight_decay", "bias_correction", "eps_inside_sqrt", "amsgrad",
-                "max_grad_norm", "freeze_step", "cuda_aware", "comm_backend_name", "compression_scale",
-                "exclude_zero_variance", "zero_variance_ratio"},
-               "OneBitAdam");
   c_.rule = config_rule::onebit_adam;
   onebit_adam_options& o = c_.onebit_adam_options;
-  compressing_params(p, o, "1-bit Adam");
+  const std::vector<field_ref> table = field_refs(o);
+  read_params_through_table(p,
+                            {"lr", "betas", "eps", "weight_decay", "bias_correction", "eps_inside_sqrt", "amsgrad",
+                             "max_grad_norm", "freeze_step", "cuda_aware", "comm_backend_name", "compression_scale",
+                             "exclude_zero_variance", "zero_variance_ratio"},
+                            "OneBitAdam", table, {"freeze_step"});
+  compressing_params(p, table, "1-bit Adam");
   o.freeze_step = freeze_step(p);
   check_options(o, p.path());
 }
 
 MPOPT_DECL void deepspeed_reader::zero_one_adam_params(const config_object& p) {
-  p.allow_only({"lr", "betas", "eps", "weight_decay", "bias_correction", "eps_inside_sqrt", "amsgrad",
-                "max_grad_norm", "var_freeze_step", "var_update_scaler", "local_step_scaler", "local_step_clipper",
-                "cuda_aware", "comm_backend_name", "compression_scale", "exclude_zero_variance", "zero_variance_ratio"},
-               "ZeroOneAdam");
   c_.rule = config_rule::zero_one_adam;
   zero_one_adam_options& o = c_.zero_one_adam_options;
-  compressing_params(p, o, "0/1 Adam");
-  // DeepSpeed's step s counts its set-up call; its phase 1 ends after s = var_freeze_step + 1, that
-  // is after var_freeze_step updates, as mpopt's.
-  constexpr auto most = std::int64_t(max_steps);
-  o.var_freeze_step = std::uint64_t(p.integer("var_freeze_step", std::int64_t(o.var_freeze_step), 0, most));
-  o.var_update_scaler = std::uint64_t(p.integer("var_update_scaler", std::int64_t(o.var_update_scaler), 1, most));
-  o.local_step_scaler = std::uint64_t(p.integer("local_step_scaler", std::int64_t(o.local_step_scaler), 1, most));
-  o.local_step_clipper = std::uint64_t(p.integer("local_step_clipper", std::int64_t(o.local_step_clipper), 1, most));
+  const std::vector<field_ref> table = field_refs(o);
+  // var_freeze_step is read as it is: DeepSpeed's step s counts its set-up call, and its phase 1
+  // ends after s = var_freeze_step + 1, that is after var_freeze_step updates, as mpopt's.
+  read_params_through_table(p,
+                            {"lr", "betas", "eps", "weight_decay", "bias_correction", "eps_inside_sqrt", "amsgrad",
+                             "max_grad_norm", "var_freeze_step", "var_update_scaler", "local_step_scaler",
+                             "local_step_clipper", "cuda_aware", "comm_backend_name", "compression_scale",
+                             "exclude_zero_variance", "zero_variance_ratio"},
+                            "ZeroOneAdam", table);
+  compressing_params(p, table, "0/1 Adam");
   check_options(o, p.path());
+}
+
+MPOPT_DECL void deepspeed_reader::compressing_params(const config_object& p, std::span<const field_ref> table,
+                                                     std::string_view title) {
+  common_params(p, table);
+  const std::string t(title);
+  require_flag(p, "bias_correction", false, t + " has no bias correction; DeepSpeed ignores the key");
+  require_flag(p, "eps_inside_sqrt", false, t + " adds eps outside the root; DeepSpeed ignores the key");
+  ignore_flag(p, "cuda_aware");
+  if (p.has("comm_backend_name")) {
+    const std::string name = p.text("comm_backend_name", "");
+    if (name != "nccl" && name != "mpi" && name != "hccl" && name != "compressed")
+      fail(p.at("comm_backend_name"), ": \"", name, "\" is not one of DeepSpeed's (nccl, mpi, hccl, compressed)");
+    ignore(p.at("comm_backend_name"));
+  }
+  // mpopt's own keys (compression_options.hpp), flat as DeepSpeed's: the table reads
+  // exclude_zero_variance and zero_variance_ratio; its `scale` is named with the group, as `scale`
+  // alone would say too little among a rule's keys.
+  const field_ref& compression = field_named(table, "compression");
+  const std::vector<field_ref> members = compression.members(compression.at);
+  read_config_field(p, "compression_scale", field_named(members, "scale"));
+  if (c_.zero_stage > 0)
+    fail("zero_optimization.stage: ", c_.zero_stage, " does not go with optimizer.type ", c_.optimizer_type,
+         " (its compression needs the whole momentum on every rank; DeepSpeed refuses it too)");
 }
 
 MPOPT_DECL std::uint64_t deepspeed_reader::freeze_step(const config_object& p) {
@@ -351,6 +390,62 @@ MPOPT_DECL void deepspeed_reader::step_options() {
   c_.options = validated(c_.options, c_.scaler == config_scaler::none);
   if (c_.scaler == config_scaler::dynamic_scale) dynamic_scale{c_.dynamic_options};
   if (c_.scaler == config_scaler::static_scale) static_scale{c_.static_options};
+}
+
+MPOPT_DECL void read_config_field(const config_object& o, std::string_view key, const field_ref& f) {
+  if (!o.has(key)) return;
+  switch (f.kind) {
+    case field_kind::number: {
+      const double x = o.number(key, 0);
+      require_check(o.at(key), x, *f.rule);
+      set_number(f, x);
+      break;
+    }
+    case field_kind::flag: *static_cast<bool*>(f.at) = o.flag(key, false); break;
+    case field_kind::integer: {
+      // The check's bounds, rounded inward, within what the type holds (and int64, which
+      // config_object::integer reads).
+      const check& c = *f.rule;
+      const double lo_c = c.lo_open ? std::floor(c.lo) + 1 : std::ceil(c.lo);
+      const double hi_c = c.hi_open ? std::ceil(c.hi) - 1 : std::floor(c.hi);
+      const std::int64_t lo_t = f.is_signed ? -std::int64_t(integer_limit(f, true) - 1) - 1 : 0;
+      const std::int64_t hi_t =
+          std::int64_t(std::min(integer_limit(f, false), std::uint64_t(std::numeric_limits<std::int64_t>::max())));
+      const auto clamp = [&](double b) {
+        return b <= double(lo_t) ? lo_t : b >= double(hi_t) ? hi_t : std::int64_t(b);
+      };
+      const std::int64_t x = o.integer(key, 0, clamp(lo_c), clamp(hi_c));
+      set_integer(f, {x < 0, x < 0 ? ~std::uint64_t(x) + 1 : std::uint64_t(x)});
+      break;
+    }
+    case field_kind::choice:
+      set_integer(f, {false, find_choice(f.choices, o.text(key, ""), o.at(key))});
+      break;
+    case field_kind::group:
+      fail("mpopt bug: ", o.at(key), " names a nested group, whose fields have keys of their own");
+  }
+}
+
+MPOPT_DECL void read_params_through_table(const config_object& params, std::initializer_list<std::string_view> keys,
+                                          std::string_view who, std::span<const field_ref> table,
+                                          std::initializer_list<std::string_view> by_hand) {
+  params.allow_only(keys, who);
+  const auto listed = [](std::initializer_list<std::string_view> names, std::string_view name) {
+    return std::ranges::find(names, name) != names.end();
+  };
+  const auto read = [&](const auto& self, std::span<const field_ref> fields) -> void {
+    for (const field_ref& f : fields) {
+      if (f.kind == field_kind::group) self(self, f.members(f.at));
+      else if (listed(keys, f.name) && !listed(by_hand, f.name)) read_config_field(params, f.name, f);
+    }
+  };
+  read(read, table);
+}
+
+MPOPT_DECL const field_ref& field_named(std::span<const field_ref> table, std::string_view name) {
+  const auto it = std::ranges::find(table, name, &field_ref::name);
+  if (it == table.end()) fail("mpopt bug: the options table has no field ", name);
+  return *it;
 }
 
 MPOPT_DECL nlohmann::json parse_json_strictly(std::string_view text) {

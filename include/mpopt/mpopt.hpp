@@ -3,6 +3,7 @@
 
 #include "version.hpp"  // IWYU pragma: export
 #include "adam.hpp"           // IWYU pragma: export
+#include "backend.hpp"        // IWYU pragma: export
 #include "checkpoint.hpp"     // IWYU pragma: export
 #include "communicator.hpp"   // IWYU pragma: export
 #include "compressed_allreduce.hpp"  // IWYU pragma: export

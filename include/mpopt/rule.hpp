@@ -96,7 +96,8 @@ concept update_rule = requires(typename R::options o, const typename R::options&
   /// validate(std::string_view group) for what involves several; lr is what param_group::set_lr sets.
   requires described<typename R::options>;
   { o.lr } -> std::same_as<double&>;
-  /// state: the names of its fp32 buffers (checkpoint keys, the memory report), zero at the start.
+  /// state: the names of its fp32 buffers (checkpoint keys, the memory report), zero at the start
+  /// unless the rule declares initial_state (rule_initial_state).
   { R::state.size() } -> std::convertible_to<std::size_t>;
   requires R::state.size() <= max_rule_state;
   requires std::convertible_to<typename decltype(R::state)::value_type, std::string_view>;
@@ -119,6 +120,12 @@ concept rule_tensor_scale = requires(const typename R::scalars& k, double& kept)
 template <class R>
 concept rule_tensor_state = requires {
   { R::tensor_state } -> std::convertible_to<std::string_view>;
+};
+/// The value state buffer k starts at in a group with options o (Adagrad's
+/// initial_accumulator_value): `static float initial_state(const options& o, std::size_t k)`.
+template <class R>
+concept rule_initial_state = requires(const typename R::options& o) {
+  { R::initial_state(o, std::size_t{0}) } -> std::same_as<float>;
 };
 }  // namespace detail
 

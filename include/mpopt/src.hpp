@@ -28,6 +28,7 @@
 #include "detail/same_settings.ipp"
 #include "detail/saved_state.ipp"
 #include "detail/spike_guard.ipp"
+#include "detail/state_access.ipp"
 #include "detail/state_file.ipp"
 #include "detail/step_counts.ipp"
 #include "detail/tensor_registry.ipp"

@@ -8,9 +8,15 @@
 
 #include "compression_options.hpp"
 #include "detail/adam_family.hpp"
+#include "detail/validate.hpp"
 #include "fields.hpp"
 
 namespace mpopt {
+
+namespace detail {
+/// A count of steps, at least lo: at most max_steps, as a checkpoint's counts.
+constexpr check step_count(double lo) { return checks::closed(lo, double(max_steps)); }
+}  // namespace detail
 
 /// Per parameter group. Defaults are DeepSpeed's ZeroOneAdam's. The schedule is DeepSpeed's in
 /// its step count s, which counts the call that only sets up state: our applied step t is s - 1.
@@ -33,10 +39,10 @@ struct zero_one_adam_options {
   compression_options compression = {};
 
   static constexpr auto fields = std::tuple_cat(detail::adam_family_fields<zero_one_adam_options>(), mpopt::fields(
-      field{"var_freeze_step", &zero_one_adam_options::var_freeze_step},
-      field{"var_update_scaler", &zero_one_adam_options::var_update_scaler, checks::at_least(1)},
-      field{"local_step_scaler", &zero_one_adam_options::local_step_scaler, checks::at_least(1)},
-      field{"local_step_clipper", &zero_one_adam_options::local_step_clipper, checks::at_least(1)},
+      field{"var_freeze_step", &zero_one_adam_options::var_freeze_step, detail::step_count(0)},
+      field{"var_update_scaler", &zero_one_adam_options::var_update_scaler, detail::step_count(1)},
+      field{"local_step_scaler", &zero_one_adam_options::local_step_scaler, detail::step_count(1)},
+      field{"local_step_clipper", &zero_one_adam_options::local_step_clipper, detail::step_count(1)},
       field{"compression", &zero_one_adam_options::compression}));
 };
 

@@ -29,8 +29,8 @@ template <class B>
 class backend_passes {
  public:
   template <class P>
-  void initialize_state(const step_data<P>& d) {
-    update(d, initialize_pass<P>{{placed(d), chunks(*d.work)}});
+  void initialize_state(const step_data<P>& d, const float* initial = nullptr) {
+    update(d, initialize_pass<P>{{placed(d), chunks(*d.work)}, initial});
   }
   template <class P>
   void accumulate(const step_data<P>& d, bool first, float scale = 1.0f) {

@@ -20,6 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../backend.hpp"
 #include "../compressed_allreduce.hpp"
 #include "../error.hpp"
 #include "../memory_report.hpp"
@@ -41,6 +42,9 @@ class compressing_driver : public staged_driver<Rule, Precision, Backend, Commun
   static_assert(!Partition::layout::sharded,
                 "a compressing rule keeps the whole momentum on every rank (its compressed all-reduce averages it): "
                 "use mpopt::replicated");
+  static_assert(compression_passes<Backend, Precision>,
+                "a compressing rule runs passes of its own and the 1-bit passes on its backend (compression_passes, "
+                "backend.hpp): derive the backend from detail::backend_passes, which has them");
 
  public:
   /// The compression stage reads the device mid-step (the exchange's scales): the host decides.
@@ -91,7 +95,7 @@ class compressing_driver : public staged_driver<Rule, Precision, Backend, Commun
     }
   }
 
-  /// exp_avg_mask (state_access::set_exp_avg_mask): tensor `tensor`'s averages are kept where
+  /// exp_avg_mask (optimizer::set_exp_avg_mask): tensor `tensor`'s averages are kept where
   /// `mask` is 1 (checked: 0 or 1, one per element, the same on every rank).
   void set_exp_avg_mask(std::size_t tensor, std::span<const float> mask) {
     kept_.set_mask(tensor, mask, sizes_, keep_size());

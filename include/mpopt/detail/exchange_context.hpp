@@ -35,11 +35,14 @@ void wait_for_collectives(metered<C>& comm) {
 }
 
 /// The backend can run on the communicator's stream, or the communicator has none, or its
-/// collectives run on the backend's tensors' side (offload), made with the communicator.
+/// collectives run on the backend's tensors' side (offload), made with the communicator, whose
+/// passes over the buckets collective_side() gives (backend_policy checks them).
 template <class Backend, class C>
 concept runs_on_stream_of = !stream_communicator<C> || requires(const C& c) { Backend(c.stream()); } ||
-                            (collectives_on_tensor_side<Backend, C> &&
-                             requires(const C& c) { Backend(tensor_side_collectives{}, c); });
+                            (collectives_on_tensor_side<Backend, C> && requires(const C& c, Backend& b) {
+                              Backend(tensor_side_collectives{}, c);
+                              b.collective_side();
+                            });
 
 /// The backend of an optimizer over `comm`: on the communicator's stream when it has one, so that
 /// passes and collectives run in the order the step issues them, with no wait between them.

@@ -104,8 +104,9 @@ MPOPT_DECL std::uint64_t integer_limit(const field_ref& f, bool negative);
 
 /// Writes v; false (changing nothing) if the field cannot hold it.
 MPOPT_DECL bool set_integer(const field_ref& f, wide_integer v);
-
-MPOPT_DECL double integer_as_double(wide_integer v);
+/// v as a double for a check, rounded away from zero where it has no double of its own (beyond
+/// 2^53): a value past a bound then never rounds back onto it.
+MPOPT_DECL double integer_outward(wide_integer v);
 
 MPOPT_DECL bool flag_value(const field_ref& f);
 
@@ -129,8 +130,9 @@ MPOPT_DECL std::string shortest_text(double x);
 /// A leaf field's value as text, exactly: numbers in the shortest form that reads back as them.
 MPOPT_DECL std::string field_text(const field_ref& f);
 
-/// Throws naming `name` if x (the field's value) fails c.
-MPOPT_DECL void require_check(const std::string& name, double x, const check& c);
+/// Throws naming `name` if x (the field's value) fails c; the message shows `shown` where given (an
+/// integer's exact text), else x.
+MPOPT_DECL void require_check(const std::string& name, double x, const check& c, std::string_view shown = {});
 
 /// Checks every field (nested ones too), naming each as prefix + name.
 MPOPT_DECL void check_fields(std::span<const field_ref> fields, const std::string& prefix);

@@ -53,8 +53,10 @@ MPOPT_DECL bool set_integer(const field_ref& f, wide_integer v) {
   return true;
 }
 
-MPOPT_DECL double integer_as_double(wide_integer v) {
-  return v.negative ? -double(v.magnitude) : double(v.magnitude);
+MPOPT_DECL double integer_outward(wide_integer v) {
+  double d = double(v.magnitude);
+  if (d < 0x1p64 && std::uint64_t(d) < v.magnitude) d = std::nextafter(d, HUGE_VAL);
+  return v.negative ? -d : d;
 }
 
 MPOPT_DECL bool flag_value(const field_ref& f) { return *static_cast<const bool*>(f.at); }
@@ -101,9 +103,12 @@ MPOPT_DECL std::string field_text(const field_ref& f) {
   return s;
 }
 
-MPOPT_DECL void require_check(const std::string& name, double x, const check& c) {
+MPOPT_DECL void require_check(const std::string& name, double x, const check& c, std::string_view shown) {
   const std::string_view why = c.why;
-  auto failed = [&](auto... bound) { fail(name, " must be ", bound..., ", got ", x, why.empty() ? "" : ": ", why); };
+  auto failed = [&](auto... bound) {
+    if (shown.empty()) fail(name, " must be ", bound..., ", got ", x, why.empty() ? "" : ": ", why);
+    fail(name, " must be ", bound..., ", got ", shown, why.empty() ? "" : ": ", why);
+  };
   if (!std::isfinite(x)) failed("a finite number");
   if (c.as_float && !(std::fabs(x) <= FLT_MAX)) failed("finite as a float (at most ", FLT_MAX, ")");
   const bool low = c.lo_open ? !(x > c.lo) : !(x >= c.lo), high = c.hi_open ? !(x < c.hi) : !(x <= c.hi);
@@ -120,7 +125,7 @@ MPOPT_DECL void check_fields(std::span<const field_ref> fields, const std::strin
     const std::string name = prefix + std::string(f.name);
     switch (f.kind) {
       case field_kind::number: require_check(name, number_value(f), *f.rule); break;
-      case field_kind::integer: require_check(name, integer_as_double(integer_value(f)), *f.rule); break;
+      case field_kind::integer: require_check(name, integer_outward(integer_value(f)), *f.rule, field_text(f)); break;
       case field_kind::choice:
         if (const std::int64_t i = choice_index(f); i < 0 || std::size_t(i) >= f.choices.size())
           fail(name, " holds no valid choice (", field_text(f), ")");

@@ -1,6 +1,5 @@
 // mpopt — the memory report: every buffer a rank holds for the optimizer, by name, purpose and
-// size (memory_report.hpp), the user's tensors marked as theirs. The optimizer derives from
-// memory_listing<itself, its policies>.
+// size (memory_report.hpp), the user's tensors marked as theirs, read from the optimizer's parts.
 #pragma once
 
 #include <concepts>
@@ -13,11 +12,7 @@
 #include <vector>
 
 #include "../memory_report.hpp"
-#include "../precision.hpp"
 #include "config.hpp"
-#include "flat_layout.hpp"
-#include "step_decision.hpp"
-#include "work_list.hpp"
 
 namespace mpopt::detail {
 
@@ -54,48 +49,34 @@ concept says_workspace_purpose = requires {
   { C::workspace_purpose } -> std::convertible_to<std::string_view>;
 };
 
-template <class Opt, class Precision, class UpdateRule, class Communicator>
-class memory_listing {
- public:
-  /// Every buffer this rank holds for the optimizer, with its size; the user's tensors are listed
-  /// too, marked as theirs. State buffers appear once finalize() (or the first step) made them.
-  MPOPT_COLD mpopt::memory_report memory_report() const {
-    const Opt& o = static_cast<const Opt&>(*this);
-    constexpr std::size_t param_bytes = sizeof(typename Opt::param_type), grad_bytes = sizeof(typename Opt::grad_type);
-    mpopt::memory_report r;
-    std::size_t user_elements = 0;
-    for (const auto& g : o.groups_) {
-      if (g->flat_) list_flat_group(r, g->label_, g->flat_param_.size() * param_bytes, g->flat_grad_.size() * grad_bytes);
-      else
-        for (const auto& e : g->entries_) user_elements += e.size;
-    }
-    list_user_tensors(r, user_elements * param_bytes, user_elements * grad_bytes);
-    if (!o.finalized_) return r;
-    list_state(r, Precision::has_master, UpdateRule::state, UpdateRule::name, o.state_elements_ * sizeof(float));
-    const std::size_t driver_bookkeeping = o.driver_.list_memory(r);
-    const std::size_t exchange_bookkeeping = o.exchange_.list_memory(r);
-    std::size_t bookkeeping =
-        o.work_.bytes() + o.tensors_.capacity() * sizeof(o.tensors_[0]) +
-        o.layout_->bytes() + o.chunk_sums_.capacity() * sizeof(float) + o.chunk_nonfinite_.capacity() +
-        o.chunk_grad_sums_.capacity() * sizeof(double) +
-        o.rank_ordered_sum_.bytes() + o.decision_.size() * sizeof(step_decision) +
-        o.decision_sums_.size() * sizeof(double) + o.coefficients_.capacity() * sizeof(o.coefficients_[0]) +
-        o.uncounted_.capacity() * sizeof(o.uncounted_[0]) + o.group_comms_.capacity() * sizeof(void*) +
-        exchange_bookkeeping + driver_bookkeeping;
-    if constexpr (lists_memory<std::remove_cvref_t<decltype(o.backend_)>>) bookkeeping += o.backend_.list_memory(r);  // offload's copies
-    bookkeeping += o.experts_.capacity() * sizeof(o.experts_[0]) + o.unwaited_.bytes();
-    for (const auto& p : o.experts_) bookkeeping += p.bytes();
-    r.buffers.push_back({"work list", "tensor table, layout, chunks, buckets, partial sums, per-group scalars", bookkeeping, true});
-    if constexpr (has_workspace<Communicator>) {
-      std::string_view purpose = "the communicator's own buffers";
-      if constexpr (says_workspace_purpose<Communicator>) purpose = Communicator::workspace_purpose;
-      std::vector<std::size_t> expert_bytes;
-      for (const auto& c : o.expert_comms_) expert_bytes.push_back(c->inner().workspace_bytes());
-      list_workspaces(r, purpose, o.comm_.inner().workspace_bytes(), expert_bytes);
-    }
-    return r;
+/// Every buffer this rank holds for the optimizer of step pipeline p (step_pipeline.hpp), with its
+/// size; the user's tensors are listed too, marked as theirs. State buffers appear once finalize()
+/// (or the first step) made them.
+template <class Pipeline>
+MPOPT_COLD mpopt::memory_report memory_report_of(const Pipeline& p) {
+  using rule = typename Pipeline::rule;
+  using communicator = typename Pipeline::communicator_type;
+  mpopt::memory_report r;
+  p.list_tensors(r);
+  if (!p.finalized()) return r;
+  list_state(r, Pipeline::precision::has_master, rule::state, rule::name, p.state.elements * sizeof(float));
+  std::size_t bookkeeping = p.state.bookkeeping_bytes();
+  bookkeeping += p.driver.list_memory(r);
+  bookkeeping += p.exchange.list_memory(r);
+  if constexpr (lists_memory<typename Pipeline::backend_type>) bookkeeping += p.backend.list_memory(r);  // offload's copies
+  bookkeeping += p.comms.of_group.capacity() * sizeof(void*) + p.comms.placement.capacity() * sizeof(p.comms.placement[0]) +
+                 p.progress.unwaited.bytes();
+  for (const auto& e : p.comms.placement) bookkeeping += e.bytes();
+  r.buffers.push_back({"work list", "tensor table, layout, chunks, buckets, partial sums, per-group scalars", bookkeeping, true});
+  if constexpr (has_workspace<communicator>) {
+    std::string_view purpose = "the communicator's own buffers";
+    if constexpr (says_workspace_purpose<communicator>) purpose = communicator::workspace_purpose;
+    std::vector<std::size_t> expert_bytes;
+    for (const auto& c : p.comms.experts) expert_bytes.push_back(c->inner().workspace_bytes());
+    list_workspaces(r, purpose, p.comms.comm.inner().workspace_bytes(), expert_bytes);
   }
-};
+  return r;
+}
 
 }  // namespace mpopt::detail
 

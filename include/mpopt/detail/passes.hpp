@@ -144,12 +144,17 @@ struct coefficient_slice : chunk_slice<P> {
   float scale;
 };
 
+/// The state's start: masters from the parameters, each state buffer k at initial[g * state_count + k]
+/// in group g (zero where `initial` is null).
 template <class P>
 struct initialize_pass : tensor_pass<P> {
+  const float* initial;
   template <class L, class S, class Tail, class R>
   MPOPT_HOST_DEVICE void apply(const S& s, std::size_t i, Tail tail, R&) const {
     if constexpr (P::has_master) vstore<L>(s.master + i, vload<L>(s.param + i, tail), tail);
-    for (std::uint32_t k = 0; k < this->d.state_count; ++k) vstore<L>(s.state[k] + i, typename L::vec(0.0f), tail);
+    const std::uint32_t n = this->d.state_count;
+    for (std::uint32_t k = 0; k < n; ++k)
+      vstore<L>(s.state[k] + i, typename L::vec(initial ? initial[s.group * n + k] : 0.0f), tail);
   }
 };
 

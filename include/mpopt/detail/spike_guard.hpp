@@ -70,7 +70,7 @@ class spike_guard {
   void fold(double loss) { loss_sum_ += loss; }
   /// The window's mean loss on this rank, its last micro-step's `loss` included.
   double window_mean(double loss, int micro_steps) const { return (loss_sum_ + loss) / double(micro_steps); }
-  /// The boundary's loss judge() scores: the mean over every rank (agreement.hpp, agree_on_loss).
+  /// The boundary's loss judge() scores: the mean over every rank (step_pipeline.hpp, agree_on_loss).
   void set_loss(double mean) { boundary_loss_ = mean; }
 
   /// Scores a boundary: its loss (when guarded) and its gradient norm join their windows, whatever

@@ -1,6 +1,6 @@
 // mpopt — the tensor registry: parameter groups, the names and memory of their tensors, and the
 // checks that keep any two tensors apart. The optimizer derives from it; finalize() fixes the
-// groups, and the optimizer lays their tensors out (flat_layout.hpp).
+// groups, and the step pipeline lays their tensors out (step_pipeline.hpp, flat_layout.hpp).
 #pragma once
 
 #include <algorithm>
@@ -28,22 +28,15 @@
 #include "step_data.hpp"
 #include "tensor_side.hpp"
 #include "field_refs.hpp"
+#include "memory_listing.hpp"
 #include "validate.hpp"
-
-namespace mpopt {
-template <precision_policy Precision, loss_scaler_policy LossScaler, class Partition, class UpdateRule, class Backend,
-          communicator Communicator>
-class optimizer;
-}  // namespace mpopt
 
 namespace mpopt::detail {
 
-template <class Opt, class Precision, class LossScaler, class Partition, class UpdateRule, class Backend>
+template <class Pipeline>
 class checkpointing;
-template <class Opt, class Precision, class UpdateRule, class Communicator>
-class memory_listing;
-template <class Opt, class Precision, class LossScaler, class Partition, class UpdateRule, class Backend, class Communicator>
-class agreement;
+template <class Precision, class LossScaler, class Partition, class UpdateRule, class Backend, class Communicator>
+class step_pipeline;
 
 /// Whether E has the bits of S; true where E has no numeric_traits at all, which add() reports on
 /// its own (once, not once per check).
@@ -127,15 +120,11 @@ class tensor_registry {
 
    private:
     friend class tensor_registry;
-    template <precision_policy, loss_scaler_policy, class, class, class, communicator>
-    friend class mpopt::optimizer;
-    // The optimizer's checkpoints, memory report and agreement read and restore the groups.
+    // The step and the checkpoints read and restore the groups.
     template <class, class, class, class, class, class>
+    friend class step_pipeline;
+    template <class>
     friend class checkpointing;
-    template <class, class, class, class>
-    friend class memory_listing;
-    template <class, class, class, class, class, class, class>
-    friend class agreement;
     struct entry {
       std::string name;
       param_type* param;
@@ -221,6 +210,9 @@ class tensor_registry {
   }
 
  protected:
+  template <class, class, class, class, class, class>
+  friend class step_pipeline;  // the step reads the groups, and finalize() fixes them
+
   tensor_registry() = default;
   tensor_registry(const tensor_registry&) = delete;
   tensor_registry& operator=(const tensor_registry&) = delete;
@@ -312,6 +304,19 @@ class tensor_registry {
         first += e.size;
       }
     return table;
+  }
+
+  /// The model's tensors in the memory report: a flat group's buffers as the optimizer's, the
+  /// user's tensors as theirs.
+  void list_tensors(mpopt::memory_report& r) const {
+    constexpr std::size_t param_bytes = sizeof(param_type), grad_bytes = sizeof(grad_type);
+    std::size_t user_elements = 0;
+    for (const auto& g : groups_) {
+      if (g->flat_) list_flat_group(r, g->label_, g->flat_param_.size() * param_bytes, g->flat_grad_.size() * grad_bytes);
+      else
+        for (const auto& e : g->entries_) user_elements += e.size;
+    }
+    list_user_tensors(r, user_elements * param_bytes, user_elements * grad_bytes);
   }
 
   std::vector<std::unique_ptr<param_group>> groups_;
