@@ -7,7 +7,7 @@
 //              of the engine's own work on every OpenMP thread, with the machine idle and with a
 //              thread spinning on the last core: the median and the worst of the rounds.
 //              "before": a thread per 65,536 elements begun (the rule before host::use_threads);
-//              "after": the default (detail/host_threads.hpp); "one_thread": host::use_threads(1).
+//              "after": the default (detail/backend/host_threads.hpp); "one_thread": host::use_threads(1).
 // One JSON line per size and per setting, with OMP_WAIT_POLICY (the default depends on it).
 #pragma once
 

@@ -9,7 +9,7 @@
 #include "threads.hpp"
 
 #include <mpopt/mpopt.hpp>
-#include <mpopt/detail/state_file.hpp>
+#include <mpopt/detail/checkpoint/state_file.hpp>
 
 #include <algorithm>
 #include <bit>

@@ -1,12 +1,12 @@
 // Tests for mpopt/convert.hpp, which runs the host backend's lanes at its SIMD level, and so for the
-// vector primitives of mpopt/detail/simd_convert.hpp: at every level this CPU runs, convert() gives
+// vector primitives of mpopt/detail/lanes/simd_convert.hpp: at every level this CPU runs, convert() gives
 // the scalar conversions' bits, and the tail of a vector touches no memory past its last element.
-// Also stochastic rounding (mpopt/detail/stochastic_rounding.hpp): every lane type's bits, exact
+// Also stochastic rounding (mpopt/detail/lanes/stochastic_rounding.hpp): every lane type's bits, exact
 // unbiasedness over every noise value, and the hashed noise's mean in practice.
 #include <doctest/doctest.h>
 
 #include <mpopt/convert.hpp>
-#include <mpopt/detail/stochastic_rounding.hpp>
+#include <mpopt/detail/lanes/stochastic_rounding.hpp>
 
 #include <array>
 #include <bit>

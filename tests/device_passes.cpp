@@ -18,7 +18,7 @@
 #include <mpopt/host.hpp>
 #include <mpopt/mpopt.hpp>
 
-#include "../include/mpopt/detail/flat_layout.hpp"
+#include "../include/mpopt/detail/exchange/flat_layout.hpp"
 
 namespace {
 

@@ -11,8 +11,8 @@
 #include <nlohmann/json.hpp>
 
 #include <mpopt/adam.hpp>
-#include <mpopt/detail/fields_json.hpp>
-#include <mpopt/detail/same_settings.hpp>
+#include <mpopt/detail/options/fields_json.hpp>
+#include <mpopt/detail/comm/same_settings.hpp>
 #include <mpopt/fields.hpp>
 #include <mpopt/lamb.hpp>
 #include <mpopt/loss_scale.hpp>

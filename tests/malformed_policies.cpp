@@ -1,4 +1,4 @@
-// Policies that declare an optional member with the wrong form (detail/policy_members.hpp). Each
+// Policies that declare an optional member with the wrong form (detail/step/policy_members.hpp). Each
 // must stop compilation on the message after its `expect:` (several are separated by |), raised
 // from its own line; built with MALFORMED_FIXED, each is mended and the file must compile cleanly.
 // tests/compile_fail.py checks both; nothing here is run.

@@ -322,7 +322,7 @@ TEST_SUITE("mpi") {
       backward(steps + 1);
       const thrown t = time_error([&] { opt.step(); });
       check_timed_out(t, "MPI_Allreduce", step_timeout, opt.communicator());
-      // The optimizer's context (include/mpopt/detail/metered.hpp) names the step.
+      // The optimizer's context (include/mpopt/detail/comm/metered.hpp) names the step.
       CHECK(t.message.find("(" + rank_of_world() + ", in step() at step " + std::to_string(steps + 1) + ")") !=
             std::string::npos);
       // Later calls that need a collective throw at once: another step, and a checkpoint.

@@ -1,4 +1,4 @@
-// Tests for mpopt/numeric.hpp and mpopt/detail/float_bits.hpp: the 16-bit storage types and their
+// Tests for mpopt/numeric.hpp and mpopt/detail/lanes/float_bits.hpp: the 16-bit storage types and their
 // scalar conversions, checked against references written here from the format definitions
 // (ldexp decoding, nearest-value search over all representable values), not the library's bit tricks.
 #include <doctest/doctest.h>

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include <mpopt/detail/fields_json.hpp>
+#include <mpopt/detail/options/fields_json.hpp>
 #include <mpopt/rule.hpp>
 
 template <class T>

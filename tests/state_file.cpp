@@ -1,10 +1,10 @@
-// Tests for the checkpoint container (include/mpopt/detail/state_file.hpp).
+// Tests for the checkpoint container (include/mpopt/detail/checkpoint/state_file.hpp).
 #include <doctest/doctest.h>
 
 #include "error_of.hpp"
 #include "temp_dir.hpp"
 
-#include <mpopt/detail/state_file.hpp>
+#include <mpopt/detail/checkpoint/state_file.hpp>
 
 #include <signal.h>
 #include <sys/resource.h>

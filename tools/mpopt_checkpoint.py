@@ -20,7 +20,7 @@ gives the policies, groups, options and tensor names, which the C++ side checks 
 masters get SOURCE's values in fp32, the parameters those values rounded to nearest even into
 their dtype (as the optimizer rounds its masters); everything else is the template's.
 
-The container (include/mpopt/detail/state_file.hpp) is read and written here with the standard
+The container (include/mpopt/detail/checkpoint/state_file.hpp) is read and written here with the standard
 library; numpy converts between dtypes (needed by import and --float32) and speeds up the checksum.
 Errors are printed as "mpopt_checkpoint: error: ..." with exit status 1, and no output is left.
 """
@@ -311,7 +311,7 @@ class MpoptCheckpoint(SafetensorsFile):
 
 
 # --------------------------------------------------------------------------------------------
-# Conversions, bit for bit as include/mpopt/detail/float_bits.hpp does them (NaNs included).
+# Conversions, bit for bit as include/mpopt/detail/lanes/float_bits.hpp does them (NaNs included).
 
 def to_float32(dtype, data):
     """Little-endian bytes of `dtype` -> a flat float32 array; exact except from F64 (nearest even)."""

@@ -9,9 +9,9 @@
 #include <string_view>
 #include <tuple>
 
-#include "detail/adam_math.hpp"
+#include "detail/math/adam_math.hpp"
 #include "detail/config.hpp"
-#include "detail/adam_family.hpp"
+#include "detail/options/adam_family.hpp"
 #include "fields.hpp"
 
 namespace mpopt {

@@ -19,7 +19,7 @@
 #include <typeinfo>
 #include <utility>
 
-#include "detail/validate.hpp"
+#include "detail/options/validate.hpp"
 #include "memory_report.hpp"
 #include "numeric.hpp"
 #include "options.hpp"

@@ -17,11 +17,11 @@
 #include <string_view>
 #include <type_traits>
 
-#include "detail/passes.hpp"
-#include "detail/sign_compression.hpp"
-#include "detail/step_data.hpp"
-#include "detail/step_decision.hpp"
-#include "detail/work_list.hpp"
+#include "detail/passes/passes.hpp"
+#include "detail/math/sign_compression.hpp"
+#include "detail/passes/step_data.hpp"
+#include "detail/math/step_decision.hpp"
+#include "detail/passes/work_list.hpp"
 #include "tensor.hpp"
 
 namespace mpopt {
@@ -115,8 +115,8 @@ concept compression_passes =
 
 }  // namespace detail
 
-/// A backend: what the optimizer (detail/step_pipeline.hpp), the partitions' exchanges and the
-/// default rule driver (detail/staged_driver.hpp) call on one, for the optimizer's Precision.
+/// A backend: what the optimizer (detail/step/step_pipeline.hpp), the partitions' exchanges and the
+/// default rule driver (detail/drivers/staged_driver.hpp) call on one, for the optimizer's Precision.
 template <class B, class Precision>
 concept backend_policy =
     // Made once per optimizer (over a device communicator, on its stream: runs_on_stream_of).

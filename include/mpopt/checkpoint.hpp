@@ -4,4 +4,4 @@
 
 #include "version.hpp"  // first: C++20, or a clear error
 
-#include "detail/checkpoint.hpp"  // IWYU pragma: export
+#include "detail/checkpoint/checkpoint.hpp"  // IWYU pragma: export

@@ -11,7 +11,7 @@
 #include <span>
 #include <string_view>
 
-#include "detail/validate.hpp"
+#include "detail/options/validate.hpp"
 #include "numeric.hpp"
 
 namespace mpopt {

@@ -36,10 +36,10 @@
 #include <vector>
 
 #include "communicator.hpp"
-#include "detail/agree.hpp"
-#include "detail/sign_compression.hpp"
-#include "detail/validate.hpp"
-#include "detail/work_list.hpp"
+#include "detail/comm/agree.hpp"
+#include "detail/math/sign_compression.hpp"
+#include "detail/options/validate.hpp"
+#include "detail/passes/work_list.hpp"
 #include "host.hpp"
 
 namespace mpopt {

@@ -10,8 +10,8 @@
 #include <span>
 #include <string>
 
-#include "detail/float_bits.hpp"
-#include "detail/passes.hpp"
+#include "detail/lanes/float_bits.hpp"
+#include "detail/passes/passes.hpp"
 #include "error.hpp"
 #include "host.hpp"
 #include "numeric.hpp"

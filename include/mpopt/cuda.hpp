@@ -1,7 +1,7 @@
-// mpopt — the CUDA backend: the passes of detail/passes.hpp as GPU kernels, written against Thrust
+// mpopt — the CUDA backend: the passes of detail/passes/passes.hpp as GPU kernels, written against Thrust
 // so that the same source also builds with THRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_OMP and g++
 // (the build CI runs, with no GPU). It owns no formula: each kernel thread runs a pass's body on
-// four lanes (detail/quad_lanes.hpp), like the host backend runs it on 16 or 1.
+// four lanes (detail/lanes/quad_lanes.hpp), like the host backend runs it on 16 or 1.
 //
 // Layout: a chunk of up to 64 Ki elements is taken by 256 threads; thread t owns the 4-element
 // vectors t, t + 256, t + 512, ... (a warp reads 512 contiguous bytes per load). Per-chunk sums go
@@ -29,15 +29,15 @@
 #include <thrust/for_each.h>
 #include <thrust/iterator/counting_iterator.h>
 
-#include "detail/backend_passes.hpp"
+#include "detail/passes/backend_passes.hpp"
 #include "detail/config.hpp"
-#include "detail/device_buffer.hpp"
-#include "detail/device_reduce.hpp"
-#include "detail/passes.hpp"
-#include "detail/quad_lanes.hpp"
-#include "detail/square_sum.hpp"
-#include "detail/step_data.hpp"
-#include "detail/work_list.hpp"
+#include "detail/backend/device_buffer.hpp"
+#include "detail/backend/device_reduce.hpp"
+#include "detail/passes/passes.hpp"
+#include "detail/lanes/quad_lanes.hpp"
+#include "detail/passes/square_sum.hpp"
+#include "detail/passes/step_data.hpp"
+#include "detail/passes/work_list.hpp"
 #include "tensor.hpp"
 
 namespace mpopt {
@@ -306,7 +306,7 @@ class cuda : public detail::backend_passes<cuda> {
 #endif
   }
 
-  // ---- How the passes run (detail/backend_passes.hpp).
+  // ---- How the passes run (detail/passes/backend_passes.hpp).
 
   template <class Pass>
   void run(const detail::work_list& w, const Pass& pass, bool aligned) {
@@ -316,7 +316,7 @@ class cuda : public detail::backend_passes<cuda> {
   void run_flat(const Pass& pass, bool aligned) {
     launch(pass, pass.count(), aligned);
   }
-  /// CUB's segmented reduction on a GPU, in order off it (detail/device_reduce.hpp).
+  /// CUB's segmented reduction on a GPU, in order off it (detail/backend/device_reduce.hpp).
   template <class T>
   void sum_segments(const T* x, const std::size_t* offsets, std::size_t segments, double* sums) {
     if (segments == 0) return;

@@ -19,9 +19,9 @@
 
 #include "adam.hpp"
 #include "detail/config.hpp"
-#include "detail/field_refs.hpp"
-#include "detail/config_object.hpp"
-#include "detail/validate.hpp"
+#include "detail/options/field_refs.hpp"
+#include "detail/options/config_object.hpp"
+#include "detail/options/validate.hpp"
 #include "error.hpp"
 #include "lamb.hpp"
 #include "loss_scale.hpp"

@@ -1,6 +1,6 @@
 // mpopt — the host backend: OpenMP threads over the multi-tensor work list, SIMD lanes within a
 // chunk (AVX-512, AVX2 or scalar, chosen at run time: simd.hpp). It only decides how to run the
-// passes of detail/passes.hpp; it owns no formula.
+// passes of detail/passes/passes.hpp; it owns no formula.
 #pragma once
 
 #include "version.hpp"  // first: C++20, or a clear error
@@ -21,17 +21,17 @@
 #include <immintrin.h>  // _mm256_zeroupper
 #endif
 
-#include "detail/aligned_buffer.hpp"
-#include "detail/avx2_lanes.hpp"
-#include "detail/avx512_lanes.hpp"
-#include "detail/backend_passes.hpp"
-#include "detail/host_threads.hpp"
-#include "detail/lanes.hpp"
-#include "detail/passes.hpp"
-#include "detail/square_sum.hpp"
-#include "detail/step_data.hpp"
-#include "detail/validate.hpp"
-#include "detail/work_list.hpp"
+#include "detail/backend/aligned_buffer.hpp"
+#include "detail/lanes/avx2_lanes.hpp"
+#include "detail/lanes/avx512_lanes.hpp"
+#include "detail/passes/backend_passes.hpp"
+#include "detail/backend/host_threads.hpp"
+#include "detail/lanes/lanes.hpp"
+#include "detail/passes/passes.hpp"
+#include "detail/passes/square_sum.hpp"
+#include "detail/passes/step_data.hpp"
+#include "detail/options/validate.hpp"
+#include "detail/passes/work_list.hpp"
 #include "simd.hpp"
 #include "tensor.hpp"
 
@@ -55,7 +55,7 @@ struct host : detail::backend_passes<host> {
   static int threads() { return detail::host_thread_cap(); }
   /// From now on, passes run on at most `threads` threads (0: OpenMP's count again), in every
   /// optimizer of the process, without touching the engine's own OpenMP setting; and on one thread
-  /// per `elements_per_thread` elements begun (0: the measured default, detail/host_threads.hpp),
+  /// per `elements_per_thread` elements begun (0: the measured default, detail/backend/host_threads.hpp),
   /// so that a smaller step runs on the calling thread alone. On cores shared with other busy
   /// threads (a data loader, a communication thread), fewer threads than cores keep a preempted one
   /// from stalling the step (bench/README.md, "Threads"). No setting changes a bit of the results.
@@ -92,7 +92,7 @@ struct host : detail::backend_passes<host> {
 
   /// Calls f(chunk index) for every chunk; each thread takes one contiguous, element-balanced run
   /// (the pages of state it first touched: aligned_buffer::zeroed, the initialize pass). Small steps
-  /// run on the calling thread alone (detail/host_threads.hpp): no parallel region, no spinning pool.
+  /// run on the calling thread alone (detail/backend/host_threads.hpp): no parallel region, no spinning pool.
   template <class F>
   static void for_each_chunk(const detail::work_list& work, F&& f) {
 #if defined(_OPENMP)
@@ -108,7 +108,7 @@ struct host : detail::backend_passes<host> {
     for (std::size_t c = 0; c < work.size(); ++c) f(c);
   }
 
-  // ---- How the passes run (detail/backend_passes.hpp): host memory is where they read everything.
+  // ---- How the passes run (detail/passes/backend_passes.hpp): host memory is where they read everything.
 
   /// Every chunk of `work`: each chunk on one thread, its vectors in order, its sums written per
   /// chunk. Host lanes load any address: alignment does not matter.

@@ -13,9 +13,9 @@
 #include <tuple>
 
 #include "detail/config.hpp"
-#include "detail/lamb_math.hpp"
-#include "detail/validate.hpp"
-#include "detail/adam_family.hpp"
+#include "detail/math/lamb_math.hpp"
+#include "detail/options/validate.hpp"
+#include "detail/options/adam_family.hpp"
 #include "fields.hpp"
 
 namespace mpopt {

@@ -4,8 +4,8 @@
 
 #include "loss_scale.hpp"
 
-#include "detail/field_refs.hpp"
-#include "detail/validate.hpp"
+#include "detail/options/field_refs.hpp"
+#include "detail/options/validate.hpp"
 
 namespace mpopt {
 

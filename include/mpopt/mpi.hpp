@@ -18,9 +18,9 @@
 #include <vector>
 
 #include "communicator.hpp"
-#include "detail/mpi_c.hpp"
-#include "detail/poll.hpp"
-#include "detail/validate.hpp"
+#include "detail/comm/mpi_c.hpp"
+#include "detail/comm/poll.hpp"
+#include "detail/options/validate.hpp"
 #include "numeric.hpp"
 
 namespace mpopt {

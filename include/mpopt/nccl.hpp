@@ -19,10 +19,10 @@
 #include <vector>
 
 #include "communicator.hpp"
-#include "detail/cuda_stream.hpp"
-#include "detail/mpi_c.hpp"
-#include "detail/poll.hpp"
-#include "detail/validate.hpp"
+#include "detail/backend/cuda_stream.hpp"
+#include "detail/comm/mpi_c.hpp"
+#include "detail/comm/poll.hpp"
+#include "detail/options/validate.hpp"
 #include "numeric.hpp"
 #include "tensor.hpp"
 

@@ -11,7 +11,7 @@
 #include <type_traits>
 
 #include "detail/config.hpp"
-#include "detail/float_bits.hpp"
+#include "detail/lanes/float_bits.hpp"
 
 namespace mpopt {
 

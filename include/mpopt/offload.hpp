@@ -28,11 +28,11 @@
 #include <string_view>
 #include <vector>
 
-#include "detail/backend_passes.hpp"
-#include "detail/device_buffer.hpp"
-#include "detail/step_data.hpp"
-#include "detail/tensor_side.hpp"
-#include "detail/work_list.hpp"
+#include "detail/passes/backend_passes.hpp"
+#include "detail/backend/device_buffer.hpp"
+#include "detail/passes/step_data.hpp"
+#include "detail/backend/tensor_side.hpp"
+#include "detail/passes/work_list.hpp"
 #include "cuda.hpp"
 #include "host.hpp"
 #include "memory_report.hpp"

@@ -17,9 +17,9 @@
 
 #include "onebit_adam_options.hpp"
 #include "detail/config.hpp"
-#include "detail/lamb_math.hpp"
-#include "detail/onebit_adam_driver.hpp"
-#include "detail/validate.hpp"
+#include "detail/math/lamb_math.hpp"
+#include "detail/drivers/onebit_adam_driver.hpp"
+#include "detail/options/validate.hpp"
 
 namespace mpopt {
 
@@ -35,11 +35,11 @@ struct onebit_adam {
   using scalars = detail::lamb_coefficients;
 
   static scalars prepare(const options& o, std::uint64_t) { return detail::uncorrected_adam(o); }
-  /// Warm-up, then compressed exchanges of the momentum (detail/onebit_adam_driver.hpp).
+  /// Warm-up, then compressed exchanges of the momentum (detail/drivers/onebit_adam_driver.hpp).
   template <class Precision, class Partition, class Backend, class Communicator>
   using driver = detail::onebit_adam_driver<onebit_adam, Precision, Partition, Backend, Communicator>;
 
-  /// A warm-up step; the compression stage's passes are in detail/onebit_passes.hpp.
+  /// A warm-up step; the compression stage's passes are in detail/passes/onebit_passes.hpp.
   template <class E>
   MPOPT_HOST_DEVICE static void update(const scalars& k, E& e) {
     detail::uncorrected_adam_step(k, e);

@@ -7,7 +7,7 @@
 #include <cstdint>
 
 #include "compression_options.hpp"
-#include "detail/adam_family.hpp"
+#include "detail/options/adam_family.hpp"
 #include "fields.hpp"
 
 namespace mpopt {

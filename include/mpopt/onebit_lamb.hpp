@@ -18,7 +18,7 @@
 #include <limits>
 #include <string_view>
 
-#include "detail/onebit_lamb_driver.hpp"
+#include "detail/drivers/onebit_lamb_driver.hpp"
 #include "lamb.hpp"
 #include "onebit_lamb_options.hpp"
 
@@ -42,11 +42,11 @@ struct onebit_lamb {
             float(o.weight_decay), false, o.lr, o.min_coeff, o.max_coeff};
   }
   /// Warm-up, then compressed exchanges of the momentum: a step that is not a fixed chain of
-  /// passes, so the rule names its own driver (detail/rule_driver.hpp, detail/onebit_lamb_driver.hpp).
+  /// passes, so the rule names its own driver (detail/drivers/rule_driver.hpp, detail/drivers/onebit_lamb_driver.hpp).
   template <class Precision, class Partition, class Backend, class Communicator>
   using driver = detail::onebit_lamb_driver<onebit_lamb, Precision, Partition, Backend, Communicator>;
 
-  // Warm-up steps are LAMB's stages; the compression stage's passes are in detail/onebit_passes.hpp.
+  // Warm-up steps are LAMB's stages; the compression stage's passes are in detail/passes/onebit_passes.hpp.
   template <class E>
   MPOPT_HOST_DEVICE static void direction(const scalars& k, E& e) {
     lamb::direction(k, e);

@@ -11,8 +11,8 @@
 #include <tuple>
 
 #include "compression_options.hpp"
-#include "detail/validate.hpp"
-#include "detail/adam_family.hpp"
+#include "detail/options/validate.hpp"
+#include "detail/options/adam_family.hpp"
 #include "fields.hpp"
 
 namespace mpopt {

@@ -1,7 +1,7 @@
 // mpopt — the optimizer: one class template composing precision, loss scaler, partition, update
 // rule, backend and communicator policies. A facade: registration is the tensor registry's
-// (detail/tensor_registry.hpp), and every call goes to the step pipeline (detail/step_pipeline.hpp),
-// which holds the optimizer's parts as plain structs (detail/step_state.hpp) and runs the step's
+// (detail/step/tensor_registry.hpp), and every call goes to the step pipeline (detail/step/step_pipeline.hpp),
+// which holds the optimizer's parts as plain structs (detail/step/step_state.hpp) and runs the step's
 // stages in order (docs/design.md §2). The policies own their options, state and element math.
 #pragma once
 
@@ -15,11 +15,11 @@
 
 #include "backend.hpp"
 #include "communicator.hpp"
-#include "detail/memory_listing.hpp"
-#include "detail/policy_members.hpp"
-#include "detail/state_access.hpp"
-#include "detail/step_pipeline.hpp"
-#include "detail/tensor_registry.hpp"
+#include "detail/step/memory_listing.hpp"
+#include "detail/step/policy_members.hpp"
+#include "detail/step/state_access.hpp"
+#include "detail/step/step_pipeline.hpp"
+#include "detail/step/tensor_registry.hpp"
 #include "host.hpp"
 #include "loss_scale.hpp"
 #include "options.hpp"
@@ -36,7 +36,7 @@ template <precision_policy Precision, loss_scaler_policy LossScaler, class Parti
 class optimizer : public detail::tensor_registry<Precision, UpdateRule, Backend> {
   using registry = detail::tensor_registry<Precision, UpdateRule, Backend>;
   using pipeline = detail::step_pipeline<Precision, LossScaler, Partition, UpdateRule, Backend, Communicator>;
-  /// The rule's driver: how a committed step runs the rule's stages (detail/rule_driver.hpp).
+  /// The rule's driver: how a committed step runs the rule's stages (detail/drivers/rule_driver.hpp).
   using driver = typename pipeline::driver_type;
   using registry::finalized_;
   static_assert(detail::policy_members_checked<Precision, LossScaler, Partition, UpdateRule, driver, Backend, Communicator>);
@@ -50,9 +50,9 @@ class optimizer : public detail::tensor_registry<Precision, UpdateRule, Backend>
                 "UpdateRule must model mpopt::update_rule (rule.hpp; README, \"Writing your own rule\")");
   static_assert(backend_policy<Backend, Precision>,
                 "Backend must model mpopt::backend_policy (backend.hpp): mpopt::host, cuda, offload<host> or yours, "
-                "derived from detail::backend_passes (detail/backend_passes.hpp), which gives it every pass");
+                "derived from detail::backend_passes (detail/passes/backend_passes.hpp), which gives it every pass");
   static_assert(detail::rule_driver<driver, typename pipeline::rule_context_type>,
-                "the rule's driver must model detail::rule_driver (detail/rule_driver.hpp): derive it from "
+                "the rule's driver must model detail::rule_driver (detail/drivers/rule_driver.hpp): derive it from "
                 "detail::staged_driver, which gives every hook its default");
   static_assert(detail::runs_on_stream_of<Backend, Communicator>,
                 "a device communicator (mpopt::nccl) needs a backend that runs on its stream: mpopt::cuda, or "

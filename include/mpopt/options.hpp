@@ -9,8 +9,8 @@
 #include <string_view>
 
 #include "detail/config.hpp"
-#include "detail/field_refs.hpp"
-#include "detail/validate.hpp"
+#include "detail/options/field_refs.hpp"
+#include "detail/options/validate.hpp"
 #include "fields.hpp"
 
 namespace mpopt {

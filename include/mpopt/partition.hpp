@@ -13,11 +13,11 @@
 #include <string_view>
 #include <vector>
 
-#include "detail/exchange_context.hpp"
-#include "detail/flat_layout.hpp"
-#include "detail/partition_layout.hpp"
-#include "detail/replicated_exchange.hpp"
-#include "detail/sharded_exchange.hpp"
+#include "detail/exchange/exchange_context.hpp"
+#include "detail/exchange/flat_layout.hpp"
+#include "detail/exchange/partition_layout.hpp"
+#include "detail/exchange/replicated_exchange.hpp"
+#include "detail/exchange/sharded_exchange.hpp"
 #include "memory_report.hpp"
 
 namespace mpopt {

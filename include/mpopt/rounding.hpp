@@ -21,7 +21,7 @@ struct round_to_nearest {
 };
 
 /// Up or down at random, with the probability that makes the expected parameter the master
-/// (detail/stochastic_rounding.hpp): updates smaller than half a 16-bit step still move the
+/// (detail/lanes/stochastic_rounding.hpp): updates smaller than half a 16-bit step still move the
 /// parameter on average. The noise is keyed on optimizer_options::rounding_seed, the applied step's
 /// number and the element's index among all registered elements, so no thread count, SIMD level,
 /// backend or world size changes a bit, and a checkpoint resumes it.

@@ -22,8 +22,8 @@
 #include <type_traits>
 
 #include "detail/config.hpp"
-#include "detail/lanes.hpp"
-#include "detail/step_data.hpp"
+#include "detail/lanes/lanes.hpp"
+#include "detail/passes/step_data.hpp"
 #include "fields.hpp"
 
 namespace mpopt {

@@ -15,7 +15,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "detail/validate.hpp"
+#include "detail/options/validate.hpp"
 
 namespace mpopt {
 

@@ -22,9 +22,9 @@
 
 #include "zero_one_adam_options.hpp"
 #include "detail/config.hpp"
-#include "detail/lamb_math.hpp"
-#include "detail/validate.hpp"
-#include "detail/zero_one_adam_driver.hpp"
+#include "detail/math/lamb_math.hpp"
+#include "detail/options/validate.hpp"
+#include "detail/drivers/zero_one_adam_driver.hpp"
 
 namespace mpopt {
 
@@ -40,11 +40,11 @@ struct zero_one_adam {
   using scalars = detail::lamb_coefficients;
 
   static scalars prepare(const options& o, std::uint64_t) { return detail::uncorrected_adam(o); }
-  /// Variance steps, compressed gradients, local steps and syncs (detail/zero_one_adam_driver.hpp).
+  /// Variance steps, compressed gradients, local steps and syncs (detail/drivers/zero_one_adam_driver.hpp).
   template <class Precision, class Partition, class Backend, class Communicator>
   using driver = detail::zero_one_adam_driver<zero_one_adam, Precision, Partition, Backend, Communicator>;
 
-  /// A variance step; the other steps' passes are in detail/onebit_passes.hpp.
+  /// A variance step; the other steps' passes are in detail/passes/onebit_passes.hpp.
   template <class E>
   MPOPT_HOST_DEVICE static void update(const scalars& k, E& e) {
     detail::uncorrected_adam_step(k, e);

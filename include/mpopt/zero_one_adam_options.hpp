@@ -7,8 +7,8 @@
 #include <cstdint>
 
 #include "compression_options.hpp"
-#include "detail/adam_family.hpp"
-#include "detail/validate.hpp"
+#include "detail/options/adam_family.hpp"
+#include "detail/options/validate.hpp"
 #include "fields.hpp"
 
 namespace mpopt {

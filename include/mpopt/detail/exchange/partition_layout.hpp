@@ -1,0 +1,51 @@
+// mpopt — a partition's layout made concrete: the flat layout (flat_layout.hpp) of the registered
+// tensors over each group's communicator, as the partition's layout policy (partition.hpp) says who
+// owns what.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "../config.hpp"
+#include "flat_layout.hpp"
+
+namespace mpopt::detail {
+
+/// A group's plan over W ranks where shard s is rank rank_of[s]'s; refuses an owner() that does not
+/// give each rank one shard, naming the partition.
+MPOPT_DECL shard_plan sharded_plan(std::vector<std::size_t> rank_of, std::size_t rank, std::string_view partition);
+
+/// The layout of group g's tensors (tensor_groups[t], sizes[t]) under Layout, over each group's
+/// communicator (c.comm_of(g)). Replicated: every element mine; with sum_by_shard the work is still
+/// cut at the would-be shards; where groups are replicated over different ranks (expert groups) the
+/// global norm is a sum over every rank, in which the first replica of each element counts it.
+template <class Layout, class Context>
+flat_layout lay_out(std::string_view partition, const std::vector<std::uint32_t>& tensor_groups,
+                    const std::vector<std::size_t>& sizes, std::size_t groups, const Context& c) {
+  std::vector<shard_plan> plans;
+  if constexpr (Layout::sharded) {
+    for (std::size_t g = 0; g < groups; ++g) {
+      const auto& comm = c.comm_of(g);
+      const std::size_t world = std::size_t(comm.size());
+      std::vector<std::size_t> rank_of;
+      for (std::size_t s = 0; s < world; ++s) rank_of.push_back(std::size_t(Layout::owner(s, world)));
+      plans.push_back(sharded_plan(std::move(rank_of), std::size_t(comm.rank()), partition));
+    }
+    return flat_layout(tensor_groups, sizes, std::move(plans), true, true);
+  } else {
+    const bool summed = c.comm.size() > 1 && c.has_expert_groups();
+    for (std::size_t g = 0; g < groups; ++g) {
+      const auto& comm = c.comm_of(g);
+      plans.push_back({c.options.sum_by_shard ? std::size_t(comm.size()) : 1, 0, {}, !summed || comm.rank() == 0});
+    }
+    return flat_layout(tensor_groups, sizes, std::move(plans), false, summed);
+  }
+}
+
+}  // namespace mpopt::detail
+
+#if !defined(MPOPT_SEPARATE_COMPILATION)
+#include "partition_layout.ipp"
+#endif

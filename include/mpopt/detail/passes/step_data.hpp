@@ -1,0 +1,54 @@
+// mpopt — the tensor table and the buffers one step touches: what the optimizer hands its backend.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "../math/step_decision.hpp"
+#include "work_list.hpp"
+
+namespace mpopt::detail {
+
+/// The most fp32 state buffers a rule keeps per element (mpopt::max_rule_state).
+inline constexpr std::size_t max_state_buffers = 4;
+
+template <class Param, class Grad>
+struct tensor_slot {
+  Param* param;
+  Grad* grad;
+  std::size_t size;
+  std::uint32_t group;
+  std::uint64_t first;  ///< the index of element 0 among all registered elements (stochastic rounding's)
+};
+
+/// Pointers and scalars for one pass. Kernels read the true gradient as
+/// (accum + grad) * scale, grad * scale without accumulation, or accum * scale once the gradients
+/// have been reduced across ranks into accum (grads_reduced). The scale is grad_scale in the
+/// overflow-and-norm pass and the decision's grad_scale in the update passes.
+template <class Precision>
+struct step_data {
+  using param_type = typename Precision::param_type;
+  using grad_type = typename Precision::grad_type;
+  using accumulate_type = typename Precision::accumulate_type;
+  static constexpr bool has_master = Precision::has_master;
+
+  const tensor_slot<param_type, grad_type>* tensors = nullptr;
+  std::size_t tensor_count = 0;
+  const work_list* work = nullptr;
+  float* master = nullptr;        ///< null when the parameter is its own master (fp32)
+  float* state[max_state_buffers] = {};  ///< the rule's state buffers, state_count of them
+  std::uint32_t state_count = 0;
+  accumulate_type* accum = nullptr;  ///< gradient accumulator, null when not accumulating
+  float* chunk_sum = nullptr;     ///< per-chunk partial sums of squares
+  float* chunk_sum2 = nullptr;    ///< a second per-chunk partial (LAMB: update norms)
+  std::uint8_t* chunk_nonfinite = nullptr;
+  /// Set when nothing had to be known before the update: its first pass then also sums the squares
+  /// of the true gradient per chunk, in double, for the step's status (no separate gradient pass).
+  double* chunk_grad_sum = nullptr;
+  float grad_scale = 1.0f;                  ///< the unscale, for the overflow-and-norm pass
+  const step_decision* decision = nullptr;  ///< where the backend runs: read by the update passes
+  bool grads_reduced = false;
+  std::uint32_t rounding_key = 0;  ///< the update's stochastic rounding noise (rounding_key())
+};
+
+}  // namespace mpopt::detail
