@@ -11,8 +11,6 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
-#include <iterator>
-#include <ranges>
 #include <span>
 #include <string_view>
 #include <type_traits>
@@ -40,17 +38,16 @@ concept state_buffer = std::default_initializable<Buffer> && std::movable<Buffer
                        };
 
 /// Small arrays both the passes and the host's step logic read and write (per-chunk sums,
-/// coefficients): a std::vector, on a GPU in mapped page-locked memory.
+/// coefficients): a std::vector, on a GPU in mapped page-locked memory. (Plain expressions rather
+/// than the ranges concepts: every optimizer type checks this, and those cost compile time.)
 template <class Array, class T>
-concept shared_array = std::default_initializable<Array> && std::ranges::contiguous_range<Array> &&
-                       std::ranges::sized_range<Array> && std::same_as<std::ranges::range_value_t<Array>, T> &&
+concept shared_array = std::default_initializable<Array> &&
                        requires(Array& a, const Array& ca, std::size_t n, const T& x) {
                          a.assign(n, x);
                          a.resize(n);
-                         { a.begin() } -> std::contiguous_iterator;
-                         { a.end() } -> std::contiguous_iterator;
                          { a.data() } -> std::same_as<T*>;
                          { a[n] } -> std::same_as<T&>;
+                         { ca.size() } -> std::convertible_to<std::size_t>;
                          { ca.empty() } -> std::convertible_to<bool>;
                          { ca.capacity() } -> std::convertible_to<std::size_t>;
                        };

@@ -9,10 +9,10 @@
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
-#include <ranges>
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "detail/options/validate.hpp"
@@ -34,11 +34,11 @@ class tensor_shape {
  public:
   tensor_shape() = default;
   tensor_shape(std::initializer_list<std::int64_t> dims) : dims_(dims) {}
-  /// Any range of integers: a std::vector<std::int64_t>, a std::array<std::size_t, 2>, ...
-  template <std::ranges::input_range R>
-    requires dimension_type<std::ranges::range_value_t<R>>
+  /// Any range of integers: a std::vector<std::int64_t>, a std::array<std::size_t, 2>, ... (a
+  /// range for-loop's begin and end, not <ranges>: this header is in every optimizer's unit).
+  template <class R, class V = std::remove_cvref_t<decltype(*std::begin(std::declval<const R&>()))>>
+    requires requires(const R& r) { std::end(r); } && dimension_type<V>
   tensor_shape(const R& dims) {
-    using V = std::ranges::range_value_t<R>;
     for (const V d : dims) {
       if constexpr (std::is_unsigned_v<V> && sizeof(V) >= sizeof(std::int64_t))
         if (d > V(std::numeric_limits<std::int64_t>::max()))
