@@ -56,3 +56,10 @@ struct adam {
 };
 
 }  // namespace mpopt
+
+#if defined(MPOPT_SEPARATE_COMPILATION)
+#include "detail/backend/host_instances.hpp"
+#define MPOPT_HOST_ADAM_PASSES(EXTERN, P) \
+  MPOPT_HOST_RULE_STAGE(EXTERN, P, mpopt::adam, mpopt::detail::update_stage)
+MPOPT_FOR_OWN_PRECISIONS(MPOPT_HOST_ADAM_PASSES, extern)
+#endif

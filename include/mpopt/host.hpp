@@ -112,17 +112,13 @@ struct host : detail::backend_passes<host> {
 
   /// Every chunk of `work`: each chunk on one thread, its vectors in order, its sums written per
   /// chunk. Host lanes load any address: alignment does not matter.
+  /// Defined below the class, not inline: the separately compiled mode compiles mpopt's own passes
+  /// once (detail/backend/host_instances.hpp).
   template <class Pass>
-  static void run(const detail::work_list& work, const Pass& pass, bool = true) {
-    const auto chunk = chunk_runner<Pass>();
-    for_each_chunk(work, [&](std::size_t ci) { chunk(pass, ci); });
-  }
+  static void run(const detail::work_list& work, const Pass& pass, bool aligned = true);
   /// One flat range, on the calling thread.
   template <class Pass>
-  static void run_flat(const Pass& pass, bool) {
-    const auto chunk = chunk_runner<Pass>();
-    for (std::size_t ci = 0; ci < pass.count(); ++ci) chunk(pass, ci);
-  }
+  static void run_flat(const Pass& pass, bool aligned);
   template <class F>
   static void for_each_index(std::size_t n, const F& f) {
     for (std::size_t i = 0; i < n; ++i) f(i);
@@ -190,4 +186,20 @@ struct host : detail::backend_passes<host> {
   }
 };
 
+template <class Pass>
+void host::run(const detail::work_list& work, const Pass& pass, bool) {
+  const auto chunk = chunk_runner<Pass>();
+  for_each_chunk(work, [&](std::size_t ci) { chunk(pass, ci); });
+}
+
+template <class Pass>
+void host::run_flat(const Pass& pass, bool) {
+  const auto chunk = chunk_runner<Pass>();
+  for (std::size_t ci = 0; ci < pass.count(); ++ci) chunk(pass, ci);
+}
+
 }  // namespace mpopt
+
+#if defined(MPOPT_SEPARATE_COMPILATION)
+#include "detail/backend/host_instances.hpp"  // mpopt's own passes, compiled once
+#endif

@@ -92,3 +92,11 @@ struct lamb {
 };
 
 }  // namespace mpopt
+
+#if defined(MPOPT_SEPARATE_COMPILATION)
+#include "detail/backend/host_instances.hpp"
+#define MPOPT_HOST_LAMB_PASSES(EXTERN, P) \
+  MPOPT_HOST_RULE_STAGE(EXTERN, P, mpopt::lamb, mpopt::detail::direction_stage) \
+  MPOPT_HOST_RULE_STAGE(EXTERN, P, mpopt::lamb, mpopt::detail::update_stage)
+MPOPT_FOR_OWN_PRECISIONS(MPOPT_HOST_LAMB_PASSES, extern)
+#endif

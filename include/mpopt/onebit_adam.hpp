@@ -47,3 +47,11 @@ struct onebit_adam {
 };
 
 }  // namespace mpopt
+
+#if defined(MPOPT_SEPARATE_COMPILATION)
+#include "detail/backend/host_instances.hpp"
+#define MPOPT_HOST_ONEBIT_ADAM_PASSES(EXTERN, P) \
+  MPOPT_HOST_RULE_STAGE(EXTERN, P, mpopt::onebit_adam, mpopt::detail::update_stage)
+MPOPT_FOR_OWN_PRECISIONS(MPOPT_HOST_ONEBIT_ADAM_PASSES, extern)
+MPOPT_FOR_OWN_PRECISIONS(MPOPT_HOST_COMPRESSED_PASSES, extern)
+#endif

@@ -82,3 +82,12 @@ struct onebit_lamb {
 };
 
 }  // namespace mpopt
+
+#if defined(MPOPT_SEPARATE_COMPILATION)
+#include "detail/backend/host_instances.hpp"
+#define MPOPT_HOST_ONEBIT_LAMB_PASSES(EXTERN, P) \
+  MPOPT_HOST_RULE_STAGE(EXTERN, P, mpopt::onebit_lamb, mpopt::detail::direction_stage) \
+  MPOPT_HOST_RULE_STAGE(EXTERN, P, mpopt::onebit_lamb, mpopt::detail::update_stage)
+MPOPT_FOR_OWN_PRECISIONS(MPOPT_HOST_ONEBIT_LAMB_PASSES, extern)
+MPOPT_FOR_OWN_PRECISIONS(MPOPT_HOST_COMPRESSED_PASSES, extern)
+#endif

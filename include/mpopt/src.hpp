@@ -1,6 +1,7 @@
 // mpopt — the separately compiled mode's one unit: with MPOPT_SEPARATE_COMPILATION defined in every
 // unit of a program, exactly one of them includes this header, which defines the cold code that the
-// headers then only declare (detail/config.hpp, MPOPT_DECL). Header-only builds never include it.
+// headers then only declare (detail/config.hpp, MPOPT_DECL), and the host passes of mpopt's own
+// precisions and rules (detail/backend/host_instances.hpp). Header-only builds never include it.
 #pragma once
 
 #if !defined(MPOPT_SEPARATE_COMPILATION)
@@ -8,6 +9,13 @@
 #endif
 
 #include "version.hpp"  // first: C++20, or a clear error
+
+#include "adam.hpp"
+#include "host.hpp"
+#include "lamb.hpp"
+#include "onebit_adam.hpp"
+#include "onebit_lamb.hpp"
+#include "zero_one_adam.hpp"
 
 #include "deepspeed_config.ipp"
 #include "detail/checkpoint/checkpoint_flow.ipp"
@@ -37,3 +45,12 @@
 #include "loss_scale.ipp"
 #include "memory_report.ipp"
 #include "options.ipp"
+
+MPOPT_FOR_OWN_PRECISIONS(MPOPT_HOST_STEP_PASSES, )
+MPOPT_HOST_FLAT_PASSES()
+MPOPT_FOR_OWN_PRECISIONS(MPOPT_HOST_COMPRESSED_PASSES, )
+MPOPT_FOR_OWN_PRECISIONS(MPOPT_HOST_ADAM_PASSES, )
+MPOPT_FOR_OWN_PRECISIONS(MPOPT_HOST_LAMB_PASSES, )
+MPOPT_FOR_OWN_PRECISIONS(MPOPT_HOST_ONEBIT_LAMB_PASSES, )
+MPOPT_FOR_OWN_PRECISIONS(MPOPT_HOST_ONEBIT_ADAM_PASSES, )
+MPOPT_FOR_OWN_PRECISIONS(MPOPT_HOST_ZERO_ONE_ADAM_PASSES, )

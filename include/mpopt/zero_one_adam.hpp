@@ -84,3 +84,11 @@ struct zero_one_adam {
 };
 
 }  // namespace mpopt
+
+#if defined(MPOPT_SEPARATE_COMPILATION)
+#include "detail/backend/host_instances.hpp"
+#define MPOPT_HOST_ZERO_ONE_ADAM_PASSES(EXTERN, P) \
+  MPOPT_HOST_RULE_STAGE(EXTERN, P, mpopt::zero_one_adam, mpopt::detail::update_stage)
+MPOPT_FOR_OWN_PRECISIONS(MPOPT_HOST_ZERO_ONE_ADAM_PASSES, extern)
+MPOPT_FOR_OWN_PRECISIONS(MPOPT_HOST_COMPRESSED_PASSES, extern)
+#endif
