@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # mpopt as its users consume it, each building and running examples/quickstart.cpp: installed, found
 # (1) with pkg-config, (2) with CMake's find_package, (3) as an installed Meson dependency; and
-# (4) as a Meson subproject, whose tests, examples and benchmarks stay off. Also: below C++20 the
-# headers stop with a clear #error, and mpopt::version matches the package's version.
+# (4) as a Meson subproject, whose tests, examples and benchmarks stay off; (5) with CMake's
+# add_subdirectory. A zero2 optimizer over MPI builds and runs on 2 ranks through mpopt::mpi, found
+# (2) as a COMPONENT of the installed package and (6) with FetchContent. Also: the package carries
+# LICENSE, below C++20 the headers stop with a clear #error, and mpopt::version matches the package's
+# version.
 set -euo pipefail
 src=$1
 build=$2
@@ -17,6 +20,7 @@ config=$(find "$work/root" -name mpoptConfig.cmake | head -1)
 [ -n "$pc" ] || { echo "meson install did not install mpopt.pc"; exit 1; }
 [ -n "$config" ] || { echo "meson install did not install mpoptConfig.cmake"; exit 1; }
 [ -f "$(dirname "$config")/mpoptConfigVersion.cmake" ] || { echo "no mpoptConfigVersion.cmake"; exit 1; }
+[ -n "$(find "$work/root" -path '*/doc/mpopt/LICENSE')" ] || { echo "meson install did not install LICENSE"; exit 1; }
 prefix=$(dirname "$(dirname "$(dirname "$(dirname "$config")")")")  # <prefix>/lib[/<arch>]/cmake/mpopt
 [ -d "$prefix/include/mpopt" ] || prefix=$(dirname "$prefix")
 export PKG_CONFIG_PATH=$(dirname "$pc") PKG_CONFIG_SYSROOT_DIR="$work/root"
@@ -25,6 +29,46 @@ export PKG_CONFIG_PATH=$(dirname "$pc") PKG_CONFIG_SYSROOT_DIR="$work/root"
 # optimization: what is checked is that the package's flags find and link everything, which no
 # optimization level changes, and the compiler's time is most of this test's.
 run() { (cd "$work" && "$1" | tail -2); }
+
+# One ZeRO-2 optimizer over MPI that steps and saves, run on 2 ranks (where mpirun is).
+cat > "$work/zero2.cpp" <<'CPP'
+#include <mpopt/adam.hpp>
+#include <mpopt/checkpoint.hpp>
+#include <mpopt/mpi.hpp>
+#include <mpopt/optimizer.hpp>
+
+#include <cstdio>
+#include <vector>
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  {
+    using optimizer = mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::zero2, mpopt::adam, mpopt::host, mpopt::mpi>;
+    optimizer opt{mpopt::mpi{MPI_COMM_WORLD}};
+    std::vector<mpopt::half> w(1000, mpopt::half(1.0f)), g(1000, mpopt::half(0.5f));
+    opt.add_group({.lr = 1e-3}).add(w, g, "w");
+    for (int i = 0; i < 3; ++i) opt.step();
+    opt.save("zero2.safetensors");
+    if (opt.communicator().rank() == 0)
+      std::printf("zero2 over %d ranks: w[0] %g\n", opt.communicator().size(), float(w[0]));
+  }
+  MPI_Finalize();
+}
+CPP
+run_ranks() {
+  if command -v mpirun >/dev/null; then
+    (cd "$work" && OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
+      mpirun -np 2 "$1" | tail -1)
+  else
+    echo "no mpirun: $1 built, not run"
+  fi
+}
+# What a CMake build of mpopt as source compiles: the application's units alone.
+only_app_objects() {
+  local objects
+  objects=$(find "$1" -name '*.o' | wc -l)
+  [ "$objects" -eq "$2" ] || { echo "$1: $objects object files, where the application has $2"; exit 1; }
+}
 
 echo "== 1. pkg-config"
 flags=$(pkg-config --cflags --libs mpopt)
@@ -35,16 +79,32 @@ run ./quickstart_pkgconfig
 echo "== 2. CMake find_package"
 mkdir -p "$work/cmake_app"
 cp "$src/examples/quickstart.cpp" "$work/cmake_app/"
+cp "$work/zero2.cpp" "$work/cmake_app/"
 cat > "$work/cmake_app/CMakeLists.txt" <<CMAKE
 cmake_minimum_required(VERSION 3.16)
 project(app CXX)
-find_package(mpopt $version EXACT REQUIRED)
+find_package(mpopt $version EXACT REQUIRED COMPONENTS mpi)
 add_executable(quickstart quickstart.cpp)
 target_link_libraries(quickstart PRIVATE mpopt::mpopt)
+add_executable(zero2 zero2.cpp)
+target_link_libraries(zero2 PRIVATE mpopt::mpi)
 CMAKE
 cmake -S "$work/cmake_app" -B "$work/cmake_app/build" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE= >/dev/null
 cmake --build "$work/cmake_app/build" >/dev/null
 run ./cmake_app/build/quickstart
+run_ranks ./cmake_app/build/zero2
+# A part the package does not have stops find_package.
+mkdir -p "$work/cmake_bad"
+cat > "$work/cmake_bad/CMakeLists.txt" <<CMAKE
+cmake_minimum_required(VERSION 3.16)
+project(bad CXX)
+find_package(mpopt REQUIRED COMPONENTS tpu)
+CMAKE
+if cmake -S "$work/cmake_bad" -B "$work/cmake_bad/build" -DCMAKE_PREFIX_PATH="$prefix" >"$work/cmake_bad.log" 2>&1; then
+  echo "find_package(mpopt COMPONENTS tpu) succeeded"
+  exit 1
+fi
+grep -o "mpopt has no part 'tpu'[^)]*)" "$work/cmake_bad.log"
 
 echo "== 3. installed Meson dependency"
 mkdir -p "$work/meson_app"
@@ -72,6 +132,38 @@ targets=$(ninja -C "$work/app/build" -t targets all | grep -c ': \(cpp_LINKER\|c
 ninja -C "$work/app/build" >/dev/null
 run ./app/build/quickstart
 
+echo "== 5. CMake add_subdirectory (the source tree; builds nothing of its own)"
+mkdir -p "$work/cmake_sub"
+cp "$src/examples/quickstart.cpp" "$work/cmake_sub/"
+cat > "$work/cmake_sub/CMakeLists.txt" <<CMAKE
+cmake_minimum_required(VERSION 3.16)
+project(app CXX)
+add_subdirectory("$src" mpopt)
+add_executable(quickstart quickstart.cpp)
+target_link_libraries(quickstart PRIVATE mpopt::mpopt)
+CMAKE
+cmake -S "$work/cmake_sub" -B "$work/cmake_sub/build" -DCMAKE_BUILD_TYPE= >/dev/null
+cmake --build "$work/cmake_sub/build" >/dev/null
+only_app_objects "$work/cmake_sub/build" 1
+run ./cmake_sub/build/quickstart
+
+echo "== 6. CMake FetchContent, mpopt::mpi"
+mkdir -p "$work/cmake_fetch"
+cp "$work/zero2.cpp" "$work/cmake_fetch/"
+cat > "$work/cmake_fetch/CMakeLists.txt" <<CMAKE
+cmake_minimum_required(VERSION 3.16)
+project(app CXX)
+include(FetchContent)
+FetchContent_Declare(mpopt SOURCE_DIR "$src")
+FetchContent_MakeAvailable(mpopt)
+add_executable(zero2 zero2.cpp)
+target_link_libraries(zero2 PRIVATE mpopt::mpi)
+CMAKE
+cmake -S "$work/cmake_fetch" -B "$work/cmake_fetch/build" -DCMAKE_BUILD_TYPE= >/dev/null
+cmake --build "$work/cmake_fetch/build" >/dev/null
+only_app_objects "$work/cmake_fetch/build" 1
+run_ranks ./cmake_fetch/build/zero2
+
 echo "== below C++20: a clear #error"
 if echo '#include <mpopt/mpopt.hpp>' | g++ -std=c++17 -fsyntax-only -I"$src/include" -x c++ - 2>"$work/cxx17.err"; then
   echo "a C++17 build of <mpopt/mpopt.hpp> compiled"
@@ -89,4 +181,4 @@ CPP
 g++ -std=c++20 -I"$src/include" "$work/version.cpp" -o "$work/version"
 [ "$("$work/version")" = "$version" ] || { echo "mpopt::version $("$work/version") is not $version"; exit 1; }
 echo "mpopt::version $version"
-echo "all four consumers built and ran"
+echo "all six consumers built and ran"

@@ -1,0 +1,50 @@
+# mpopt's parts beyond the headers, for CMake: each target brings mpopt::mpopt and the package its
+# header needs. Used by the installed package (mpoptConfig.cmake, where find_package names them as
+# COMPONENTS) and by the top-level CMakeLists.txt (add_subdirectory, FetchContent).
+#   mpopt::mpi    <mpopt/mpi.hpp>: MPI's C API (FindMPI's MPI::MPI_CXX)
+#   mpopt::cuda   <mpopt/cuda.hpp>, <mpopt/offload.hpp>: the CUDA runtime, Thrust and CUB (CCCL)
+#   mpopt::nccl   <mpopt/nccl.hpp>: NCCL, and mpopt::cuda
+
+# Defines mpopt::<part> if what it needs is found; sets mpopt_<part>_FOUND. `scope` is GLOBAL where
+# the target must be seen above the directory that defines it (add_subdirectory).
+function(mpopt_add_part part scope)
+  set(found FALSE)
+  if(TARGET mpopt::${part})
+    set(found TRUE)
+  elseif(part STREQUAL "mpi")
+    find_package(MPI QUIET COMPONENTS CXX)
+    if(MPI_CXX_FOUND)
+      add_library(mpopt::mpi INTERFACE IMPORTED ${scope})
+      target_link_libraries(mpopt::mpi INTERFACE mpopt::mpopt MPI::MPI_CXX)
+      set(found TRUE)
+    endif()
+  elseif(part STREQUAL "cuda")
+    find_package(CUDAToolkit QUIET)
+    if(CUDAToolkit_FOUND)
+      add_library(mpopt::cuda INTERFACE IMPORTED ${scope})
+      target_link_libraries(mpopt::cuda INTERFACE mpopt::mpopt CUDA::cudart)
+      # CUDA 13 keeps Thrust and CUB (CCCL) in include/cccl.
+      foreach(dir IN LISTS CUDAToolkit_INCLUDE_DIRS)
+        if(EXISTS "${dir}/cccl/thrust")
+          target_include_directories(mpopt::cuda SYSTEM INTERFACE "${dir}/cccl")
+        endif()
+      endforeach()
+      set(found TRUE)
+    endif()
+  elseif(part STREQUAL "nccl")
+    mpopt_add_part(cuda "${scope}")
+    find_package(CUDAToolkit QUIET)  # its directories, here (found once, above)
+    find_path(MPOPT_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
+    find_library(MPOPT_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR})
+    if(TARGET mpopt::cuda AND MPOPT_NCCL_INCLUDE_DIR AND MPOPT_NCCL_LIBRARY)
+      add_library(mpopt::nccl INTERFACE IMPORTED ${scope})
+      target_include_directories(mpopt::nccl SYSTEM INTERFACE "${MPOPT_NCCL_INCLUDE_DIR}")
+      target_link_libraries(mpopt::nccl INTERFACE mpopt::cuda "${MPOPT_NCCL_LIBRARY}")
+      set(found TRUE)
+    endif()
+  else()
+    message(SEND_ERROR "mpopt has no part '${part}' (its parts: mpi, cuda, nccl)")
+  endif()
+  set(mpopt_${part}_FOUND ${found} PARENT_SCOPE)
+endfunction()
+
