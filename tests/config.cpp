@@ -722,7 +722,7 @@ TEST_SUITE("config") {
     CHECK(dz.local_step_clipper == 16);
   }
 
-  TEST_CASE("config-json: the scheduler example is refused: mpopt has no schedulers") {
+  TEST_CASE("config-json: the scheduler example is refused, pointing to set_schedule (not read from JSON yet)") {
     // docs/_pages/config-json.md, "Example of scheduler".
     CHECK_REFUSED(with("scheduler", R"({
         "type": "WarmupLR",
@@ -731,7 +731,7 @@ TEST_SUITE("config") {
             "warmup_max_lr": 0.001,
             "warmup_num_steps": 1000
         }
-    })"), "scheduler", ": mpopt has no learning-rate schedulers");
+    })"), "scheduler", ": not read from a configuration yet");
   }
 
   TEST_CASE("JSON text: not an object, not JSON, or a key given twice is refused") {

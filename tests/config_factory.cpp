@@ -376,6 +376,51 @@ TEST_SUITE("config") {
     CHECK(error_of([&] { opt.group(3); }).find("there are 1 groups, no group 3") != std::string::npos);
   }
 
+  TEST_CASE("a factory-made optimizer takes a schedule as the typed one does") {
+    mpopt::any_optimizer a = mpopt::make_optimizer(
+        deepspeed_config::parse_text(R"({"optimizer": {"type": "AdamW", "params": {"lr": 1e-2}}})"));
+    const mpopt::lr_schedule s = mpopt::warmup_lr{.warmup_num_steps = 5};
+    std::vector<float> p(20, 0.5f), g(20, 0.01f);
+    auto group = a.add_group();
+    group.add(p, g, "w");
+    a.set_schedule(s);
+    REQUIRE(a.schedule());
+    for (std::uint64_t k = 0; k < 8; ++k) {
+      CHECK(a.step().applied);
+      CHECK(group.lr() == mpopt::scheduled_rate(s, k, 1e-2, 1e-2));
+    }
+    CHECK(error_of([&] { a.set_schedule(mpopt::step_decay{}); }).find("step_decay.step_size") != std::string::npos);
+    a.clear_schedule();
+    CHECK_FALSE(a.schedule());
+  }
+
+  TEST_CASE("raw host buffers go in with their length, and train like the same buffers as views") {
+    const char* json = R"({"bf16": {"enabled": true}, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}}})";
+    mpopt::any_optimizer a = mpopt::make_optimizer(deepspeed_config::parse_text(json));
+    mpopt::any_optimizer b = mpopt::make_optimizer(deepspeed_config::parse_text(json));
+    // An engine's parameters as pieces of one allocation, and its gradients of another.
+    std::vector<mpopt::bfloat16> pa(15), ga(15), pb(15), gb(15);
+    for (std::size_t i = 0; i < 15; ++i) {
+      pa[i] = pb[i] = mpopt::bfloat16(std::sin(float(i)));
+      ga[i] = gb[i] = mpopt::bfloat16(0.1f * std::cos(float(i)));
+    }
+    a.add_group().add(pa.data(), ga.data(), 12, "w", {3, 4}).add(pa.data() + 12, ga.data() + 12, 3, "b");
+    b.add_group()
+        .add(mpopt::view<mpopt::bfloat16>{pb.data(), 12}, mpopt::view<mpopt::bfloat16>{gb.data(), 12}, "w", {3, 4})
+        .add(mpopt::view<mpopt::bfloat16>{pb.data() + 12, 3}, mpopt::view<mpopt::bfloat16>{gb.data() + 12, 3}, "b");
+    CHECK(a.group(0).name(1) == "b");
+    // A length the shape does not hold is refused as for any tensor.
+    CHECK(error_of([&] { a.group(0).add(pa.data(), ga.data(), 5, "odd", {2, 3}); }).find("tensor 'odd': shape [2, 3]") !=
+          std::string::npos);
+    for (int k = 0; k < 3; ++k) {
+      const mpopt::step_status sa = a.step(), sb = b.step();
+      CHECK(sa.applied);
+      CHECK(sa.grad_norm == sb.grad_norm);
+    }
+    CHECK(std::memcmp(pa.data(), pb.data(), sizeof(mpopt::bfloat16) * pa.size()) == 0);
+    CHECK(pa[0].bits != mpopt::bfloat16(std::sin(0.0f)).bits);  // it trained
+  }
+
   TEST_CASE("tensors of a type with the precision's bits go in as they are, with their shapes; other bits are "
             "refused naming both types") {
     mpopt::any_optimizer opt =

@@ -1,6 +1,7 @@
-// Policies that declare an optional member with the wrong form (detail/step/policy_members.hpp). Each
-// must stop compilation on the message after its `expect:` (several are separated by |), raised
-// from its own line; built with MALFORMED_FIXED, each is mended and the file must compile cleanly.
+// Policies that declare an optional member with the wrong form (detail/step/policy_members.hpp), and
+// raw pointers given where add() takes a tensor. Each must stop compilation on the message after its
+// `expect:` (several are separated by |), raised from its own line; built with MALFORMED_FIXED, each
+// is mended and the file must compile cleanly.
 // tests/compile_fail.py checks both; nothing here is run.
 #include <array>
 #include <cstddef>
@@ -8,6 +9,7 @@
 #include <span>
 #include <string_view>
 
+#include <mpopt/any_optimizer.hpp>
 #include <mpopt/mpopt.hpp>
 
 #include "blocking_communicator.hpp"
@@ -226,6 +228,16 @@ struct all_gather_returning_void : mpopt::single_process {
 };
 
 }  // namespace
+
+// ---------------------------------------------------------------- tensors
+
+// A raw pointer where add() takes a tensor; mended, with its length. The typed optimizer's groups
+// and any_optimizer's alike (other element types: each message is given once per type).
+void add_raw_pointers(optimizer<>::param_group& g, mpopt::any_optimizer::param_group& erased, mpopt::half* p,
+                      mpopt::half* grad, float* p32, float* grad32) {
+  g.add(p, grad, EITHER(, 4, ) "w");  // expect: a raw pointer is not a tensor (it has no length): add(param_ptr, grad_ptr, n, name
+  erased.add(p32, grad32, EITHER(, 4, ) "w");  // expect: a raw pointer is not a tensor
+}
 
 // clang-format off
 static_assert(sizeof(optimizer<mpopt::fp16, mpopt::dynamic_scale, options_as_json>));  // expect: declare no `fields` table | must model mpopt::update_rule

@@ -14,6 +14,8 @@
 #include <mpopt/interop.hpp>
 #endif
 
+#include "error_of.hpp"
+
 #include <array>
 #include <bit>
 #include <cmath>
@@ -185,7 +187,12 @@ template <class Group, class P, class G>
 constexpr bool can_add = requires(Group& g, P& p, G& gr) { g.add(p, gr, "x"); };
 static_assert(can_add<fp32_adam::param_group, std::vector<float>, std::vector<float>>);
 static_assert(!can_add<fp32_adam::param_group, int, std::vector<float>>);
-static_assert(!can_add<fp32_adam::param_group, std::vector<float>, float*>);
+// A raw pointer without a length is taken by the overload that stops compilation naming
+// add(param_ptr, grad_ptr, n, name) (tests/malformed_policies.cpp); with one, it is a tensor.
+template <class Group, class P, class G>
+constexpr bool can_add_raw = requires(Group& g, P p, G gr) { g.add(p, gr, 4, "x"); };
+static_assert(can_add_raw<fp32_adam::param_group, float*, float*>);
+static_assert(!can_add_raw<fp32_adam::param_group, float*, std::vector<float>>);
 static_assert(!can_add<fp32_adam::param_group, std::span<const float>, std::vector<float>>);
 
 // Element types with mpopt's bits (numeric_traits): the optimizer takes their tensors where its
@@ -393,6 +400,39 @@ TEST_CASE("the optimizer writes through the adapter into the user's own memory")
   for (std::size_t i = 2; i < 10; ++i) CHECK(float(storage[i]) == 0.5f);  // Adam's first step moves by lr
   CHECK(float(storage[10]) == 1.0f);
   CHECK(float(storage[11]) == 1.0f);
+}
+
+TEST_CASE("raw pointers with a length train bit for bit like the same memory as tensors (an engine's flat buffers)") {
+  // llm.c keeps every parameter in one allocation and every gradient in another.
+  constexpr std::size_t n_w = 35, n_b = 3, n = n_w + n_b;
+  std::vector<half> params(n), grads(n), vw(n_w), vgw(n_w), vb(n_b), vgb(n_b);
+  for (std::size_t i = 0; i < n; ++i) params[i] = i < n_w ? (vw[i] = value<half>(i, 0)) : (vb[i - n_w] = value<half>(i, 0));
+  fp16_lamb a({}, {.init_scale = 256}), b({}, {.init_scale = 256});
+  a.add_group({.lr = 1e-2}).add(vw, vgw, "w");
+  a.group(0).add(vb, vgb, "b");
+  b.add_group({.lr = 1e-2}).add(params.data(), grads.data(), n_w, "w", {5, 7});
+  b.group(0).add(params.data() + n_w, grads.data() + n_w, n_b, "b");
+  CHECK(b.group(0).shape(0) == mpopt::tensor_shape{5, 7});
+  CHECK(b.group(0).name(1) == "b");
+  // A null pointer is refused as for any tensor, naming it; nothing is registered.
+  CHECK(error_of([&] { b.group(0).add(static_cast<half*>(nullptr), grads.data(), 4, "null"); }).find("'null' has a null") !=
+        std::string::npos);
+  CHECK(b.group(0).size() == 2);
+  for (std::size_t step = 1; step <= 4; ++step) {
+    CAPTURE(step);
+    const float s = float(a.loss_scale());
+    for (std::size_t i = 0; i < n; ++i) {
+      const half g = half(float(value<float>(i, step)) * s);
+      grads[i] = g;
+      (i < n_w ? vgw[i] : vgb[i - n_w]) = g;
+    }
+    const auto sa = a.step(), sb = b.step();
+    CHECK(sa.applied);
+    CHECK(same_status(sa, sb));
+  }
+  CHECK(bits16<half>(std::span<const half>(params.data(), n_w)) == bits16<half>(std::span<const half>(vw)));
+  CHECK(bits16<half>(std::span<const half>(params.data() + n_w, n_b)) == bits16<half>(std::span<const half>(vb)));
+  CHECK(bits(params[0]) != bits(value<half>(0, 0)));  // it trained
 }
 
 TEST_CASE("flat group views are tensors and can be handed to code that takes tensors") {

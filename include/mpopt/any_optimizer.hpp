@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "detail/options/validate.hpp"
+#include "lr_schedule.hpp"
 #include "memory_report.hpp"
 #include "numeric.hpp"
 #include "options.hpp"
@@ -113,6 +114,10 @@ class optimizer_interface {
   virtual void wait_params(std::size_t i) = 0;
   virtual void zero_grad() = 0;
 
+  virtual void set_schedule(const lr_schedule& s) = 0;
+  virtual void clear_schedule() = 0;
+  virtual const std::optional<lr_schedule>& schedule() const = 0;
+
   virtual double loss_scale() const = 0;
   virtual const optimizer_options& config() const = 0;
   virtual std::string policies() const = 0;
@@ -152,6 +157,17 @@ class any_optimizer {
       if constexpr (known)  // only the message above, not the errors an unknown type would cause below
         impl_->add(index_, detail::erase(detail::storage_view(param)), detail::erase(detail::storage_view(grad)),
                    std::move(name), std::move(shape));
+      return *this;
+    }
+    /// A parameter and its gradient held as raw host buffers of n elements each.
+    template <class PE, class GE>
+    param_group& add(PE* param, GE* grad, std::size_t n, std::string name = {}, tensor_shape shape = {}) {
+      return add(view<PE>{param, n}, view<GE>{grad, n}, std::move(name), std::move(shape));
+    }
+    template <class P, class G>
+      requires detail::raw_pointer_pair<P, G>
+    param_group& add(P&&, G&&, std::string = {}, tensor_shape = {}) {
+      detail::refuse_raw_pointer<P, G>();
       return *this;
     }
     std::size_t size() const { return impl_->group_size(index_); }
@@ -215,6 +231,11 @@ class any_optimizer {
   /// (i: tensor i's only).
   void wait_params(std::size_t i = std::size_t(-1)) { impl_->wait_params(i); }
   void zero_grad() { impl_->zero_grad(); }
+
+  /// optimizer::set_schedule: every group's rate follows `s` from the next step on.
+  void set_schedule(const lr_schedule& s) { impl_->set_schedule(s); }
+  void clear_schedule() { impl_->clear_schedule(); }
+  const std::optional<lr_schedule>& schedule() const { return impl_->schedule(); }
 
   /// The factor the loss must be multiplied by before backward.
   double loss_scale() const { return impl_->loss_scale(); }

@@ -62,8 +62,8 @@ MPOPT_DECL void deepspeed_reader::top_keys() {
               "gradient_allreduce_op, and ignores the engine's keys; see the README)");
   }
   if (top_.has("scheduler"))
-    fail("scheduler: mpopt has no learning-rate schedulers: remove the key and set the rate with "
-         "group.set_lr(...) before each step (train_mlp --schedule linear does)");
+    fail("scheduler: not read from a configuration yet: remove the key and set the same schedule in code "
+         "(optimizer::set_schedule, <mpopt/lr_schedule.hpp>)");
   if (top_.flag("prescale_gradients", false))
     fail("prescale_gradients: true is not supported (mpopt divides after the sum; "
          "gradient_predivide_factor divides before it)");

@@ -97,6 +97,10 @@ class erased_optimizer final : public optimizer_interface {
   void wait_params(std::size_t i) override { opt_.wait_params(i); }
   void zero_grad() override { opt_.zero_grad(); }
 
+  MPOPT_COLD void set_schedule(const lr_schedule& s) override { opt_.set_schedule(s); }
+  void clear_schedule() override { opt_.clear_schedule(); }
+  const std::optional<lr_schedule>& schedule() const override { return opt_.schedule(); }
+
   double loss_scale() const override { return opt_.loss_scale(); }
   const optimizer_options& config() const override { return opt_.config(); }
   MPOPT_COLD std::string policies() const override {

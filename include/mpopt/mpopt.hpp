@@ -12,6 +12,7 @@
 #include "host.hpp"           // IWYU pragma: export
 #include "lamb.hpp"           // IWYU pragma: export
 #include "loss_scale.hpp"     // IWYU pragma: export
+#include "lr_schedule.hpp"    // IWYU pragma: export
 #include "memory_report.hpp"  // IWYU pragma: export
 #include "numeric.hpp"        // IWYU pragma: export
 #include "onebit_adam.hpp"    // IWYU pragma: export

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <type_traits>
 #include <utility>
@@ -22,6 +23,7 @@
 #include "detail/step/tensor_registry.hpp"
 #include "host.hpp"
 #include "loss_scale.hpp"
+#include "lr_schedule.hpp"
 #include "options.hpp"
 #include "partition.hpp"
 #include "precision.hpp"
@@ -93,6 +95,13 @@ class optimizer : public detail::tensor_registry<Precision, UpdateRule, Backend>
   param_group& add_expert_group(const group_options& o, Communicator replicas) {
     return pipeline_.add_expert_group(o, std::move(replicas));
   }
+
+  /// From the next step on, every group's rate follows `s` (lr_schedule.hpp), from the steps it
+  /// has applied and the rate it was given. Throws mpopt::error, changing nothing, on a bad one.
+  void set_schedule(const lr_schedule& s) { pipeline_.set_schedule(s); }
+  /// The groups keep the rates of their last step from now on.
+  void clear_schedule() { pipeline_.schedule.reset(); }
+  const std::optional<lr_schedule>& schedule() const { return pipeline_.schedule; }
 
   /// The factor the loss must be multiplied by before backward.
   double loss_scale() const { return pipeline_.scaler.scale(); }

@@ -43,6 +43,7 @@
 #include "detail/step/step_counts.ipp"
 #include "detail/step/tensor_registry.ipp"
 #include "loss_scale.ipp"
+#include "lr_schedule.ipp"
 #include "memory_report.ipp"
 #include "options.ipp"
 

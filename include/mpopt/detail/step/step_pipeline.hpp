@@ -20,6 +20,7 @@
 #include "../../communicator.hpp"
 #include "../../error.hpp"
 #include "../../loss_scale.hpp"
+#include "../../lr_schedule.hpp"
 #include "../../options.hpp"
 #include "../../precision.hpp"
 #include "../../status.hpp"
@@ -78,12 +79,27 @@ class step_pipeline {
   driver_type driver;
   exchange_type exchange;
   step_progress progress;
+  /// What sets the groups' rates before each step (optimizer::set_schedule); none: theirs.
+  std::optional<lr_schedule> schedule;
 
   groups_type& groups() { return registry_.groups_; }
   const groups_type& groups() const { return registry_.groups_; }
   bool finalized() const { return registry_.finalized_; }
   const std::string& tensor_name(std::size_t i) const { return registry_.tensor_name(i); }
   std::size_t registered_tensors() const { return registry_.first_tensor_of(std::uint32_t(groups().size())); }
+
+  /// optimizer::set_schedule: checked whole before it replaces the last.
+  MPOPT_COLD void set_schedule(const lr_schedule& s) {
+    mpopt::validate(s);
+    constexpr bool has_betas = requires(typename UpdateRule::options o) {
+      o.beta1 = 0.0;
+      o.beta2 = 0.0;
+    };
+    const auto* cycle = std::get_if<one_cycle>(&s);
+    if (!has_betas && cycle && cycle->cycle_momentum)
+      fail("OneCycle.cycle_momentum: ", UpdateRule::name, " has no beta1 and beta2 to cycle; set it to false");
+    schedule = s;
+  }
 
   /// The memory report's lines for the model's tensors (memory_listing.hpp).
   void list_tensors(mpopt::memory_report& r) const { registry_.list_tensors(r); }
@@ -442,13 +458,27 @@ class step_pipeline {
 
   // ── 4. Run the rule ───────────────────────────────────────────────────────────────────────────
 
+  /// The schedule's rate (and betas, where it sets them) for a group's step after k applied ones.
+  void schedule_rates(typename registry::param_group& g, std::uint64_t k) {
+    g.options_.lr = scheduled_rate(*schedule, k, g.base_lr_, groups().front()->base_lr_);
+    if constexpr (requires { g.options_.beta1 = 0.0; g.options_.beta2 = 0.0; }) {
+      if (const auto betas = scheduled_momentum(*schedule, k)) {
+        g.options_.beta1 = betas->beta1;
+        g.options_.beta2 = betas->beta2;
+      }
+    }
+  }
+
   /// The rule's first pass, then what follows it, issued to the backend (the caller waits).
   /// Coefficients are fixed here, so a step finished later is the step that was committed.
   /// `applied`: this step's number among applied steps, which keys stochastic rounding; `ahead`:
   /// how far the step is ahead of the groups' counters (1 where they advance once it is decided).
   void run_rule(step_data<Precision>& d, std::uint64_t applied, std::uint64_t ahead = 0) {
-    for (std::size_t g = 0; g < groups().size(); ++g)
-      state.coefficients[g] = UpdateRule::prepare(groups()[g]->options_, groups()[g]->step_ + ahead);
+    for (std::size_t g = 0; g < groups().size(); ++g) {
+      auto& group = *groups()[g];
+      if (schedule) schedule_rates(group, group.step_ + ahead - 1);
+      state.coefficients[g] = UpdateRule::prepare(group.options_, group.step_ + ahead);
+    }
     d.rounding_key = rounding_key(options.rounding_seed, applied);
     state.gradients = d;
     auto c = driver_context();

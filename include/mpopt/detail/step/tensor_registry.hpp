@@ -94,6 +94,18 @@ class tensor_registry {
         add_views(storage_view(param), storage_view(grad), std::move(name), std::move(shape));
     }
 
+    /// Registers a parameter and its gradient held as raw buffers of n elements each (an engine's
+    /// views into one flat allocation, say), in the memory the backend reads the model's tensors from.
+    template <class PE, class GE>
+    void add(PE* param, GE* grad, std::size_t n, std::string name = {}, tensor_shape shape = {}) {
+      add(view<PE>{param, n, tensor_space}, view<GE>{grad, n, tensor_space}, std::move(name), std::move(shape));
+    }
+    template <class P, class G>
+      requires detail::raw_pointer_pair<P, G>
+    void add(P&&, G&&, std::string = {}, tensor_shape = {}) {
+      detail::refuse_raw_pointer<P, G>();
+    }
+
     std::size_t size() const { return entries_.size(); }
     std::span<param_type> param(std::size_t i) { return {at(i).param, at(i).size}; }
     std::span<grad_type> grad(std::size_t i) { return {at(i).grad, at(i).size}; }
@@ -102,11 +114,16 @@ class tensor_registry {
     const tensor_shape& shape(std::size_t i) const { return at(i).shape; }
 
     const group_options& options() const { return options_; }
+    /// Its options; with a schedule (optimizer::set_schedule), `o.lr` is its base rate.
     void set_options(const group_options& o) {
       check_options(o, label_);
       options_ = o;
+      base_lr_ = o.lr;
     }
+    /// The rate of its last step (the schedule's, where there is one) or, before any, the next.
     double lr() const { return options_.lr; }
+    /// The rate it was given, which a schedule scales (lr_schedule.hpp).
+    double base_lr() const { return base_lr_; }
     void set_lr(double lr) {
       group_options o = options_;
       o.lr = lr;
@@ -157,6 +174,7 @@ class tensor_registry {
     std::uint32_t index_;
     std::string label_;
     group_options options_;
+    double base_lr_ = 0;  ///< the rate the user gave: a schedule's base; options_.lr is the step's
     std::vector<entry> entries_;
     std::uint64_t step_ = 0;
     std::uint32_t comm_ = 0;  ///< its data-parallel communicator: 0 the optimizer's, k its k-th expert one
