@@ -163,4 +163,14 @@ TEST_SUITE("allocation") {
     opt.add_group({}).add(w, gw, "w");
     check_steady_state_allocates_nothing(opt, {&gw}, 3);
   }
+
+  TEST_CASE("a learning-rate schedule allocates nothing after the first step (OneCycle: rates and betas)") {
+    mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, mpopt::adam, test_backend> opt;
+    std::vector<mpopt::half> w(5000, mpopt::half(0.5f)), gw(5000), b(7, mpopt::half(0.0f)), gb(7);
+    opt.add_group({.lr = 1e-3}).add(w, gw, "w");
+    opt.add_group({.lr = 1e-2}).add(b, gb, "b");
+    opt.set_schedule(mpopt::one_cycle{.cycle_min_lr = 1e-4, .cycle_max_lr = 1e-3, .cycle_first_step_size = 3});
+    check_steady_state_allocates_nothing(opt, {&gw, &gb}, 1);
+    CHECK(opt.group(1).lr() != 1e-2);  // the schedule set it
+  }
 }
