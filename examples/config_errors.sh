@@ -41,8 +41,16 @@ expect "fp16 and bf16 both enabled" 1 "bf16.enabled: fp16.enabled is true too" -
 write auto '{"optimizer": {"type": "AdamW", "params": {"lr": "auto"}}}'
 expect "a Hugging Face placeholder" 1 'optimizer.params.lr: "auto" is a placeholder' --config "$work/auto.json"
 
-write scheduler '{"optimizer": {"type": "Adam"}, "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10}}}'
-expect "a scheduler" 1 "scheduler: not read from a configuration yet" --config "$work/scheduler.json"
+write scheduler '{"optimizer": {"type": "Adam"}, "scheduler": {"type": "WarmupLR", "params": {"warmup_num_step": 10}}}'
+expect "a misspelt scheduler parameter" 1 "scheduler.params.warmup_num_step: unknown key (WarmupLR reads warmup_min_lr" \
+  --config "$work/scheduler.json"
+
+write torch_scheduler '{"optimizer": {"type": "Adam"}, "scheduler": {"type": "CosineAnnealingLR", "params": {"T_max": 10}}}'
+expect "a torch.optim scheduler" 1 'scheduler.type: "CosineAnnealingLR" is not a schedule mpopt reads here' \
+  --config "$work/torch_scheduler.json"
+
+expect "--schedule beside a scheduler block" 2 "--schedule conflicts with --config" \
+  --config "$configs/bf16_adamw_cosine.json" --schedule linear
 
 write onebit_zero '{"optimizer": {"type": "OneBitLamb"}, "zero_optimization": {"stage": 2}}'
 expect "OneBitLamb under ZeRO" 1 "zero_optimization.stage: 2 does not go with optimizer.type OneBitLamb" \

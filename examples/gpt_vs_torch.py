@@ -10,8 +10,8 @@
    pre-LayerNorm blocks of causal self-attention and a tanh-GELU MLP, a final LayerNorm, the output
    tied to the token embedding), loads those weights through tools/mpopt_checkpoint.py export, draws
    the same batches (train_gpt's splitmix64 windows, redone here), and trains with torch.optim.AdamW:
-   weight decay on the 2-D tensors only, betas (0.9, 0.99), the same warm-up and cosine schedule,
-   torch.nn.utils.clip_grad_norm_ to 1.
+   weight decay on the 2-D tensors only, betas (0.9, 0.99), the same warm-up and cosine schedule
+   (torch.optim.lr_scheduler.LambdaLR), torch.nn.utils.clip_grad_norm_ to 1.
 3. It prints the largest relative difference between the two runs' losses over the steps, plots both
    curves on one PNG (gnuplot), and exits 1 if the difference is above --tolerance.
 
@@ -92,11 +92,13 @@ def batch_of(step):  # one rank, one micro-step
     return torch.from_numpy(x), torch.from_numpy(y)
 
 
-def learning_rate(step):
-    if step <= warmup:
-        return lr * step / (warmup + 1)
-    progress = (step - warmup) / max(1, args.steps - warmup)
-    return lr * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
+def lr_factor(k):
+    """train_gpt's schedule at k steps taken, as transformers' get_cosine_with_min_lr_schedule_with_warmup
+    (min_lr_rate 0.1) writes it."""
+    if k < warmup:
+        return k / max(1, warmup)
+    progress = (k - warmup) / max(1, args.steps - warmup)
+    return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)) * (1 - 0.1) + 0.1)
 
 
 # --- The model ----------------------------------------------------------------------------------------
@@ -140,16 +142,16 @@ with tempfile.TemporaryDirectory() as scratch:
     no_decay = [w for w in weights.values() if w.dim() != 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.99), eps=1e-8)
+    schedule = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor)
     torch_loss = []
     for step in range(1, args.steps + 1):
-        for g in opt.param_groups:
-            g["lr"] = learning_rate(step)
         x, y = batch_of(step)
         loss = forward(weights, x, y)
         opt.zero_grad(set_to_none=False)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(list(weights.values()), 1.0)
         opt.step()
+        schedule.step()
         torch_loss.append(loss.item())
 
     rel = [abs(a - b) / abs(b) for a, b in zip(mpopt_loss, torch_loss)]

@@ -20,7 +20,9 @@
 //                              fp32 masters and rounds the result back into the weights.
 //
 // The optimizer is an mpopt::any_optimizer: the flags (or --config FILE, a DeepSpeed JSON) become a
-// mpopt::deepspeed_config, and configured_optimizer.cpp builds the optimizer it names.
+// mpopt::deepspeed_config, and configured_optimizer.cpp builds the optimizer it names. The learning
+// rate follows one of mpopt's schedules: the flags' warm-up and cosine (mpopt::cosine_with_warmup),
+// or the configuration's scheduler block.
 
 #include "configured_optimizer.hpp"
 #include "flags.hpp"
@@ -182,13 +184,15 @@ optimizer on every rank, then prints a sample of generated text.
   --config FILE                 the optimizer from a DeepSpeed JSON configuration instead: it
                                 decides what --precision, --rule, --zero, --overlap, --lr,
                                 --weight-decay, --clip and --accumulate decide, so those are
-                                refused
+                                refused; and the schedule, where it has a scheduler block
+                                (WarmupLR, WarmupDecayLR, WarmupCosineLR or OneCycle)
   --layers L --heads H --width C --context T
                                 the model (default 4, 4, 128, 64)
   --batch B                     sequences per rank and micro-batch (default 16)
   --steps N                     optimizer steps (default 400)
   --lr X                        peak learning rate, after a linear warm-up, decaying by a cosine
-                                to a tenth of it at the last step (default 2e-3)
+                                to a tenth of it at the last step (default 2e-3; counted in
+                                applied steps: a skipped fp16 step does not advance it)
   --warmup N                    warm-up steps (default 20)
   --clip X                      clip the gradient to this global L2 norm (default 1; 0: never)
   --weight-decay X              on the embeddings and the linear weights (default 0.1); biases and
@@ -258,9 +262,20 @@ bool parse_args(int argc, char** argv, config& c) {
   return true;
 }
 
+// The flags' schedule: a linear warm-up, then a cosine to a tenth of the peak at the last step.
+mpopt::cosine_with_warmup flags_schedule(const config& c) {
+  return {.warmup_steps = c.warmup, .total_steps = std::max(c.steps, c.warmup + 1), .min_ratio = 0.1};
+}
+
 // The flags as the DeepSpeed configuration they stand for, or the one --config names.
 mpopt::deepspeed_config optimizer_config(const config& c) {
-  if (!c.config_file.empty()) return mpopt::deepspeed_config::read(c.config_file, world_size());
+  if (!c.config_file.empty()) {
+    mpopt::deepspeed_config ds = mpopt::deepspeed_config::read(c.config_file, world_size());
+    if (ds.schedule && std::ranges::find(c.given, "--warmup") != c.given.end())
+      throw usage_error{"--warmup conflicts with --config: its scheduler block decides the schedule"};
+    if (!ds.schedule) ds.schedule = flags_schedule(c);
+    return ds;
+  }
   mpopt::deepspeed_config ds;
   ds.precision = c.precision == "fp16"   ? mpopt::config_precision::fp16
                  : c.precision == "bf16" ? mpopt::config_precision::bf16
@@ -280,6 +295,7 @@ mpopt::deepspeed_config optimizer_config(const config& c) {
   ds.onebit_lamb_options = {.lr = c.lr, .beta2 = 0.99, .weight_decay = c.weight_decay, .freeze_step = freeze};
   ds.zero_one_adam_options = {.lr = c.lr, .beta2 = 0.99, .weight_decay = c.weight_decay, .var_freeze_step = freeze};
   set_rule(ds, c.rule);
+  ds.schedule = flags_schedule(c);
   return ds;
 }
 
@@ -411,13 +427,6 @@ std::string generate(gpt::net<float>& model, const corpus& text, const config& c
   return out;
 }
 
-// The learning rate of a step, as a fraction of the peak: a linear warm-up, then a cosine to a tenth.
-double schedule(const config& c, int step) {
-  if (step <= c.warmup) return double(step) / (c.warmup + 1);
-  const double progress = double(step - c.warmup) / std::max(1, c.steps - c.warmup);
-  return 0.1 + 0.45 * (1 + std::cos(3.141592653589793 * progress));
-}
-
 template <class P>
 int train(const config& c, const corpus& text, const mpopt::deepspeed_config& ds) {
   const bool speaker = world_rank() == 0;
@@ -426,12 +435,7 @@ int train(const config& c, const corpus& text, const mpopt::deepspeed_config& ds
   shape.vocab = int(text.alphabet.size());
   engine<P> e(shape, ds);
   e.initialize(c.seed);
-  if (!c.load.empty()) e.opt.load(c.load);
-  const std::vector<double> base_lr = [&] {
-    std::vector<double> lr;
-    for (std::size_t g = 0; g < e.opt.group_count(); ++g) lr.push_back(e.opt.group(g).lr());
-    return lr;
-  }();
+  if (!c.load.empty()) e.opt.load(c.load);  // the schedule too, where the file has one
   const int accumulate = int(ds.options.accumulation_steps);
   const int batch = ds.micro_batch_size > 0 && !c.config_file.empty() ? ds.micro_batch_size : c.batch;
   const std::size_t n_params = e.model.params().size();
@@ -460,7 +464,6 @@ int train(const config& c, const corpus& text, const mpopt::deepspeed_config& ds
   mpopt::step_status status;
   for (int step = 1; step <= c.steps; ++step) {
     const auto step_start = steady::now();
-    for (std::size_t g = 0; g < e.opt.group_count(); ++g) e.opt.group(g).set_lr(base_lr[g] * schedule(c, step));
     double loss = 0;
     for (int micro = 0; micro < accumulate; ++micro) {
       fill_batch(text.train, c.seed, step, micro, batch, t, inputs, targets);

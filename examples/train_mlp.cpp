@@ -449,7 +449,8 @@ run in fp32 without loss scaling for comparison (unless --compare-fp32 off).
                                 and the two side by side (default on)
   --csv FILE                    write "step,loss" per step, the batch loss averaged over ranks
   --schedule constant|linear    learning rate over the steps: constant (default) or decaying
-                                linearly to 0 (group.set_lr before each step)
+                                linearly to 0 (mpopt::linear_with_warmup, by applied steps); with
+                                --config, its scheduler block decides instead
   --layout fused|unfused        optimizer-owned flat buffers (add_flat_group, default) or the
                                 model's own vectors (add_group + add)
   --steps N                     optimizer steps (default 600; 0 with --save writes the
@@ -787,7 +788,8 @@ template <class Opt, class Model>
 run_result train_loop(const config& c, const task& data, bool verbose, Opt& opt, Model& model) {
   using clock = std::chrono::steady_clock;
   model.initialize(c.seed);
-  if (!c.load.empty()) {  // parameters, fp32 masters, moments, scaler, counters: all from the file
+  if (c.schedule == "linear") opt.set_schedule(mpopt::linear_with_warmup{.total_steps = std::max(1, c.steps)});
+  if (!c.load.empty()) {  // parameters, fp32 masters, moments, scaler, counters, schedule: all from the file
     opt.load(c.load);
     if (verbose && world_rank() == 0)
       std::printf("loaded %s: %llu steps applied, loss scale %g\n", c.load.c_str(),
@@ -813,15 +815,11 @@ run_result train_loop(const config& c, const task& data, bool verbose, Opt& opt,
     if (mean_over_ranks(world_rank() == 0 && !csv ? 1 : 0) > 0) throw std::runtime_error("cannot write " + c.csv);
     if (csv) std::fprintf(csv, "step,loss\n");
   }
-  std::vector<double> base_lr;  // each group's rate, which a linear schedule decays to 0
-  for (std::size_t g = 0; g < opt.group_count(); ++g) base_lr.push_back(opt.group(g).lr());
   mpopt::step_status status;
   const auto start = clock::now();
   auto last_print = start;
 
   for (int step = 1; step <= c.steps; ++step) {
-    if (c.schedule == "linear")
-      for (std::size_t g = 0; g < opt.group_count(); ++g) opt.group(g).set_lr(base_lr[g] * (1.0 - double(step - 1) / c.steps));
     double step_loss = 0;  // this rank's batch loss, averaged over the micro-batches
     for (int micro = 0; micro < c.accumulate; ++micro) {
       for (int n = 0; n < c.batch; ++n) {
@@ -1056,6 +1054,8 @@ int dispatch(const config& c, const task& data) {
     const mpopt::deepspeed_config ds = mpopt::deepspeed_config::read(c.config_file, world_size());
     if (ds.micro_batch_size > 0 && std::ranges::find(c.given, "--batch") != c.given.end())
       throw usage_error{"--batch conflicts with --config: the configuration decides it (train_micro_batch_size_per_gpu)"};
+    if (ds.schedule && c.schedule != "constant")
+      throw usage_error{"--schedule conflicts with --config: the configuration decides it (scheduler)"};
     return run_configured(c, ds, "DeepSpeed configuration " + c.config_file, data);
   }
   if (!needs_typed_path(c)) return run_configured(c, flags_config(c), "from the flags", data);

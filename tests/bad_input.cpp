@@ -898,6 +898,55 @@ TEST_CASE("load() refuses a rounding_seed that is not an unsigned 64-bit integer
   check_twins(f.target, f.twin);
 }
 
+TEST_CASE("load() refuses a malformed learning-rate schedule or base rate, and changes nothing") {
+  load_fixture f;
+  for (auto* r : {&f.target, &f.twin}) r->opt.set_schedule(mpopt::step_decay{.step_size = 3});
+  const auto p = f.dir / "schedule.safetensors";
+  using edit = std::function<void(nlohmann::json&)>;
+  const std::vector<std::pair<std::string, edit>> bad = {
+      {"lr_schedule must be a JSON object", [](nlohmann::json& m) { m["lr_schedule"] = 5; }},
+      {"lr_schedule.type: \"Nope\" is not a schedule", [](nlohmann::json& m) { m["lr_schedule"] = {{"type", "Nope"}}; }},
+      {"lr_schedule.params.warmup_num_step: unknown key",
+       [](nlohmann::json& m) { m["lr_schedule"] = {{"type", "WarmupLR"}, {"params", {{"warmup_num_step", 3}}}}; }},
+      {"WarmupLR.warmup_num_steps",
+       [](nlohmann::json& m) { m["lr_schedule"] = {{"type", "WarmupLR"}, {"params", {{"warmup_num_steps", 0}}}}; }},
+      {"lr_schedule.params.step_size must be an integer",
+       [](nlohmann::json& m) { m["lr_schedule"] = {{"type", "step_decay"}, {"params", {{"step_size", 1e30}}}}; }},
+      {"group 1.base_lr must be >= 0, got -0.001", [](nlohmann::json& m) { m["groups"][1]["base_lr"] = -1e-3; }},
+      {"group 0.base_lr must be a number", [](nlohmann::json& m) { m["groups"][0]["base_lr"] = "0.1"; }},
+      {"group 1.base_lr", [](nlohmann::json& m) { m["groups"][1].erase("base_lr"); }},
+      {"group 0.base_lr", [](nlohmann::json& m) { m["groups"][0]["base_lr"] = 1e300; }},  // infinite as a float
+  };
+  for (const auto& entry : bad) {  // no structured binding: clang before 16 cannot capture one
+    const std::string& needle = entry.first;
+    CAPTURE(needle);
+    rewrite(f.good, p, entry.second);
+    f.reject(p, needle);
+    CHECK(mpopt::detail::schedule_text(f.target.opt.schedule()) == "step_decay(step_size 3,gamma 0.1)");
+  }
+  check_twins(f.target, f.twin);
+}
+
+TEST_CASE("load() of a file written before schedules were saved leaves the schedule and base rates as they are") {
+  load_fixture f;
+  const auto p = f.dir / "older.safetensors";
+  rewrite(f.good, p, [](nlohmann::json& m) {
+    m.erase("lr_schedule");
+    for (auto& g : m["groups"]) g.erase("base_lr");
+  });
+  const mpopt::lr_schedule s = mpopt::step_decay{.step_size = 2, .gamma = 0.5};
+  f.target.opt.set_schedule(s);
+  f.target.opt.group(1).set_lr(7e-3);
+  f.target.opt.load(p);
+  REQUIRE(f.target.opt.schedule());
+  CHECK(mpopt::detail::schedule_text(f.target.opt.schedule()) == mpopt::detail::schedule_text(s));
+  CHECK(f.target.opt.group(1).base_lr() == 7e-3);
+  // The current format: the file's (none) replaces it.
+  f.target.opt.load(f.good);
+  CHECK_FALSE(f.target.opt.schedule());
+  CHECK(f.target.opt.group(1).base_lr() == 1e-2 / 2);
+}
+
 TEST_CASE("load() refuses counters that no run of the saved optimizer can reach, and changes nothing") {
   load_fixture f;
   const auto p = f.dir / "counts.safetensors";

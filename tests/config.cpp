@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <mpopt/deepspeed_config.hpp>
+#include <mpopt/detail/options/schedule_json.hpp>
 
 #include "error_of.hpp"
 #include "temp_dir.hpp"
@@ -18,6 +19,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <variant>
 #include <vector>
 
 namespace {
@@ -722,16 +724,156 @@ TEST_SUITE("config") {
     CHECK(dz.local_step_clipper == 16);
   }
 
-  TEST_CASE("config-json: the scheduler example is refused, pointing to set_schedule (not read from JSON yet)") {
+  TEST_CASE("config-json: the scheduler example is read, with DeepSpeed's defaults for absent keys") {
     // docs/_pages/config-json.md, "Example of scheduler".
-    CHECK_REFUSED(with("scheduler", R"({
+    const deepspeed_config c = parse(with("scheduler", R"({
         "type": "WarmupLR",
         "params": {
             "warmup_min_lr": 0,
             "warmup_max_lr": 0.001,
             "warmup_num_steps": 1000
         }
-    })"), "scheduler", ": not read from a configuration yet");
+    })"));
+    REQUIRE(c.schedule);
+    const auto& w = std::get<mpopt::warmup_lr>(*c.schedule);
+    CHECK(w.warmup_min_lr == 0.0);
+    CHECK(w.warmup_max_lr == 0.001);
+    CHECK(w.warmup_num_steps == 1000);
+    CHECK(w.warmup_type == mpopt::warmup_shape::log);
+    CHECK(c.summary() == "fp32, no ZeRO, AdamW, WarmupLR");
+    CHECK_FALSE(parse(with("gradient_clipping", "1.0")).schedule);
+    CHECK_FALSE(parse(with("scheduler", "null")).schedule);
+
+    // Absent keys: the constructors' defaults in deepspeed/runtime/lr_schedules.py (warmup_max_lr
+    // None: each group's rate).
+    const auto d = std::get<mpopt::warmup_lr>(*parse(with("scheduler", R"({"type": "WarmupLR"})")).schedule);
+    CHECK(d.warmup_min_lr == 0.0);
+    CHECK_FALSE(d.warmup_max_lr);
+    CHECK(d.warmup_num_steps == 1000);
+    const auto n = std::get<mpopt::warmup_lr>(
+        *parse(with("scheduler", R"({"type": "WarmupLR", "params": {"warmup_max_lr": null}})")).schedule);
+    CHECK_FALSE(n.warmup_max_lr);
+    const auto dd = std::get<mpopt::warmup_decay_lr>(
+        *parse(with("scheduler", R"({"type": "WarmupDecayLR", "params": {"total_num_steps": 10}})")).schedule);
+    CHECK(dd.warmup_max_lr == 0.001);
+    CHECK(dd.warmup_num_steps == 1000);
+    const auto dc = std::get<mpopt::warmup_cosine_lr>(
+        *parse(with("scheduler", R"({"type": "WarmupCosineLR", "params": {"total_num_steps": 10}})")).schedule);
+    CHECK(dc.warmup_min_ratio == 0.0);
+    CHECK(dc.cos_min_ratio == 0.0001);
+    CHECK(dc.warmup_num_steps == 1000);
+    const auto dy = std::get<mpopt::one_cycle>(*parse(with("scheduler", R"({"type": "OneCycle", "params":
+        {"cycle_min_lr": 0.0001, "cycle_max_lr": 0.01}})")).schedule);
+    CHECK(dy.cycle_first_step_size == 2000);
+    CHECK_FALSE(dy.cycle_second_step_size);
+    CHECK(dy.cycle_momentum);
+    CHECK(dy.cycle_min_mom == 0.8);
+    CHECK(dy.cycle_max_mom == 0.9);
+  }
+
+  TEST_CASE("scheduler: every key of each DeepSpeed schedule is read") {
+    const auto decay = std::get<mpopt::warmup_decay_lr>(*parse(with("scheduler", R"({"type": "WarmupDecayLR", "params":
+        {"total_num_steps": 5000, "warmup_min_lr": 1e-6, "warmup_max_lr": 3e-4, "warmup_num_steps": 250,
+         "warmup_type": "linear", "last_batch_iteration": -1}})")).schedule);
+    CHECK(decay.total_num_steps == 5000);
+    CHECK(decay.warmup_min_lr == 1e-6);
+    CHECK(decay.warmup_max_lr == 3e-4);
+    CHECK(decay.warmup_num_steps == 250);
+    CHECK(decay.warmup_type == mpopt::warmup_shape::linear);
+    const auto cosine = std::get<mpopt::warmup_cosine_lr>(*parse(with("scheduler", R"({"type": "WarmupCosineLR",
+        "params": {"total_num_steps": 3000, "warmup_min_ratio": 0.1, "warmup_num_steps": 100, "cos_min_ratio": 0.05,
+                   "warmup_type": "log"}})")).schedule);
+    CHECK(cosine.total_num_steps == 3000);
+    CHECK(cosine.warmup_min_ratio == 0.1);
+    CHECK(cosine.warmup_num_steps == 100);
+    CHECK(cosine.cos_min_ratio == 0.05);
+    CHECK(cosine.warmup_type == mpopt::warmup_shape::log);
+    const auto cycle = std::get<mpopt::one_cycle>(*parse(with("scheduler", R"({"type": "OneCycle", "params": {
+        "cycle_min_lr": 2e-5, "cycle_max_lr": 3e-3, "decay_lr_rate": 0.5, "cycle_first_step_size": 700,
+        "cycle_second_step_size": 1300, "cycle_first_stair_count": 7, "cycle_second_stair_count": 5,
+        "decay_step_size": 100, "cycle_momentum": false, "cycle_min_mom": 0.85, "cycle_max_mom": 0.95,
+        "decay_mom_rate": 0.0}})")).schedule);
+    CHECK(cycle.cycle_min_lr == 2e-5);
+    CHECK(cycle.cycle_max_lr == 3e-3);
+    CHECK(cycle.decay_lr_rate == 0.5);
+    CHECK(cycle.cycle_first_step_size == 700);
+    CHECK(cycle.cycle_second_step_size == 1300);
+    CHECK(cycle.cycle_first_stair_count == 7);
+    CHECK(cycle.cycle_second_stair_count == 5);
+    CHECK(cycle.decay_step_size == 100);
+    CHECK_FALSE(cycle.cycle_momentum);
+    CHECK(cycle.cycle_min_mom == 0.85);
+    CHECK(cycle.cycle_max_mom == 0.95);
+  }
+
+  TEST_CASE("scheduler: what mpopt does not take is refused, naming the key") {
+    auto scheduler = [](const std::string& body) { return with("scheduler", body); };
+    CHECK_REFUSED(scheduler(R"({"params": {}})"), "scheduler.type", ": required");
+    CHECK_REFUSED(scheduler(R"({"type": "WarmupLR", "param": {}})"), "scheduler.param", ": unknown key (mpopt reads type, params)");
+    CHECK_REFUSED(scheduler(R"({"type": "StepLR", "params": {"step_size": 10}})"), "scheduler.type",
+                  "\"StepLR\" is not a schedule mpopt reads here (DeepSpeed's WarmupLR, WarmupDecayLR, WarmupCosineLR and "
+                  "OneCycle; torch.optim's schedulers are not read");
+    CHECK_REFUSED(scheduler(R"({"type": "step_decay", "params": {"step_size": 10}})"), "scheduler.type",
+                  "mpopt::cosine_with_warmup, linear_with_warmup and step_decay are set in code");
+    CHECK_REFUSED(scheduler(R"({"type": "LRRangeTest"})"), "scheduler.type", "a range test");
+    CHECK_REFUSED(scheduler(R"({"type": "WarmupLR", "params": {"warmup_num_step": 10}})"),
+                  "scheduler.params.warmup_num_step",
+                  ": unknown key (WarmupLR reads warmup_min_lr, warmup_max_lr, warmup_num_steps, warmup_type, "
+                  "last_batch_iteration)");
+    CHECK_REFUSED(scheduler(R"({"type": "WarmupLR", "params": {"warmup_num_steps": "auto"}})"),
+                  "scheduler.params.warmup_num_steps", "\"auto\" is a placeholder");
+    CHECK_REFUSED(scheduler(R"({"type": "WarmupLR", "params": {"warmup_max_lr": [0.001, 0.002]}})"),
+                  "scheduler.params.warmup_max_lr", "a list (a value per group) is not supported");
+    CHECK_REFUSED(scheduler(R"({"type": "WarmupLR", "params": {"last_batch_iteration": 99}})"),
+                  "scheduler.params.last_batch_iteration", "only -1 (the start) is supported");
+    CHECK_REFUSED(scheduler(R"({"type": "WarmupLR", "params": {"warmup_type": "exp"}})"), "scheduler.params.warmup_type",
+                  " must be \"log\" or \"linear\", got \"exp\"");
+    CHECK_REFUSED(scheduler(R"({"type": "WarmupLR", "params": {"warmup_num_steps": 1.5}})"),
+                  "scheduler.params.warmup_num_steps", " must be an integer");
+    CHECK_REFUSED(scheduler(R"({"type": "WarmupLR", "params": {"warmup_min_lr": "0"}})"), "scheduler.params.warmup_min_lr",
+                  " must be a number");
+    CHECK_REFUSED(scheduler(R"({"type": "OneCycle", "params": {"cycle_momentum": 1, "cycle_min_lr": 0, "cycle_max_lr": 1}})"),
+                  "scheduler.params.cycle_momentum", " must be true or false");
+    // Values out of range: the schedule's own checks (lr_schedule.hpp validate), under the block's path.
+    CHECK_REFUSED(scheduler(R"({"type": "WarmupLR", "params": {"warmup_num_steps": 0}})"), "scheduler",
+                  ": WarmupLR.warmup_num_steps must be in [1, ");
+    CHECK_REFUSED(scheduler(R"({"type": "WarmupDecayLR"})"), "scheduler", ": WarmupDecayLR.total_num_steps");
+    CHECK_REFUSED(scheduler(R"({"type": "WarmupCosineLR", "params": {"total_num_steps": 10, "cos_min_ratio": 2}})"),
+                  "scheduler", ": WarmupCosineLR.cos_min_ratio");
+    CHECK_REFUSED(scheduler(R"({"type": "OneCycle", "params": {"cycle_max_lr": 0.01}})"), "scheduler",
+                  ": OneCycle: cycle_min_lr and cycle_max_lr are required");
+    CHECK_REFUSED(scheduler(R"({"type": "OneCycle", "params": {"cycle_min_lr": 0, "cycle_max_lr": 1,
+                  "decay_mom_rate": 0.1}})"), "scheduler", ": OneCycle.decay_mom_rate");
+    CHECK_REFUSED(scheduler("[]"), "scheduler", " must be a JSON object");
+  }
+
+  TEST_CASE("a schedule as checkpoints write it reads back the same, for every type, optional fields set or not") {
+    const std::vector<mpopt::lr_schedule> schedules = {
+        mpopt::warmup_lr{},
+        mpopt::warmup_lr{.warmup_min_lr = 1e-7, .warmup_max_lr = 0.1 + 0.2, .warmup_num_steps = 3,
+                         .warmup_type = mpopt::warmup_shape::linear},
+        mpopt::warmup_decay_lr{.total_num_steps = 123456789, .warmup_max_lr = 1.0 / 3},
+        mpopt::warmup_cosine_lr{.total_num_steps = 7, .warmup_min_ratio = 0.3, .cos_min_ratio = 1.0 / 7},
+        mpopt::one_cycle{.cycle_min_lr = 1e-5, .cycle_max_lr = 2e-3},
+        mpopt::one_cycle{.cycle_min_lr = 0.0, .cycle_max_lr = 1e-3, .decay_lr_rate = 0.25, .cycle_first_step_size = 33.5,
+                         .cycle_second_step_size = 17, .cycle_first_stair_count = 3, .cycle_second_stair_count = 0,
+                         .decay_step_size = 9, .cycle_momentum = false},
+        mpopt::cosine_with_warmup{.warmup_steps = 5, .total_steps = 50, .min_ratio = 0.1},
+        mpopt::linear_with_warmup{.warmup_steps = 0, .total_steps = 9},
+        mpopt::step_decay{.step_size = 30, .gamma = 0.5}};
+    for (const auto& s : schedules) {
+      const std::string text = mpopt::detail::schedule_text(s);
+      CAPTURE(text);
+      const nlohmann::json j = nlohmann::json::parse(mpopt::detail::schedule_json(s).dump());
+      const mpopt::lr_schedule back =
+          mpopt::detail::read_schedule(mpopt::detail::config_object(j, "lr_schedule"), mpopt::detail::schedule_source::checkpoint);
+      CHECK(back.index() == s.index());
+      CHECK(mpopt::detail::schedule_text(back) == text);
+    }
+    // The text names every field, so schedules that differ in one differ in it.
+    CHECK(mpopt::detail::schedule_text(mpopt::warmup_lr{.warmup_num_steps = 10}) !=
+          mpopt::detail::schedule_text(mpopt::warmup_lr{.warmup_num_steps = 11}));
+    CHECK(mpopt::detail::schedule_text(std::nullopt) == "none");
   }
 
   TEST_CASE("JSON text: not an object, not JSON, or a key given twice is refused") {

@@ -387,11 +387,50 @@ TEST_SUITE("config") {
     REQUIRE(a.schedule());
     for (std::uint64_t k = 0; k < 8; ++k) {
       CHECK(a.step().applied);
-      CHECK(group.lr() == mpopt::scheduled_rate(s, k, 1e-2, 1e-2));
+      CHECK(group.lr() == mpopt::scheduled_rate(s, k, 1e-2));
     }
     CHECK(error_of([&] { a.set_schedule(mpopt::step_decay{}); }).find("step_decay.step_size") != std::string::npos);
     a.clear_schedule();
     CHECK_FALSE(a.schedule());
+  }
+
+  TEST_CASE("a configuration's scheduler block is followed, saved, and restored into a factory-made optimizer") {
+    const char* scheduled = R"({"fp16": {"enabled": true, "initial_scale_power": 8}, "optimizer": {"type": "AdamW",
+        "params": {"lr": 3e-3}}, "scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 20,
+        "warmup_num_steps": 4, "warmup_type": "linear"}}})";
+    const deepspeed_config c = deepspeed_config::parse_text(scheduled);
+    REQUIRE(c.schedule);
+    auto train = [&](mpopt::any_optimizer& opt, std::vector<mpopt::half>& p, std::vector<mpopt::half>& g, int from, int to) {
+      for (int step = from; step < to; ++step) {
+        for (std::size_t i = 0; i < g.size(); ++i)
+          g[i] = mpopt::half(float(opt.loss_scale()) * 0.01f * std::sin(0.5f * float(i) + 0.2f * float(step)));
+        CHECK(opt.step().applied);
+        CHECK(opt.group(0).lr() == mpopt::scheduled_rate(*c.schedule, std::uint64_t(step), 3e-3));
+      }
+      CHECK(p[0] != mpopt::half(0.5f));
+    };
+    std::vector<mpopt::half> p(24, mpopt::half(0.5f)), g(24), q = p, h(24), r = p, k(24);
+    mpopt::any_optimizer whole = mpopt::make_optimizer(c);
+    REQUIRE(whole.schedule());
+    whole.add_group().add(p, g, "w");
+    train(whole, p, g, 0, 16);
+
+    temp_dir dir;
+    mpopt::any_optimizer first = mpopt::make_optimizer(c);
+    first.add_group().add(q, h, "w");
+    train(first, q, h, 0, 9);
+    first.save(dir / "at9.safetensors");
+    // Made without the scheduler block: the checkpoint brings the schedule.
+    deepspeed_config plain = c;
+    plain.schedule.reset();
+    mpopt::any_optimizer resumed = mpopt::make_optimizer(plain);
+    CHECK_FALSE(resumed.schedule());
+    resumed.add_group().add(r, k, "w");
+    resumed.load(dir / "at9.safetensors");
+    REQUIRE(resumed.schedule());
+    train(resumed, r, k, 9, 16);
+    CHECK(std::memcmp(p.data(), r.data(), sizeof(mpopt::half) * p.size()) == 0);
+    CHECK(resumed.group(0).lr() == whole.group(0).lr());
   }
 
   TEST_CASE("raw host buffers go in with their length, and train like the same buffers as views") {

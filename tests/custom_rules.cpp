@@ -19,6 +19,7 @@
 #include <mpopt/mpopt.hpp>
 
 #include "../examples/user_rules.hpp"
+#include "error_of.hpp"
 #include "temp_dir.hpp"
 #include "test_backend.hpp"
 
@@ -318,5 +319,22 @@ TEST_SUITE("custom_rules") {
     auto& g = opt.add_group({.lr = 0.1});
     CHECK_THROWS_AS(g.set_lr(-1), mpopt::error);
     CHECK(g.lr() == 0.1);
+  }
+
+  TEST_CASE("a schedule sets a user rule's rate; OneCycle's momentum needs betas the rule does not have") {
+    using opt_t = optimizer<mpopt::fp32, mpopt::no_scaling, user_rules::adagrad>;
+    opt_t opt;
+    std::vector<float> p(5, 1.0f), g(5, 0.1f);
+    opt.add_group({.lr = 0.05}).add(p, g, "w");
+    const std::string msg = error_of([&] { opt.set_schedule(mpopt::one_cycle{.cycle_min_lr = 0.01, .cycle_max_lr = 0.1}); });
+    CHECK(msg.find("OneCycle.cycle_momentum: adagrad has no beta1 and beta2 to cycle; set it to false") != std::string::npos);
+    CHECK_FALSE(opt.schedule());
+    const mpopt::lr_schedule s = mpopt::one_cycle{.cycle_min_lr = 0.01, .cycle_max_lr = 0.1, .cycle_first_step_size = 3,
+                                                  .cycle_momentum = false};
+    opt.set_schedule(s);
+    for (std::uint64_t k = 0; k < 8; ++k) {
+      CHECK(opt.step().applied);
+      CHECK(opt.group(0).lr() == mpopt::scheduled_rate(s, k, 0.05));
+    }
   }
 }

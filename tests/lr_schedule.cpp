@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <numbers>
 #include <optional>
@@ -34,10 +35,13 @@ struct ds_warmup_lr {
   std::optional<std::int64_t> total_num_steps;
   std::int64_t last_batch_iteration = -1;
 
-  ds_warmup_lr(double min_lr, double max_lr, std::int64_t steps, bool log, std::optional<std::int64_t> total = {},
-               std::size_t groups = 1)
-      : min_lrs(groups, min_lr), delta_lrs(groups, max_lr - min_lr), warmup_num_steps(std::max<std::int64_t>(2, steps)),
-        log_rate(log), inverse_log_warm_up(1.0 / std::log(double(warmup_num_steps))), total_num_steps(total) {}
+  /// `max_lrs`: one per group (DeepSpeed's list, or its None: each group's own rate).
+  ds_warmup_lr(double min_lr, std::vector<double> max_lrs, std::int64_t steps, bool log,
+               std::optional<std::int64_t> total = {})
+      : min_lrs(max_lrs.size(), min_lr), warmup_num_steps(std::max<std::int64_t>(2, steps)), log_rate(log),
+        inverse_log_warm_up(1.0 / std::log(double(warmup_num_steps))), total_num_steps(total) {
+    for (double max_lr : max_lrs) delta_lrs.push_back(max_lr - min_lr);
+  }
 
   double get_gamma() const {
     if (last_batch_iteration < warmup_num_steps) {
@@ -166,7 +170,7 @@ void check_lrs(const mpopt::lr_schedule& s, Reference ref, const std::vector<dou
   for (int k = 0; k < steps_checked; ++k) {
     const std::vector<double> want = ref.get_lr();
     for (std::size_t g = 0; g < bases.size(); ++g) {
-      const double got = mpopt::scheduled_rate(s, std::uint64_t(k), bases[g], bases[0]);
+      const double got = mpopt::scheduled_rate(s, std::uint64_t(k), bases[g]);
       if (got != want[g]) {  // one CHECK per mismatch, not per step
         CAPTURE(k);
         CAPTURE(g);
@@ -180,24 +184,24 @@ void check_lrs(const mpopt::lr_schedule& s, Reference ref, const std::vector<dou
 
 TEST_CASE("WarmupLR and WarmupDecayLR give DeepSpeed's rates, step after step") {
   SUBCASE("WarmupLR, log warm-up, defaults but the rates") {
-    check_lrs(mpopt::warmup_lr{.warmup_max_lr = 3e-4}, ds_warmup_lr(0.0, 3e-4, 1000, true), {1e-3});
+    check_lrs(mpopt::warmup_lr{.warmup_max_lr = 3e-4}, ds_warmup_lr(0.0, {3e-4}, 1000, true), {1e-3});
   }
   SUBCASE("WarmupLR, linear from a start above 0, over 1 step (DeepSpeed warms over 2)") {
     check_lrs(mpopt::warmup_lr{.warmup_min_lr = 1e-5, .warmup_max_lr = 2e-3, .warmup_num_steps = 1,
                                .warmup_type = mpopt::warmup_shape::linear},
-              ds_warmup_lr(1e-5, 2e-3, 1, false), {1e-3});
+              ds_warmup_lr(1e-5, {2e-3}, 1, false), {1e-3});
   }
-  SUBCASE("WarmupLR without a maximum: group 0's rate, for every group") {
-    check_lrs(mpopt::warmup_lr{.warmup_num_steps = 700}, ds_warmup_lr(0.0, 5e-4, 700, true, {}, 2), {5e-4, 1e-2});
+  SUBCASE("WarmupLR without a maximum: each group's own rate") {
+    check_lrs(mpopt::warmup_lr{.warmup_num_steps = 700}, ds_warmup_lr(0.0, {5e-4, 1e-2}, 700, true), {5e-4, 1e-2});
   }
   SUBCASE("WarmupDecayLR, log warm-up, then linearly to 0 and held there") {
     check_lrs(mpopt::warmup_decay_lr{.total_num_steps = 4000, .warmup_max_lr = 6e-4, .warmup_num_steps = 500},
-              ds_warmup_lr(0.0, 6e-4, 500, true, 4000), {1.0});
+              ds_warmup_lr(0.0, {6e-4}, 500, true, 4000), {1.0});
   }
   SUBCASE("WarmupDecayLR, linear warm-up, total below the warm-up") {
     check_lrs(mpopt::warmup_decay_lr{.total_num_steps = 300, .warmup_min_lr = 1e-6, .warmup_num_steps = 800,
                                      .warmup_type = mpopt::warmup_shape::linear},
-              ds_warmup_lr(1e-6, 0.001, 800, false, 300), {1.0});
+              ds_warmup_lr(1e-6, {0.001}, 800, false, 300), {1.0});
   }
 }
 
@@ -240,7 +244,7 @@ TEST_CASE("OneCycle gives DeepSpeed's rates and betas, through the cycle and its
     CAPTURE(c.what);
     ds_one_cycle ref = c.ref;
     for (int k = 0; k < steps_checked; ++k) {
-      const double lr = mpopt::scheduled_rate(c.s, std::uint64_t(k), 1.0, 1.0);
+      const double lr = mpopt::scheduled_rate(c.s, std::uint64_t(k), 1.0);
       const auto betas = mpopt::scheduled_momentum(c.s, std::uint64_t(k));
       const bool same = lr == ref.lr && betas && betas->beta1 == ref.beta1 && betas->beta2 == ref.beta2;
       if (!same) {
@@ -259,8 +263,9 @@ TEST_CASE("OneCycle gives DeepSpeed's rates and betas, through the cycle and its
   CHECK_FALSE(mpopt::scheduled_momentum(mpopt::warmup_lr{}, 10));
 }
 
-TEST_CASE("cosine_with_warmup and step_decay give their closed forms (LambdaLR at last_epoch = k)") {
+TEST_CASE("cosine_with_warmup, linear_with_warmup and step_decay give their closed forms (LambdaLR at last_epoch = k)") {
   const mpopt::cosine_with_warmup cos{.warmup_steps = 100, .total_steps = 1100, .min_ratio = 0.1};
+  const mpopt::linear_with_warmup linear{.warmup_steps = 60, .total_steps = 3001};
   const mpopt::step_decay steps{.step_size = 30, .gamma = 0.5};
   const double base = 4e-4;
   for (std::uint64_t k = 0; k < std::uint64_t(steps_checked); ++k) {
@@ -273,12 +278,17 @@ TEST_CASE("cosine_with_warmup and step_decay give their closed forms (LambdaLR a
       factor = 0.5 * (1.0 + std::cos(std::numbers::pi * 0.5 * 2.0 * progress));
       factor = std::max(0.0, factor * (1 - 0.1) + 0.1);
     }
+    // transformers' get_linear_schedule_with_warmup.
+    const double linear_factor =
+        k < 60 ? double(k) / double(std::max(1, 60))
+               : std::max(0.0, double(3001 - std::int64_t(k)) / double(std::max(1, 3001 - 60)));
     const double want_step = base * std::pow(0.5, double(k / 30));  // StepLR's closed form
-    if (mpopt::scheduled_rate(cos, k, base, base) != base * factor ||
-        mpopt::scheduled_rate(steps, k, base, base) != want_step) {
+    if (mpopt::scheduled_rate(cos, k, base) != base * factor || mpopt::scheduled_rate(linear, k, base) != base * linear_factor ||
+        mpopt::scheduled_rate(steps, k, base) != want_step) {
       CAPTURE(k);
-      CHECK(mpopt::scheduled_rate(cos, k, base, base) == base * factor);
-      CHECK(mpopt::scheduled_rate(steps, k, base, base) == want_step);
+      CHECK(mpopt::scheduled_rate(cos, k, base) == base * factor);
+      CHECK(mpopt::scheduled_rate(linear, k, base) == base * linear_factor);
+      CHECK(mpopt::scheduled_rate(steps, k, base) == want_step);
       break;
     }
   }
@@ -305,8 +315,8 @@ TEST_CASE("a schedule sets each group's rate from its base before every step, bi
     CAPTURE(step);
     for (std::size_t i = 0; i < 50; ++i) ga[i] = gb[i] = grad_at(i, step);
     for (std::size_t i = 0; i < 7; ++i) qga[i] = qgb[i] = grad_at(i + 50, step);
-    b.group(0).set_lr(mpopt::scheduled_rate(s, std::uint64_t(step), 1e-2, 1e-2));
-    b.group(1).set_lr(mpopt::scheduled_rate(s, std::uint64_t(step), 3e-3, 1e-2));
+    b.group(0).set_lr(mpopt::scheduled_rate(s, std::uint64_t(step), 1e-2));
+    b.group(1).set_lr(mpopt::scheduled_rate(s, std::uint64_t(step), 3e-3));
     CHECK(a.step().applied);
     CHECK(b.step().applied);
     CHECK(a.group(0).lr() == b.group(0).lr());  // the rate its last step used
@@ -337,7 +347,7 @@ TEST_CASE("a skipped step does not advance the schedule, and OneCycle moves beta
     CHECK(st.applied == (step != 3 && step != 7));
     if (!st.applied) continue;
     // The rate and betas of the step after `applied` applied ones.
-    CHECK(opt.group(0).lr() == mpopt::scheduled_rate(s, applied, 5e-3, 5e-3));
+    CHECK(opt.group(0).lr() == mpopt::scheduled_rate(s, applied, 5e-3));
     const auto betas = mpopt::scheduled_momentum(s, applied);
     REQUIRE(betas);
     CHECK(opt.group(0).options().beta1 == betas->beta1);
@@ -347,8 +357,9 @@ TEST_CASE("a skipped step does not advance the schedule, and OneCycle moves beta
   }
 }
 
-TEST_CASE("a run resumed from a checkpoint, its schedule set before load(), goes on bit for bit") {
+TEST_CASE("a checkpoint holds the schedule and the base rates: a resume without set_schedule goes on bit for bit") {
   const mpopt::lr_schedule s = mpopt::warmup_decay_lr{.total_num_steps = 30, .warmup_max_lr = 2e-2, .warmup_num_steps = 8};
+  const mpopt::lr_schedule cosine = mpopt::warmup_cosine_lr{.total_num_steps = 30, .warmup_num_steps = 5};
   auto model = [] { return std::vector<float>(33, 0.75f); };
   auto run = [&](fp32_adam& opt, std::vector<float>& p, std::vector<float>& g, int from, int to) {
     for (int step = from; step < to; ++step) {
@@ -356,27 +367,50 @@ TEST_CASE("a run resumed from a checkpoint, its schedule set before load(), goes
       CHECK(opt.step().applied);
     }
   };
-  temp_dir dir;
-  std::vector<float> p = model(), g(33), q = model(), h(33);
-  fp32_adam whole;
-  whole.add_group({.lr = 1e-3}).add(p, g, "w");
-  whole.set_schedule(s);
-  run(whole, p, g, 0, 25);
+  for (const mpopt::lr_schedule& schedule : {s, cosine}) {
+    CAPTURE(mpopt::schedule_name(schedule));
+    temp_dir dir;
+    std::vector<float> p = model(), g(33), q = model(), h(33);
+    fp32_adam whole;
+    whole.add_group({.lr = 1e-3}).add(p, g, "w");
+    whole.set_schedule(schedule);
+    run(whole, p, g, 0, 25);
 
-  fp32_adam first;
-  first.add_group({.lr = 1e-3}).add(q, h, "w");
-  first.set_schedule(s);
-  run(first, q, h, 0, 12);
-  first.save((dir / "at12.safetensors").string());
-  std::vector<float> r = model(), k(33);
-  fp32_adam resumed;
-  resumed.add_group({.lr = 1e-3}).add(r, k, "w");
-  resumed.set_schedule(s);
-  resumed.load((dir / "at12.safetensors").string());
-  CHECK(resumed.group(0).base_lr() == 1e-3);  // the base is the rate it was given, not the saved step's
-  run(resumed, r, k, 12, 25);
-  CHECK(std::memcmp(p.data(), r.data(), sizeof(float) * p.size()) == 0);
-  CHECK(resumed.group(0).lr() == whole.group(0).lr());
+    fp32_adam first;
+    first.add_group({.lr = 1e-3}).add(q, h, "w");
+    first.set_schedule(schedule);
+    run(first, q, h, 0, 12);
+    first.save((dir / "at12.safetensors").string());
+    std::vector<float> r = model(), k(33);
+    fp32_adam resumed;
+    resumed.add_group({.lr = 5e-3}).add(r, k, "w");  // another rate, and no schedule: the file's take their place
+    resumed.load((dir / "at12.safetensors").string());
+    REQUIRE(resumed.schedule());
+    CHECK(mpopt::detail::schedule_text(resumed.schedule()) == mpopt::detail::schedule_text(schedule));
+    CHECK(resumed.group(0).base_lr() == 1e-3);  // the rate it was given, not the saved step's
+    CHECK(resumed.group(0).lr() == first.group(0).lr());
+    run(resumed, r, k, 12, 25);
+    CHECK(std::memcmp(p.data(), r.data(), sizeof(float) * p.size()) == 0);
+    CHECK(resumed.group(0).lr() == whole.group(0).lr());
+  }
+}
+
+TEST_CASE("load() of a file saved without a schedule clears the one set, and restores the saved base rate") {
+  temp_dir dir;
+  std::vector<float> p(9, 0.5f), g(9, 0.01f), q(9, 0.5f), h(9, 0.01f);
+  fp32_adam plain;
+  plain.add_group({.lr = 2e-3}).add(p, g, "w");
+  CHECK(plain.step().applied);
+  plain.group(0).set_lr(4e-3);  // after the step: the file's base and rate
+  plain.save((dir / "plain.safetensors").string());
+  fp32_adam scheduled;
+  scheduled.add_group({.lr = 1e-3}).add(q, h, "w");
+  scheduled.set_schedule(mpopt::step_decay{.step_size = 2});
+  scheduled.load((dir / "plain.safetensors").string());
+  CHECK_FALSE(scheduled.schedule());
+  CHECK(scheduled.group(0).base_lr() == 4e-3);
+  CHECK(scheduled.step().applied);
+  CHECK(scheduled.group(0).lr() == 4e-3);
 }
 
 TEST_CASE("a bad schedule is refused, naming the field; the last one stays") {
@@ -399,6 +433,8 @@ TEST_CASE("a bad schedule is refused, naming the field; the last one stays") {
             .find("cosine_with_warmup.total_steps") != std::string::npos);
   CHECK(error_of([&] { opt.set_schedule(mpopt::step_decay{.step_size = 5, .gamma = 1.5}); }).find("step_decay.gamma") !=
         std::string::npos);
+  CHECK(error_of([&] { opt.set_schedule(mpopt::linear_with_warmup{.warmup_steps = 3}); })
+            .find("linear_with_warmup.total_steps") != std::string::npos);
   REQUIRE(opt.schedule());
   CHECK(std::holds_alternative<mpopt::step_decay>(*opt.schedule()));
 }

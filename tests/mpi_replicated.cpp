@@ -18,6 +18,8 @@
 #include "mpi_harness.hpp"
 
 #include <deque>
+#include <optional>
+#include <string>
 
 TEST_SUITE("mpi") {
   // ------------------------------------------------------------------------------------------ 1, 2
@@ -555,6 +557,7 @@ TEST_SUITE("mpi") {
       double lr = 1e-3;
       std::size_t size = 8, groups = 2;
       std::vector<std::int64_t> shape = {};  // group 0's tensor's
+      std::optional<mpopt::lr_schedule> schedule = std::nullopt;
     };
     // What finalize() throws on this rank ("" if nothing); every rank calls it.
     auto finalize = []<class Opt>(const setup& s, Opt*) -> std::string {
@@ -565,6 +568,7 @@ TEST_SUITE("mpi") {
         auto& gr = memory.emplace_back(p.size());
         opt.add_group({.lr = s.lr}).add(p, gr, "t" + std::to_string(g), g == 0 ? mpopt::tensor_shape(s.shape) : mpopt::tensor_shape{});
       }
+      if (s.schedule) opt.set_schedule(*s.schedule);
       try {
         opt.finalize();
       } catch (const mpopt::error& e) {
@@ -598,6 +602,11 @@ TEST_SUITE("mpi") {
     const std::vector<std::int64_t> rows{2, 4}, cols{4, 2};
     CHECK(finalize(setup{.shape = rows}, adam).empty());
     expect(finalize(setup{.shape = odd ? cols : rows}, adam), {"group 0 tensors (", "rank 1: 1 tensors, 8 elements, hash"});
+    const mpopt::lr_schedule decay = mpopt::step_decay{.step_size = 5};
+    const mpopt::lr_schedule warmup = mpopt::warmup_lr{.warmup_num_steps = odd ? 11 : 10};
+    expect(finalize(setup{.schedule = odd ? std::optional(decay) : std::nullopt}, adam),
+           {"the learning-rate schedule (", "rank 1: step_decay(step_size 5,gamma 0.1)", ": none"});
+    expect(finalize(setup{.schedule = warmup}, adam), {"the learning-rate schedule (", "warmup_num_steps 11"});
     // Several at once: each is named.
     expect(finalize(setup{.opt = {.clip_grad = odd ? 0.5 : 1.0}, .lr = odd ? 2e-3 : 1e-3}, adam), {"clip_grad (", "group 0.lr ("});
     // Another update rule on one rank: the policies differ.
@@ -613,6 +622,45 @@ TEST_SUITE("mpi") {
     expect(msg, {"rounding (", "rank 1: stochastic", ": nearest"});
     // Afterwards the ranks agree again and train.
     CHECK(finalize(setup{}, adam).empty());
+  }
+
+  TEST_CASE("after the first step set_schedule is collective: ranks that set different schedules throw on every "
+            "rank and keep the last") {
+    const int w = world_size();
+    const bool odd = world_rank() == 1;
+    mpopt::optimizer<mpopt::fp32, mpopt::no_scaling, mpopt::replicated, mpopt::adam, mpopt::host, mpopt::mpi> opt{
+        mpopt::mpi{MPI_COMM_WORLD}};
+    std::vector<float> p(16, 0.5f), g(16, 0.01f);
+    opt.add_group({.lr = 1e-2}).add(p, g, "w");
+    CHECK(opt.step().applied);
+    const mpopt::lr_schedule same = mpopt::step_decay{.step_size = 2};
+    opt.set_schedule(same);
+    std::string msg;
+    try {
+      opt.set_schedule(mpopt::step_decay{.step_size = odd ? 3 : 2});
+    } catch (const mpopt::error& e) {
+      msg = e.what();
+    }
+    INFO(msg);
+    if (w == 1) {
+      CHECK(msg.empty());
+    } else {
+      CHECK(msg.find("the ranks disagree on the learning-rate schedule (") != std::string::npos);
+      CHECK(msg.find("rank 1: step_decay(step_size 3") != std::string::npos);
+      CHECK(msg.find("Every rank must set the same schedule") != std::string::npos);
+      CHECK(mpopt::detail::schedule_text(opt.schedule()) == mpopt::detail::schedule_text(same));
+    }
+    try {  // clearing is collective too
+      if (odd) opt.clear_schedule();
+      else opt.set_schedule(same);
+    } catch (const mpopt::error& e) {
+      msg = e.what();
+    }
+    if (w > 1) CHECK(msg.find(": none") != std::string::npos);
+    for (std::uint64_t k = 1; k < 5; ++k) {  // the ranks still step together, on the schedule they agreed
+      CHECK(opt.step().applied);
+      CHECK(opt.group(0).lr() == mpopt::scheduled_rate(same, k, 1e-2));
+    }
   }
 
 }

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <initializer_list>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -25,6 +26,7 @@
 #include "error.hpp"
 #include "lamb.hpp"
 #include "loss_scale.hpp"
+#include "lr_schedule.hpp"
 #include "onebit_adam_options.hpp"
 #include "onebit_lamb_options.hpp"
 #include "options.hpp"
@@ -55,6 +57,9 @@ struct deepspeed_config {
   /// The step pipeline's options: gradient_clipping, gradient_accumulation_steps,
   /// gradient_predivide_factor, zero_optimization.reduce_bucket_size, bf16.check_grad_overflow.
   optimizer_options options{.clip_grad = 1.0, .bucket_elements = 500000000};
+  /// scheduler: DeepSpeed's WarmupLR, WarmupDecayLR, WarmupCosineLR or OneCycle; make_optimizer
+  /// sets it (optimizer::set_schedule).
+  std::optional<lr_schedule> schedule = std::nullopt;
   /// The ranks it was read for, and whether gradient_accumulation_steps came from the batch sizes
   /// (train_batch_size / (train_micro_batch_size_per_gpu x ranks)), which then holds for those only.
   int world_size = 1;
@@ -161,6 +166,8 @@ class deepspeed_reader {
   MPOPT_DECL void batch();
 
   MPOPT_DECL void step_options();
+
+  MPOPT_DECL void scheduler();
 
   config_object top_;
   int world_;

@@ -11,6 +11,8 @@
 #include <iterator>
 #include <limits>
 
+#include "detail/options/schedule_json.hpp"
+
 namespace mpopt {
 
 namespace detail {
@@ -28,6 +30,7 @@ MPOPT_DECL deepspeed_config deepspeed_reader::read() {
   optimizer();
   batch();
   step_options();
+  scheduler();
   return std::move(c_);
 }
 
@@ -56,14 +59,11 @@ MPOPT_DECL void deepspeed_reader::top_keys() {
         "train_micro_batch_size_per_gpu", "prescale_gradients", "communication_data_type",
         "gradient_allreduce_op", "scheduler"};
     if (std::ranges::find(read_here, key) != std::end(read_here)) continue;
-    fail(key, ": unknown key (mpopt reads fp16, bf16, zero_optimization, optimizer, gradient_clipping, "
+    fail(key, ": unknown key (mpopt reads fp16, bf16, zero_optimization, optimizer, scheduler, gradient_clipping, "
               "gradient_accumulation_steps, gradient_predivide_factor, train_batch_size, "
               "train_micro_batch_size_per_gpu, prescale_gradients, communication_data_type, "
               "gradient_allreduce_op, and ignores the engine's keys; see the README)");
   }
-  if (top_.has("scheduler"))
-    fail("scheduler: not read from a configuration yet: remove the key and set the same schedule in code "
-         "(optimizer::set_schedule, <mpopt/lr_schedule.hpp>)");
   if (top_.flag("prescale_gradients", false))
     fail("prescale_gradients: true is not supported (mpopt divides after the sum; "
          "gradient_predivide_factor divides before it)");
@@ -483,6 +483,11 @@ MPOPT_DECL nlohmann::json parse_json_strictly(std::string_view text) {
   }
 }
 
+MPOPT_DECL void deepspeed_reader::scheduler() {
+  const nlohmann::json* j = top_.find("scheduler");
+  if (j && !j->is_null()) c_.schedule = read_schedule(config_object(*j, "scheduler"), schedule_source::deepspeed_config);
+}
+
 }  // namespace detail
 
 MPOPT_DECL deepspeed_config deepspeed_config::parse(const nlohmann::json& j, int world_size) {
@@ -518,6 +523,7 @@ MPOPT_DECL std::string deepspeed_config::summary() const {
     case config_rule::onebit_adam: s += "OneBitAdam"; break;
     case config_rule::zero_one_adam: s += "ZeroOneAdam"; break;
   }
+  if (schedule) (s += ", ") += schedule_name(*schedule);
   return s;
 }
 

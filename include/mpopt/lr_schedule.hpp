@@ -5,16 +5,19 @@
 //   opt.set_schedule(mpopt::warmup_cosine_lr{.total_num_steps = 10000, .warmup_num_steps = 500});
 // DeepSpeed's WarmupLR, WarmupDecayLR, WarmupCosineLR and OneCycle follow deepspeed/runtime/
 // lr_schedules.py, defaults included: the step after k applied steps uses what DeepSpeed's scheduler
-// gives at last_batch_iteration = k - 1 (for k = 0, what it sets when it is made). Two shapes
-// PyTorch users know follow the rate of LambdaLR at last_epoch = k: linear warm-up then cosine decay
-// (transformers' get_cosine_with_min_lr_schedule_with_warmup) and step decay (torch's StepLR).
+// gives at last_batch_iteration = k - 1 (for k = 0, what it sets when it is made). Three shapes
+// PyTorch users know follow the rate of LambdaLR at last_epoch = k: linear warm-up then cosine or
+// linear decay (transformers' get_cosine_with_min_lr_schedule_with_warmup and
+// get_linear_schedule_with_warmup) and step decay (torch's StepLR).
 // docs/design.md §3.13 has the formulas.
 #pragma once
 
 #include "version.hpp"  // first: C++20, or a clear error
 
+#include <array>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <variant>
 
@@ -24,11 +27,12 @@ namespace mpopt {
 
 /// How a DeepSpeed warm-up rises from its start to its end: log(k) / log(steps), or k / steps.
 enum class warmup_shape : std::uint8_t { log, linear };
+constexpr std::array<std::string_view, 2> choice_names(warmup_shape) { return {"log", "linear"}; }
 
 /// WarmupLR: from warmup_min_lr to warmup_max_lr over warmup_num_steps, then warmup_max_lr.
 struct warmup_lr {
   double warmup_min_lr = 0.0;
-  std::optional<double> warmup_max_lr = std::nullopt;  ///< unset: group 0's base rate, for every group (DeepSpeed's None)
+  std::optional<double> warmup_max_lr = std::nullopt;  ///< unset: each group's base rate (DeepSpeed's None)
   std::int64_t warmup_num_steps = 1000;  ///< at least 1; the rise takes max(2, it) steps
   warmup_shape warmup_type = warmup_shape::log;
 };
@@ -79,6 +83,12 @@ struct cosine_with_warmup {
   double min_ratio = 0.0;
 };
 
+/// Linear warm-up from 0, then linearly down to 0 at total_steps, where it stays.
+struct linear_with_warmup {
+  std::int64_t warmup_steps = 0;
+  std::int64_t total_steps = 0;  ///< required: above warmup_steps
+};
+
 /// The base rate times gamma for every step_size steps applied.
 struct step_decay {
   std::int64_t step_size = 0;  ///< required: at least 1
@@ -86,7 +96,8 @@ struct step_decay {
 };
 
 using lr_schedule =
-    std::variant<warmup_lr, warmup_decay_lr, warmup_cosine_lr, one_cycle, cosine_with_warmup, step_decay>;
+    std::variant<warmup_lr, warmup_decay_lr, warmup_cosine_lr, one_cycle, cosine_with_warmup, linear_with_warmup,
+                 step_decay>;
 
 /// A schedule's name, as DeepSpeed's configuration writes it where it has one.
 MPOPT_DECL std::string_view schedule_name(const lr_schedule& s);
@@ -94,15 +105,20 @@ MPOPT_DECL std::string_view schedule_name(const lr_schedule& s);
 /// Throws mpopt::error naming the field if `s` has one out of range or a required one unset.
 MPOPT_DECL void validate(const lr_schedule& s);
 
-/// The rate of the step after k applied steps, for a group of base rate `base` where group 0's is
-/// `first_base`.
-MPOPT_DECL double scheduled_rate(const lr_schedule& s, std::uint64_t k, double base, double first_base);
+/// The rate of the step after k applied steps, for a group of base rate `base`.
+MPOPT_DECL double scheduled_rate(const lr_schedule& s, std::uint64_t k, double base);
 
 /// The betas of that step where the schedule sets them (OneCycle with cycle_momentum).
 struct scheduled_betas {
   double beta1, beta2;
 };
 MPOPT_DECL std::optional<scheduled_betas> scheduled_momentum(const lr_schedule& s, std::uint64_t k);
+
+namespace detail {
+/// The schedule as one line, every field named ("WarmupLR(warmup_min_lr 0, ...)"; none: "none"),
+/// which ranks compare.
+MPOPT_DECL std::string schedule_text(const std::optional<lr_schedule>& s);
+}  // namespace detail
 
 }  // namespace mpopt
 

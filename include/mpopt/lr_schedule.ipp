@@ -6,12 +6,14 @@
 #include "lr_schedule.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <numbers>
 #include <string>
 #include <type_traits>
 
 #include "detail/options/field_refs.hpp"
+#include "detail/options/schedule_fields.hpp"
 #include "detail/options/validate.hpp"
 #include "fields.hpp"
 
@@ -68,8 +70,8 @@ inline double one_cycle_length(const one_cycle& s) {
 }  // namespace detail
 
 MPOPT_DECL std::string_view schedule_name(const lr_schedule& s) {
-  constexpr std::string_view names[] = {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle", "cosine_with_warmup",
-                                        "step_decay"};
+  constexpr std::string_view names[] = {"WarmupLR",           "WarmupDecayLR",      "WarmupCosineLR", "OneCycle",
+                                        "cosine_with_warmup", "linear_with_warmup", "step_decay"};
   return names[s.index()];
 }
 
@@ -115,11 +117,11 @@ MPOPT_DECL void validate(const lr_schedule& schedule) {
             require_in(n, "decay_mom_rate", s.decay_mom_rate,
                        checks::closed(0, 0).because("DeepSpeed's momentum decay, beta1 * (1 + rate * i), leaves [0, 1)"));
           }
-        } else if constexpr (std::is_same_v<S, cosine_with_warmup>) {
+        } else if constexpr (std::is_same_v<S, cosine_with_warmup> || std::is_same_v<S, linear_with_warmup>) {
           require_in(n, "warmup_steps", double(s.warmup_steps), checks::closed(0, double(detail::max_steps)));
           require_in(n, "total_steps", double(s.total_steps),
                      checks::closed(double(s.warmup_steps) + 1, double(detail::max_steps)).because("above warmup_steps"));
-          require_in(n, "min_ratio", s.min_ratio, ratio);
+          if constexpr (std::is_same_v<S, cosine_with_warmup>) require_in(n, "min_ratio", s.min_ratio, ratio);
         } else {
           require_in(n, "step_size", double(s.step_size), at_least_one);
           require_in(n, "gamma", s.gamma, ratio);
@@ -128,14 +130,14 @@ MPOPT_DECL void validate(const lr_schedule& schedule) {
       schedule);
 }
 
-MPOPT_DECL double scheduled_rate(const lr_schedule& schedule, std::uint64_t k, double base, double first_base) {
+MPOPT_DECL double scheduled_rate(const lr_schedule& schedule, std::uint64_t k, double base) {
   const double it = double(k) - 1;  // DeepSpeed's last_batch_iteration
   return std::visit(
       [&](const auto& s) -> double {
         using S = std::remove_cvref_t<decltype(s)>;
         if constexpr (std::is_same_v<S, warmup_lr> || std::is_same_v<S, warmup_decay_lr>) {
           double max_lr;
-          if constexpr (std::is_same_v<S, warmup_lr>) max_lr = s.warmup_max_lr.value_or(first_base);
+          if constexpr (std::is_same_v<S, warmup_lr>) max_lr = s.warmup_max_lr.value_or(base);
           else max_lr = s.warmup_max_lr;
           const double delta = max_lr - s.warmup_min_lr;
           if (it < 0) return s.warmup_min_lr;
@@ -169,6 +171,10 @@ MPOPT_DECL double scheduled_rate(const lr_schedule& schedule, std::uint64_t k, d
           const double progress = std::min(1.0, (step - warmup) / std::max(1.0, double(s.total_steps) - warmup));
           const double factor = 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
           return base * std::max(0.0, factor * (1 - s.min_ratio) + s.min_ratio);
+        } else if constexpr (std::is_same_v<S, linear_with_warmup>) {
+          const double step = double(k), warmup = double(s.warmup_steps), total = double(s.total_steps);
+          if (step < warmup) return base * (step / std::max(1.0, warmup));
+          return base * std::max(0.0, (total - step) / std::max(1.0, total - warmup));
         } else {
           return base * std::pow(s.gamma, double(k / std::uint64_t(s.step_size)));
         }
@@ -185,5 +191,31 @@ MPOPT_DECL std::optional<scheduled_betas> scheduled_momentum(const lr_schedule& 
     return scheduled_betas{s->cycle_max_mom - (s->cycle_max_mom - s->cycle_min_mom) * detail::one_cycle_scale(*s, it), 0.99};
   return scheduled_betas{s->cycle_max_mom, 0.99};  // decay_mom_rate is 0
 }
+
+namespace detail {
+
+MPOPT_DECL std::string schedule_text(const std::optional<lr_schedule>& schedule) {
+  if (!schedule) return "none";
+  std::string text(schedule_name(*schedule));
+  char separator = '(';
+  std::visit(
+      [&](const auto& s) {
+        for_each_schedule_field(s, [&]<class T>(std::string_view name, const T& value) {
+          ((text += separator) += name) += ' ';
+          separator = ',';
+          char number[32];
+          auto write = [&](auto x) { text.append(number, std::to_chars(number, number + sizeof number, x).ptr); };
+          if constexpr (std::is_same_v<T, bool>) text += value ? "true" : "false";
+          else if constexpr (std::is_same_v<T, warmup_shape>) text += choice_names(value)[std::size_t(value)];
+          else if constexpr (std::is_arithmetic_v<T>) write(value);
+          else if (value) write(*value);  // std::optional
+          else text += "none";
+        });
+      },
+      *schedule);
+  return text + ')';
+}
+
+}  // namespace detail
 
 }  // namespace mpopt

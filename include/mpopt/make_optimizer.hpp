@@ -152,7 +152,9 @@ template <class Precision, class Scaler, class Partition, class Rule, class C>
 MPOPT_COLD any_optimizer make_erased(C&& comm, const deepspeed_config& c, const typename Scaler::options& s,
                                      const typename Rule::options& r) {
   using impl = erased_optimizer<Precision, Scaler, Partition, Rule, host, C>;
-  return any_optimizer(std::make_unique<impl>(std::move(comm), c.options, s, r));
+  any_optimizer made(std::make_unique<impl>(std::move(comm), c.options, s, r));
+  if (c.schedule) made.set_schedule(*c.schedule);
+  return made;
 }
 
 /// A compressing rule, which needs the whole momentum on every rank: replicated only.
@@ -194,7 +196,8 @@ any_optimizer make_with_partition(C&& comm, const deepspeed_config& c, const typ
 }  // namespace detail
 
 /// The optimizer `c` describes, over `comm` (single_process, mpi, or any host communicator), on the
-/// host backend. Under MPI every rank calls it with the same configuration.
+/// host backend, following the configuration's schedule where it has one. Under MPI every rank calls
+/// it with the same configuration.
 template <communicator C = single_process>
 any_optimizer make_optimizer(const deepspeed_config& c, C comm = {}) {
   using detail::fail;

@@ -98,9 +98,11 @@ class optimizer : public detail::tensor_registry<Precision, UpdateRule, Backend>
 
   /// From the next step on, every group's rate follows `s` (lr_schedule.hpp), from the steps it
   /// has applied and the rate it was given. Throws mpopt::error, changing nothing, on a bad one.
+  /// save() records it and load() restores it. After the first step it is collective: every rank
+  /// sets the same schedule (before, the first step checks that).
   void set_schedule(const lr_schedule& s) { pipeline_.set_schedule(s); }
-  /// The groups keep the rates of their last step from now on.
-  void clear_schedule() { pipeline_.schedule.reset(); }
+  /// The groups keep the rates of their last step from now on (collective as set_schedule).
+  void clear_schedule() { pipeline_.set_schedule(std::nullopt); }
   const std::optional<lr_schedule>& schedule() const { return pipeline_.schedule; }
 
   /// The factor the loss must be multiplied by before backward.

@@ -35,6 +35,7 @@
 #include "detail/options/config_object.ipp"
 #include "detail/options/field_refs.ipp"
 #include "detail/options/fields_json.ipp"
+#include "detail/options/schedule_json.ipp"
 #include "detail/options/validate.ipp"
 #include "detail/passes/work_list.ipp"
 #include "detail/step/memory_listing.ipp"

@@ -143,6 +143,8 @@ class checkpointing {
       }
       if constexpr (std::is_same_v<rounding_of_t<Precision>, stochastic_rounding>) m.rounding_seed = p_.options.rounding_seed;
       if (p_.progress.guard.on()) m.guard = p_.progress.guard.save();
+      m.schedule.schedule = p_.schedule;
+      for (const auto& g : p_.groups()) m.schedule.base_lrs.push_back(g->base_lr_);
       return m;
     }
     MPOPT_COLD void describe_driver(nlohmann::json& meta) const override {
@@ -165,6 +167,7 @@ class checkpointing {
       groups_.push_back(options_from_json<typename UpdateRule::options>(options, ""));
     }
     MPOPT_COLD void validate_group_options(const std::string& where) override { check_options(groups_.back(), where); }
+    MPOPT_COLD void check_schedule(const lr_schedule& s) const override { Pipeline::check_schedule(s); }
     MPOPT_COLD void read_scaler(const nlohmann::json& saved, std::uint64_t steps, const std::string& where) override {
       scaler_.load(options_from_json<typename LossScaler::state>(saved, "saved " + std::string(LossScaler::name) + "."));
       if constexpr (counts_iterations<LossScaler>)  // one scaler update per boundary
@@ -211,6 +214,10 @@ class checkpointing {
       p_.progress.counts = {h.applied, h.skipped, h.consecutive};
       p_.progress.guard.restore(h.guard);  // a file without the guard's windows starts them empty
       if (h.rounding_seed) p_.options.rounding_seed = *h.rounding_seed;
+      if (h.schedule) {
+        p_.schedule = h.schedule->schedule;
+        for (std::size_t g = 0; g < p_.groups().size(); ++g) p_.groups()[g]->base_lr_ = h.schedule->base_lrs[g];
+      }
     }
 
    private:

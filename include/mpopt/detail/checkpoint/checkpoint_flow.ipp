@@ -21,8 +21,11 @@ MPOPT_DECL nlohmann::json describe(checkpoint_subject& s, const checkpoint_view&
   for (const auto& fields : m.group_options) group_options.push_back(fields_json(fields));
   nlohmann::json driver = nlohmann::json::object();
   s.describe_driver(driver);
-  return state_metadata(m.policies, fields_json(m.scaler), m.counts, saved_groups(v, group_options, m.group_steps),
-                        m.rounding_seed, s.replicas(), m.guard ? guard_json(*m.guard) : nlohmann::json(), driver);
+  nlohmann::json meta =
+      state_metadata(m.policies, fields_json(m.scaler), m.counts, saved_groups(v, group_options, m.group_steps),
+                     m.rounding_seed, s.replicas(), m.guard ? guard_json(*m.guard) : nlohmann::json(), driver);
+  add_saved_schedule(meta, m.schedule);
+  return meta;
 }
 
 MPOPT_DECL saved_header check_saved(checkpoint_subject& s, const state_reader& r, const std::string& where,
@@ -38,6 +41,7 @@ MPOPT_DECL saved_header check_saved(checkpoint_subject& s, const state_reader& r
     // Every number through an exact type and range check (json_fields.hpp), then the checks the
     // options get from the constructor: nothing in the file reaches a conversion or a step unchecked.
     static_cast<saved_counts&>(h) = read_saved_counts(meta, where);
+    if (h.schedule && h.schedule->schedule) s.check_schedule(*h.schedule->schedule);
     for (std::size_t g = 0; g < groups.size(); ++g) {
       const std::string label = "group " + std::to_string(g);
       try {

@@ -18,6 +18,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "../../lr_schedule.hpp"
 #include "../../options.hpp"
 #include "../../tensor_spec.hpp"
 #include "../config.hpp"
@@ -103,11 +104,18 @@ struct saved_policies {
   std::string_view precision, loss_scaler, partition, rule;
 };
 
+/// A file's learning-rate schedule (none where it had none) and each group's base rate.
+struct saved_schedule {
+  std::optional<lr_schedule> schedule;
+  std::vector<double> base_lrs;
+};
+
 /// The counters of a saved state, each through an exact type and range check (json_fields.hpp).
 struct saved_counts {
   std::uint64_t applied = 0, skipped = 0, consecutive = 0;
   std::optional<std::uint64_t> rounding_seed;  // saved under stochastic rounding
   spike_guard::saved guard;  // the spike guard's windows, where it was on
+  std::optional<saved_schedule> schedule;  // absent from files written before schedules were saved
 };
 
 /// The metadata's parts that come from typed members: records of options tables (field_refs), which
@@ -120,6 +128,7 @@ struct typed_metadata {
   std::vector<std::uint64_t> group_steps;
   std::optional<std::uint64_t> rounding_seed;  ///< under stochastic rounding
   std::optional<spike_guard::saved> guard;     ///< where the spike guard is on
+  saved_schedule schedule;
 };
 
 /// An optimizer as save() and load() see it. load() reads a file's typed parts into the subject
@@ -152,6 +161,8 @@ class checkpoint_subject : public checkpoint_io {
   /// A group's options (throws mpopt::error on a malformed one), then their constructor's checks.
   virtual void read_group_options(const nlohmann::json& options) = 0;
   virtual void validate_group_options(const std::string& where) = 0;
+  /// Throws mpopt::error if the rule cannot follow `s` (optimizer::set_schedule's checks).
+  virtual void check_schedule(const lr_schedule& s) const = 0;
   /// The scaler's state, at most one update per step taken (`steps`).
   virtual void read_scaler(const nlohmann::json& saved, std::uint64_t steps, const std::string& where) = 0;
   virtual void read_driver(const nlohmann::json& meta, const state_reader& r, const std::string& where,

@@ -90,6 +90,12 @@ MPOPT_DECL nlohmann::json guard_json(const spike_guard::saved& s);
 /// A file's spike-guard windows, checked: arrays of finite numbers, none longer than a window.
 MPOPT_DECL spike_guard::saved read_saved_guard(const nlohmann::json& j, const std::string& where);
 
+/// The metadata's learning-rate schedule (null where none) and each group's base rate.
+MPOPT_DECL void add_saved_schedule(nlohmann::json& meta, const saved_schedule& s);
+
+/// A file's schedule and base rates, checked; none from a file written before schedules were saved.
+MPOPT_DECL std::optional<saved_schedule> read_saved_schedule(const nlohmann::json& meta);
+
 MPOPT_DECL saved_counts read_saved_counts(const nlohmann::json& meta, const std::string& where);
 
 /// The rank whose copy of the parameters and state this rank reads: where every rank's copy was
@@ -101,7 +107,8 @@ MPOPT_DECL int saved_replica(const nlohmann::json& meta, const load_options& lo,
 inline constexpr std::string_view same_checkpoint_advice = "Every rank must load the same checkpoint";
 
 /// What every rank must have read alike of a checkpoint (ranks that read different files would
-/// train apart): its counters, its scaler (`scaler`: as JSON text) and each group's ("step N, options").
+/// train apart): its counters, its scaler (`scaler`: as JSON text), each group's ("step N, options")
+/// and its schedule.
 MPOPT_DECL std::vector<setting> loaded_settings(const saved_counts& c, std::string scaler,
                                                 std::span<const std::string> groups);
 

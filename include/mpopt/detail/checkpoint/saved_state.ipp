@@ -11,6 +11,7 @@
 #include "../../error.hpp"
 #include "../options/field_refs.hpp"
 #include "json_fields.hpp"
+#include "../options/schedule_json.hpp"
 #include "../options/validate.hpp"
 
 namespace mpopt::detail {
@@ -107,6 +108,26 @@ MPOPT_DECL spike_guard::saved read_saved_guard(const nlohmann::json& j, const st
   return s;
 }
 
+MPOPT_DECL void add_saved_schedule(nlohmann::json& meta, const saved_schedule& s) {
+  meta["lr_schedule"] = s.schedule ? schedule_json(*s.schedule) : nlohmann::json();
+  nlohmann::json& groups = meta.at("groups");
+  for (std::size_t g = 0; g < groups.size(); ++g) groups[g]["base_lr"] = s.base_lrs.at(g);
+}
+
+MPOPT_DECL std::optional<saved_schedule> read_saved_schedule(const nlohmann::json& meta) {
+  if (!meta.contains("lr_schedule")) return std::nullopt;
+  saved_schedule s;
+  if (const nlohmann::json& j = meta.at("lr_schedule"); !j.is_null())
+    s.schedule = read_schedule(config_object(j, "lr_schedule"), schedule_source::checkpoint);
+  const nlohmann::json& groups = meta.at("groups");
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    const std::string name = "group " + std::to_string(g) + ".base_lr";
+    s.base_lrs.push_back(json_number(groups[g], "base_lr", name));
+    require_check(name, s.base_lrs.back(), checks::rate);
+  }
+  return s;
+}
+
 MPOPT_DECL saved_counts read_saved_counts(const nlohmann::json& meta, const std::string& where) {
   saved_counts c;
   c.applied = json_count(meta, "applied_steps", max_steps);
@@ -114,6 +135,7 @@ MPOPT_DECL saved_counts read_saved_counts(const nlohmann::json& meta, const std:
   c.consecutive = json_count(meta, "consecutive_skips", c.skipped, "consecutive_skips (at most skipped_steps)");
   if (meta.contains("rounding_seed")) c.rounding_seed = json_count(meta, "rounding_seed", ~std::uint64_t{0});
   if (meta.contains("spike_guard")) c.guard = read_saved_guard(meta.at("spike_guard"), where);
+  c.schedule = read_saved_schedule(meta);
   return c;
 }
 
@@ -136,7 +158,12 @@ MPOPT_DECL std::vector<setting> loaded_settings(const saved_counts& c, std::stri
                                            " skipped, " + std::to_string(c.consecutive) + " in a row"},
       {"the checkpoint's loss scaler", std::move(scaler)},
       {"the checkpoint's rounding seed", c.rounding_seed ? std::to_string(*c.rounding_seed) : "none"}};
-  for (std::size_t g = 0; g < groups.size(); ++g) read.push_back({"the checkpoint's group " + std::to_string(g), groups[g]});
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    std::string group = groups[g];
+    if (c.schedule) group += ", base_lr " + nlohmann::json(c.schedule->base_lrs[g]).dump();
+    read.push_back({"the checkpoint's group " + std::to_string(g), std::move(group)});
+  }
+  if (c.schedule) read.push_back({"the checkpoint's learning-rate schedule", schedule_text(c.schedule->schedule)});
   return read;
 }
 

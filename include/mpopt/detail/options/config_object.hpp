@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -33,7 +34,10 @@ class config_object {
 
   /// Refuses the first key (in sorted order) that `known` does not list, naming it and the known
   /// ones (`who` reads them: "Adam", "mpopt").
-  MPOPT_DECL void allow_only(std::initializer_list<std::string_view> known, std::string_view who) const;
+  MPOPT_DECL void allow_only(std::span<const std::string_view> known, std::string_view who) const;
+  void allow_only(std::initializer_list<std::string_view> known, std::string_view who) const {
+    allow_only(std::span<const std::string_view>(known.begin(), known.size()), who);
+  }
 
   /// Whether `key` is there (with any value).
   bool has(std::string_view key) const { return j_->contains(std::string(key)); }

@@ -19,7 +19,7 @@ MPOPT_DECL config_object::config_object(const nlohmann::json& j, std::string pat
   if (!j.is_object()) fail(path_.empty() ? "the configuration" : path_, " must be a JSON object, got ", json_brief(j));
 }
 
-MPOPT_DECL void config_object::allow_only(std::initializer_list<std::string_view> known, std::string_view who) const {
+MPOPT_DECL void config_object::allow_only(std::span<const std::string_view> known, std::string_view who) const {
   for (const auto& item : j_->items()) {
     if (std::find(known.begin(), known.end(), std::string_view(item.key())) != known.end()) continue;
     std::string list;

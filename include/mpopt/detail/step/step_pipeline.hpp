@@ -88,17 +88,29 @@ class step_pipeline {
   const std::string& tensor_name(std::size_t i) const { return registry_.tensor_name(i); }
   std::size_t registered_tensors() const { return registry_.first_tensor_of(std::uint32_t(groups().size())); }
 
-  /// optimizer::set_schedule: checked whole before it replaces the last.
-  MPOPT_COLD void set_schedule(const lr_schedule& s) {
+  /// Whether the rule's options have the betas a schedule may set (OneCycle's momentum).
+  static constexpr bool rule_has_betas = requires(typename UpdateRule::options o) {
+    o.beta1 = 0.0;
+    o.beta2 = 0.0;
+  };
+
+  /// Throws mpopt::error if `s` is invalid, or cycles betas the rule does not have.
+  static void check_schedule(const lr_schedule& s) {
     mpopt::validate(s);
-    constexpr bool has_betas = requires(typename UpdateRule::options o) {
-      o.beta1 = 0.0;
-      o.beta2 = 0.0;
-    };
     const auto* cycle = std::get_if<one_cycle>(&s);
-    if (!has_betas && cycle && cycle->cycle_momentum)
+    if (!rule_has_betas && cycle && cycle->cycle_momentum)
       fail("OneCycle.cycle_momentum: ", UpdateRule::name, " has no beta1 and beta2 to cycle; set it to false");
-    schedule = s;
+  }
+
+  /// optimizer::set_schedule: checked whole before it replaces the last; after the first step,
+  /// also that every rank sets the same (finalize() checks it before).
+  MPOPT_COLD void set_schedule(std::optional<lr_schedule> s) {
+    if (s) check_schedule(*s);
+    if (finalized()) {
+      const setting same[] = {{"the learning-rate schedule", schedule_text(s)}};
+      require_same_settings(comms.comm, same, "Every rank must set the same schedule, at the same step");
+    }
+    schedule = std::move(s);
   }
 
   /// The memory report's lines for the model's tensors (memory_listing.hpp).
@@ -259,6 +271,7 @@ class step_pipeline {
       for (const auto& e : g->entries_) tensors.add(e.name, e.size, e.shape);
       add_group_settings(all, g->label_, field_refs(g->options_), tensors);
     }
+    all.push_back({"the learning-rate schedule", schedule_text(schedule)});
     require_same_settings(comms.comm, std::span<const setting>(all), same_settings_advice);
   }
 
@@ -460,8 +473,8 @@ class step_pipeline {
 
   /// The schedule's rate (and betas, where it sets them) for a group's step after k applied ones.
   void schedule_rates(typename registry::param_group& g, std::uint64_t k) {
-    g.options_.lr = scheduled_rate(*schedule, k, g.base_lr_, groups().front()->base_lr_);
-    if constexpr (requires { g.options_.beta1 = 0.0; g.options_.beta2 = 0.0; }) {
+    g.options_.lr = scheduled_rate(*schedule, k, g.base_lr_);
+    if constexpr (rule_has_betas) {
       if (const auto betas = scheduled_momentum(*schedule, k)) {
         g.options_.beta1 = betas->beta1;
         g.options_.beta2 = betas->beta2;
