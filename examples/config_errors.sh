@@ -56,8 +56,13 @@ write onebit_zero '{"optimizer": {"type": "OneBitLamb"}, "zero_optimization": {"
 expect "OneBitLamb under ZeRO" 1 "zero_optimization.stage: 2 does not go with optimizer.type OneBitLamb" \
   --config "$work/onebit_zero.json"
 
-write offload '{"optimizer": {"type": "Adam"}, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}'
-expect "optimizer offload" 1 'zero_optimization.offload_optimizer.device: "cpu" is not supported' --config "$work/offload.json"
+write offload '{"optimizer": {"type": "Adam"}, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme"}}}'
+expect "optimizer offload to NVMe" 1 'zero_optimization.offload_optimizer.device: "nvme" is not supported' \
+  --config "$work/offload.json"
+
+write two '{"optimizer": {"type": "Adam", "params": {"lr": "auto"}}, "zero_optimization": {"stage": 2, "overlap_com": true}}'
+expect "two problems, one run" 1 "2 problems:" --config "$work/two.json"
+expect "... the second named too" 1 "zero_optimization.overlap_com: unknown key" --config "$work/two.json"
 
 write broken '{"optimizer": {"type": "Adam"}'
 expect "not JSON" 1 "broken.json: not valid JSON" --config "$work/broken.json"

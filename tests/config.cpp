@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <fstream>
+#include <iterator>
 #include <initializer_list>
 #include <map>
 #include <span>
@@ -31,14 +32,29 @@ using mpopt::deepspeed_config;
 
 deepspeed_config parse(const std::string& json, int world_size = 1) { return deepspeed_config::parse_text(json, world_size); }
 
-/// The configuration is refused with a message that starts with the key path and says `rest`.
+/// The problem of `message` (one, or one line of several) that starts with `path`, or "".
+std::string problem_at(const std::string& message, const std::string& path) {
+  std::vector<std::string> lines;
+  for (std::size_t at = 0; at <= message.size();) {
+    const std::size_t end = std::min(message.find('\n', at), message.size());
+    lines.push_back(message.substr(at, end - at));
+    at = end + 1;
+  }
+  if (lines.size() == 1) return lines[0].rfind("mpopt: " + path, 0) == 0 ? lines[0] : "";
+  for (std::size_t i = 1; i < lines.size(); ++i)
+    if (lines[i].rfind("  " + path, 0) == 0) return lines[i];
+  return "";
+}
+
+/// The configuration is refused with a problem that starts with the key path and says `rest`.
 #define CHECK_REFUSED(json, path, rest)                                                   \
   do {                                                                                    \
     const std::string msg_ = error_of([&] { (void)parse(json); });                        \
     INFO("configuration: ", json);                                                        \
     INFO("message: ", msg_);                                                              \
-    CHECK(msg_.rfind(std::string("mpopt: ") + (path), 0) == 0);                           \
-    CHECK(msg_.find(rest) != std::string::npos);                                          \
+    const std::string problem_ = problem_at(msg_, path);                                  \
+    CHECK(!problem_.empty());                                                             \
+    CHECK(problem_.find(rest) != std::string::npos);                                      \
   } while (0)
 
 bool ignored(const deepspeed_config& c, const std::string& path) {
@@ -486,7 +502,8 @@ TEST_SUITE("config") {
   }
 
   TEST_CASE("an unknown key is refused naming its path, at every level") {
-    CHECK_REFUSED(with("train_batch_sizee", "8"), "train_batch_sizee", ": unknown key (mpopt reads fp16, bf16");
+    CHECK_REFUSED(with("train_batch_sizee", "8"), "train_batch_sizee",
+                  ": unknown key (not one of DeepSpeed's: mpopt reads fp16, bf16");
     CHECK_REFUSED(params("Adam", R"({"betaz": [0.9, 0.99]})"), "optimizer.params.betaz",
                   ": unknown key (Adam reads lr, betas, eps");
     CHECK_REFUSED(params("Lamb", R"({"adam_w_mode": true})"), "optimizer.params.adam_w_mode", "unknown key (Lamb reads");
@@ -496,11 +513,12 @@ TEST_SUITE("config") {
     CHECK_REFUSED(with("zero_optimization", R"({"stage": 1, "reduce_bucket": 10})"), "zero_optimization.reduce_bucket",
                   ": unknown key");
     CHECK_REFUSED(R"({"optimizer": {"type": "Adam", "param": {}}})", "optimizer.param", ": unknown key");
-    CHECK_REFUSED(with("zero_optimization", R"({"offload_optimizer": {"device": "none", "buffer_count": 4}})"),
-                  "zero_optimization.offload_optimizer.buffer_count", ": unknown key");
+    CHECK_REFUSED(with("zero_optimization", R"({"offload_optimizer": {"device": "none", "buffer_cnt": 4}})"),
+                  "zero_optimization.offload_optimizer.buffer_cnt", ": unknown key");
   }
 
-  TEST_CASE("ZeRO: stage 3, offloading and the other unsupported values are refused naming the key") {
+  TEST_CASE("ZeRO: stage 3, offloading beyond the optimizer's and the other unsupported values are refused naming "
+            "the key") {
     CHECK_REFUSED(with("zero_optimization", R"({"stage": 3})"), "zero_optimization.stage",
                   ": 3 is not supported (mpopt has stages 0, 1 and 2");
     CHECK_REFUSED(with("zero_optimization", R"({"stage": 4})"), "zero_optimization.stage", " must be an integer in [0, 3]");
@@ -522,14 +540,28 @@ TEST_SUITE("config") {
             "device": "cpu"
        }
     })"), "zero_optimization.stage", "3 is not supported");
-    CHECK_REFUSED(with("zero_optimization", R"({"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": true}})"),
-                  "zero_optimization.offload_optimizer.device", ": \"cpu\" is not supported (mpopt does not offload");
+    // The same file reports its parameter offload as well (stage 3's).
+    CHECK_REFUSED(with("zero_optimization", R"({"stage": 3, "offload_param": {"device": "cpu"}})"),
+                  "zero_optimization.offload_param.device", "\"cpu\" is not supported (parameter offload is ZeRO stage 3's");
     CHECK_REFUSED(with("zero_optimization", R"({"stage": 2, "offload_param": {"device": "nvme"}})"),
                   "zero_optimization.offload_param.device", "\"nvme\" is not supported");
+    CHECK_REFUSED(with("zero_optimization", R"({"stage": 2, "cpu_offload_param": true})"),
+                  "zero_optimization.cpu_offload_param", "true is not supported (parameter offload is ZeRO stage 3's)");
+    CHECK_REFUSED(with("zero_optimization", R"({"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": "/x"}})"),
+                  "zero_optimization.offload_optimizer.device", "\"nvme\" is not supported (mpopt offloads the optimizer "
+                  "to host memory: \"cpu\")");
+    CHECK_REFUSED(with("zero_optimization", R"({"stage": 2, "offload_optimizer": {"device": "gpu"}})"),
+                  "zero_optimization.offload_optimizer.device", "\"gpu\" is not one of DeepSpeed's (none, cpu, nvme)");
+    CHECK_REFUSED(with("zero_optimization", R"({"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.3}})"),
+                  "zero_optimization.offload_optimizer.ratio", " must be 1 (offloading part of the state is ZeRO stage "
+                  "3's), got 0.3");
+    CHECK_REFUSED(with("zero_optimization", R"({"stage": 2, "zenflow": {"topk_ratio": 0.1}})"), "zero_optimization.zenflow",
+                  ": not supported (ZenFlow");
+    CHECK_REFUSED(with("zero_optimization", R"({"stage": 2, "legacy_stage1": true})"), "zero_optimization.legacy_stage1",
+                  "true is not supported");
     const deepspeed_config none = parse(with("zero_optimization", R"({"stage": 2, "offload_optimizer": {"device": "none"}})"));
     CHECK(ignored(none, "zero_optimization.offload_optimizer"));
-    CHECK_REFUSED(with("zero_optimization", R"({"stage": 2, "cpu_offload": true})"), "zero_optimization.cpu_offload",
-                  "true is not supported");
+    CHECK_FALSE(none.offload_optimizer);
     CHECK_REFUSED(with("zero_optimization", R"({"stage": 2, "round_robin_gradients": true})"),
                   "zero_optimization.round_robin_gradients", "true is not supported");
     CHECK_REFUSED(with("zero_optimization", R"({"stage": 2, "load_from_fp32_weights": false})"),
@@ -545,6 +577,12 @@ TEST_SUITE("config") {
                                                                     "stage3_gather_16bit_weights_on_model_save": true})"));
     CHECK(ignored(s3, "zero_optimization.sub_group_size"));
     CHECK(ignored(s3, "zero_optimization.stage3_gather_16bit_weights_on_model_save"));
+    for (std::string_view key : mpopt::detail::deepspeed_stage3_keys) {  // each, whatever it holds
+      CAPTURE(key);
+      const deepspeed_config c =
+          parse(with("zero_optimization", R"({"stage": 1, ")" + std::string(key) + R"(": {"any": [1, "thing"]}})"));
+      CHECK(ignored(c, "zero_optimization." + std::string(key)));
+    }
     CHECK_REFUSED(with("zero_optimization", R"({"stage": 2, "overlap_comm": 1})"), "zero_optimization.overlap_comm",
                   " must be true or false");
   }
@@ -874,6 +912,168 @@ TEST_SUITE("config") {
     CHECK(mpopt::detail::schedule_text(mpopt::warmup_lr{.warmup_num_steps = 10}) !=
           mpopt::detail::schedule_text(mpopt::warmup_lr{.warmup_num_steps = 11}));
     CHECK(mpopt::detail::schedule_text(std::nullopt) == "none");
+  }
+
+  /// The Hugging Face Trainer's stock ZeRO-2 file (transformers' docs, "ZeRO-2 example"), with
+  /// nine "auto" values and two misspelt keys (overlap_com, steps_per_prnt).
+  const char* const hf_zero2 = R"({
+    "fp16": {"enabled": "auto", "loss_scale": 0, "loss_scale_window": 1000, "initial_scale_power": 16,
+             "hysteresis": 2, "min_loss_scale": 1},
+    "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
+    "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
+                  "warmup_num_steps": "auto", "total_num_steps": 1000}},
+    "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": true},
+                          "allgather_partitions": true, "allgather_bucket_size": 2e8, "overlap_com": true,
+                          "reduce_scatter": true, "reduce_bucket_size": 2e8, "contiguous_gradients": true},
+    "gradient_accumulation_steps": 1,
+    "gradient_clipping": 1.0,
+    "steps_per_prnt": 2000,
+    "train_micro_batch_size_per_gpu": "auto",
+    "wall_clock_breakdown": false
+  })";
+
+  /// What the Trainer would fill in for those nine.
+  nlohmann::json hf_auto_values() {
+    return {{"fp16.enabled", true},
+            {"optimizer.params.lr", 3e-4},
+            {"optimizer.params.betas", {0.9, 0.95}},
+            {"optimizer.params.eps", 1e-8},
+            {"optimizer.params.weight_decay", 0.01},
+            {"scheduler.params.warmup_min_lr", 0},
+            {"scheduler.params.warmup_max_lr", 3e-4},
+            {"scheduler.params.warmup_num_steps", 100},
+            {"train_micro_batch_size_per_gpu", 8},
+            {"bf16.enabled", false}};  // a key the file lacks: passed over, as the Trainer does
+  }
+
+  TEST_CASE("one run reports every problem of a file: nine \"auto\" values and two typos, eleven lines") {
+    const std::string msg = error_of([&] { (void)parse(hf_zero2); });
+    INFO(msg);
+    CHECK(msg.rfind("mpopt: 11 problems:\n", 0) == 0);
+    CHECK(std::count(msg.begin(), msg.end(), '\n') == 11);
+    for (const char* path : {"fp16.enabled", "optimizer.params.lr", "optimizer.params.betas", "optimizer.params.eps",
+                             "optimizer.params.weight_decay", "scheduler.params.warmup_min_lr",
+                             "scheduler.params.warmup_max_lr", "scheduler.params.warmup_num_steps",
+                             "train_micro_batch_size_per_gpu"}) {
+      CAPTURE(path);
+      CHECK(problem_at(msg, path).find(": \"auto\" is a placeholder") != std::string::npos);
+    }
+    CHECK(problem_at(msg, "zero_optimization.overlap_com").find(": unknown key (mpopt reads stage") != std::string::npos);
+    CHECK(problem_at(msg, "steps_per_prnt").find(": unknown key (not one of DeepSpeed's") != std::string::npos);
+
+    // The values from code: the typos are left, reported together.
+    const std::string left = error_of([&] { (void)deepspeed_config::parse_text(hf_zero2, 1, hf_auto_values()); });
+    INFO(left);
+    CHECK(left.rfind("mpopt: 2 problems:\n", 0) == 0);
+    CHECK(!problem_at(left, "zero_optimization.overlap_com").empty());
+    CHECK(!problem_at(left, "steps_per_prnt").empty());
+
+    // Typos mended, the file runs as the Trainer would make it.
+    std::string mended = hf_zero2;
+    mended.replace(mended.find("overlap_com"), 11, "overlap_comm");
+    mended.replace(mended.find("steps_per_prnt"), 14, "steps_per_print");
+    const deepspeed_config c = deepspeed_config::parse_text(mended, 1, hf_auto_values());
+    CHECK(c.precision == config_precision::fp16);
+    CHECK(c.adam_options.lr == 3e-4);
+    CHECK(c.adam_options.beta2 == 0.95);
+    CHECK(c.adam_options.weight_decay == 0.01);
+    CHECK(c.micro_batch_size == 8);
+    CHECK(c.offload_optimizer);
+    CHECK(c.options.overlap_comm);
+    const auto& w = std::get<mpopt::warmup_decay_lr>(*c.schedule);
+    CHECK(w.warmup_max_lr == 3e-4);
+    CHECK(w.warmup_num_steps == 100);
+    CHECK(c.summary() == "fp16 with a dynamic loss scale, ZeRO stage 2, AdamW, optimizer state in host memory "
+                         "(offload_optimizer), WarmupDecayLR");
+  }
+
+  TEST_CASE("auto_values: only \"auto\" is filled; another value must match; a malformed set is refused") {
+    const std::string msg = error_of([&] {
+      (void)deepspeed_config::parse_text(with("gradient_clipping", "1.0"), 1, {{"gradient_clipping", 0.5}});
+    });
+    CHECK(msg == "mpopt: gradient_clipping: the configuration says 1.0, auto_values 0.5 (auto_values fills in only "
+                 "\"auto\")");
+    // The same value is no conflict, and a path through a non-object is passed over.
+    CHECK(deepspeed_config::parse_text(with("gradient_clipping", "0.5"), 1,
+                                       {{"gradient_clipping", 0.5}, {"gradient_clipping.x", 1}})
+              .options.clip_grad == 0.5);
+    CHECK(error_of([&] { (void)deepspeed_config::parse_text(with("gradient_clipping", "1.0"), 1, nlohmann::json::array()); })
+              .find("auto_values must be a JSON object") != std::string::npos);
+    // A value filled in is read like one written: its checks still apply.
+    CHECK_REFUSED(std::string(R"({"optimizer": {"type": "Adam", "params": {"lr": "auto"}}})"), "optimizer.params.lr",
+                  "\"auto\" is a placeholder");
+    const std::string bad = error_of([&] {
+      (void)deepspeed_config::parse_text(R"({"optimizer": {"type": "Adam", "params": {"lr": "auto"}}})", 1,
+                                         {{"optimizer.params.lr", -1}});
+    });
+    CHECK(bad.find("optimizer.params.lr must be >= 0") != std::string::npos);
+  }
+
+  TEST_CASE("every engine key is accepted and listed, or refused where it asks what mpopt does not do") {
+    using mpopt::detail::engine_key_use;
+    for (const auto& k : mpopt::detail::deepspeed_engine_keys) {
+      CAPTURE(k.key);
+      const std::string key(k.key);
+      if (k.use == engine_key_use::ignored) {
+        CHECK(ignored(parse(with(key, R"({"enabled": true, "anything": [1]})")), key));
+        CHECK(ignored(parse(with(key, "7")), key));
+      } else {
+        const bool off_refused = k.use == engine_key_use::refused_when_off;
+        CHECK(ignored(parse(with(key, off_refused ? "true" : "false")), key));
+        CHECK_REFUSED(with(key, off_refused ? "false" : "true"), key, std::string(" is not supported (") + std::string(k.why));
+        if (!off_refused) {
+          CHECK(ignored(parse(with(key, R"({"enabled": false, "opt_level": "O1"})")), key));
+          CHECK_REFUSED(with(key, R"({"enabled": true, "opt_level": "O1"})"), key + ".enabled", ": true is not supported");
+        }
+      }
+    }
+    // Those an outside user found refused as unknown.
+    CHECK_REFUSED(with("amp", R"({"enabled": true, "opt_level": "O2"})"), "amp.enabled",
+                  ": true is not supported (Apex AMP casts the model");
+    CHECK_REFUSED(with("elasticity", R"({"enabled": true, "max_train_batch_size": 2000, "micro_batch_sizes": [2, 4]})"),
+                  "elasticity.enabled", "elastic training derives the batch sizes");
+    CHECK(ignored(parse(with("compile", R"({"deepcompile": false})")), "compile"));
+    CHECK(ignored(parse(with("zero_optimization", R"({"stage": 2, "ignore_unused_parameters": true})")),
+                  "zero_optimization.ignore_unused_parameters"));
+    const deepspeed_config dt = parse(with("data_types", R"({"grad_accum_dtype": "fp32", "buffer_dtype": "bf16"})"));
+    CHECK(ignored(dt, "data_types.buffer_dtype"));
+    CHECK(parse(with("data_types", R"({"grad_accum_dtype": "torch.float32"})")).precision == config_precision::fp32);
+    CHECK_REFUSED(with("data_types", R"({"grad_accum_dtype": "bf16"})"), "data_types.grad_accum_dtype",
+                  "\"bf16\" is not supported (mpopt sums micro-steps' gradients in fp32)");
+    CHECK_REFUSED(with("data_types", R"({"grad_accum_dtype": "fp64"})"), "data_types.grad_accum_dtype",
+                  "\"fp64\" is not one of DeepSpeed's types");
+    CHECK(parse(R"({"optimizer": {"type": "Adam"}, "bf16": {"enabled": true}, "data_types": {"param_dtype": "bfloat16"}})")
+              .precision == config_precision::bf16);
+    CHECK_REFUSED(with("data_types", R"({"param_dtype": "fp16"})"), "data_types.param_dtype",
+                  "\"fp16\" is not the parameters' type, fp32");
+    CHECK_REFUSED(with("data_types", R"({"grad_accum": "fp32"})"), "data_types.grad_accum", ": unknown key");
+  }
+
+  TEST_CASE("docs/deepspeed-config.md names every key the reader takes as the engine's or stage 3's") {
+    std::ifstream in(std::string(MPOPT_DOCS_DIR) + "/deepspeed-config.md");
+    REQUIRE(in);
+    const std::string page((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    for (const auto& k : mpopt::detail::deepspeed_engine_keys) {
+      CAPTURE(k.key);
+      CHECK(page.find("| `" + std::string(k.key) + "` |") != std::string::npos);
+      CHECK(page.find(std::string(k.why)) != std::string::npos);
+    }
+    for (std::string_view key : mpopt::detail::deepspeed_stage3_keys) {
+      CAPTURE(key);
+      CHECK(page.find("`" + std::string(key) + "`") != std::string::npos);
+    }
+  }
+
+  TEST_CASE("offload_optimizer.device cpu is read: the optimizer state in host memory") {
+    const deepspeed_config c = parse(with("zero_optimization", R"({"stage": 2, "offload_optimizer": {"device": "cpu",
+        "pin_memory": true, "pipeline_read": false, "buffer_count": 4}})"));
+    CHECK(c.offload_optimizer);
+    CHECK(c.zero_stage == 2);
+    CHECK(ignored(c, "zero_optimization.offload_optimizer.pin_memory"));
+    CHECK(ignored(c, "zero_optimization.offload_optimizer.buffer_count"));
+    CHECK(c.summary().find("optimizer state in host memory (offload_optimizer)") != std::string::npos);
+    CHECK(parse(with("zero_optimization", R"({"stage": 1, "cpu_offload": true})")).offload_optimizer);  // the old name
+    CHECK_FALSE(parse(with("zero_optimization", R"({"stage": 1})")).offload_optimizer);
   }
 
   TEST_CASE("JSON text: not an object, not JSON, or a key given twice is refused") {

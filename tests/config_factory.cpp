@@ -394,6 +394,42 @@ TEST_SUITE("config") {
     CHECK_FALSE(a.schedule());
   }
 
+  TEST_CASE("a Hugging Face file with \"auto\" values runs with them given from code, offload_optimizer included") {
+    const char* zero2 = R"({
+      "fp16": {"enabled": "auto", "loss_scale": 0, "initial_scale_power": 10},
+      "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
+      "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
+                    "warmup_num_steps": "auto"}},
+      "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": true},
+                            "overlap_comm": true, "reduce_bucket_size": "auto"},
+      "gradient_accumulation_steps": "auto",
+      "gradient_clipping": "auto",
+      "train_micro_batch_size_per_gpu": "auto"
+    })";
+    CHECK(error_of([&] { (void)deepspeed_config::parse_text(zero2); }).rfind("mpopt: 12 problems:", 0) == 0);
+    const nlohmann::json from_code = {
+        {"fp16.enabled", true}, {"optimizer.params.lr", 2e-3}, {"optimizer.params.betas", {0.9, 0.99}},
+        {"optimizer.params.eps", 1e-8}, {"optimizer.params.weight_decay", 0.0}, {"scheduler.params.warmup_min_lr", 0},
+        {"scheduler.params.warmup_max_lr", 2e-3}, {"scheduler.params.warmup_num_steps", 10},
+        {"zero_optimization.reduce_bucket_size", 64}, {"gradient_accumulation_steps", 2}, {"gradient_clipping", 1.0},
+        {"train_micro_batch_size_per_gpu", 4}};
+    const deepspeed_config c = deepspeed_config::parse_text(zero2, 1, from_code);
+    CHECK(c.offload_optimizer);
+    mpopt::any_optimizer opt = mpopt::make_optimizer(c);
+    std::vector<mpopt::half> p(40, mpopt::half(0.5f)), g(40);
+    opt.add_group().add(p, g, "w");
+    const mpopt::lr_schedule s = *c.schedule;
+    for (std::uint64_t k = 0; k < 6; ++k) {
+      for (int micro = 0; micro < 2; ++micro) {
+        for (std::size_t i = 0; i < g.size(); ++i) g[i] = mpopt::half(float(opt.loss_scale()) * 0.01f * float(i % 7));
+        opt.step();
+      }
+      CHECK(opt.group(0).step() == k + 1);
+      CHECK(opt.group(0).lr() == mpopt::scheduled_rate(s, k, 2e-3));
+    }
+    CHECK(p[1] != mpopt::half(0.5f));
+  }
+
   TEST_CASE("a configuration's scheduler block is followed, saved, and restored into a factory-made optimizer") {
     const char* scheduled = R"({"fp16": {"enabled": true, "initial_scale_power": 8}, "optimizer": {"type": "AdamW",
         "params": {"lr": 3e-3}}, "scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 20,

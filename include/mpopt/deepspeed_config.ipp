@@ -17,20 +17,41 @@ namespace mpopt {
 
 namespace detail {
 
-MPOPT_DECL deepspeed_reader::deepspeed_reader(const nlohmann::json& j, int world_size)
-    : top_(j, ""), world_(world_size) {
+MPOPT_DECL nlohmann::json with_auto_values(const nlohmann::json& j, const nlohmann::json& values,
+                                           config_problems& problems) {
+  if (!values.is_object()) fail("auto_values must be a JSON object of paths and values, got ", json_brief(values));
+  nlohmann::json filled = j;
+  for (const auto& [path, value] : values.items()) {
+    nlohmann::json* at = &filled;
+    for (std::size_t from = 0; at && from <= path.size();) {
+      const std::size_t dot = std::min(path.find('.', from), path.size());
+      const std::string key = path.substr(from, dot - from);
+      at = at->is_object() && at->contains(key) ? &(*at)[key] : nullptr;
+      from = dot + 1;
+    }
+    if (!at) continue;  // as the Hugging Face Trainer: only what the file has
+    if (at->is_string() && at->get_ref<const std::string&>() == "auto") *at = value;
+    else if (*at != value)
+      problems.add(text_of(path, ": the configuration says ", json_brief(*at), ", auto_values ", json_brief(value),
+                           " (auto_values fills in only \"auto\")"));
+  }
+  return filled;
+}
+
+MPOPT_DECL deepspeed_reader::deepspeed_reader(const nlohmann::json& j, int world_size, const nlohmann::json& auto_values)
+    : filled_(with_auto_values(j, auto_values, problems_)), top_(filled_, "", &problems_), world_(world_size) {
   if (world_size < 1) fail("world_size must be >= 1, got ", world_size);
   c_.world_size = world_size;
 }
 
 MPOPT_DECL deepspeed_config deepspeed_reader::read() {
-  top_keys();
-  precision();
-  zero();
-  optimizer();
-  batch();
-  step_options();
-  scheduler();
+  // Each part on its own: one that cannot go on adds its problem, and the next part reads.
+  for (void (deepspeed_reader::*part)() : {&deepspeed_reader::top_keys, &deepspeed_reader::precision,
+                                           &deepspeed_reader::data_types, &deepspeed_reader::zero,
+                                           &deepspeed_reader::optimizer, &deepspeed_reader::batch,
+                                           &deepspeed_reader::step_options, &deepspeed_reader::scheduler})
+    problems_.attempt([&] { (this->*part)(); });
+  problems_.raise();
   return std::move(c_);
 }
 
@@ -43,38 +64,93 @@ MPOPT_DECL void deepspeed_reader::ignore_flag(const config_object& o, std::strin
 MPOPT_DECL void deepspeed_reader::require_flag(const config_object& o, std::string_view key, bool supported,
                                                std::string_view why) {
   if (o.flag(key, supported) != supported)
-    fail(o.at(key), ": ", supported ? "false" : "true", " is not supported (", why, ")");
+    o.refuse(o.at(key), ": ", supported ? "false" : "true", " is not supported (", why, ")");
 }
 
 MPOPT_DECL void deepspeed_reader::top_keys() {
   for (const auto& item : top_.json().items()) {
     const std::string& key = item.key();
-    if (std::ranges::find(deepspeed_engine_keys, key) != std::end(deepspeed_engine_keys)) {
-      ignore(key);
-      continue;
-    }
     static constexpr std::string_view read_here[] = {
-        "fp16", "bf16", "bfloat16", "zero_optimization", "optimizer", "gradient_clipping",
+        "fp16", "bf16", "bfloat16", "zero_optimization", "optimizer", "scheduler", "gradient_clipping",
         "gradient_accumulation_steps", "gradient_predivide_factor", "train_batch_size",
         "train_micro_batch_size_per_gpu", "prescale_gradients", "communication_data_type",
-        "gradient_allreduce_op", "scheduler"};
+        "gradient_allreduce_op", "data_types", "allgather_size"};
     if (std::ranges::find(read_here, key) != std::end(read_here)) continue;
-    fail(key, ": unknown key (mpopt reads fp16, bf16, zero_optimization, optimizer, scheduler, gradient_clipping, "
-              "gradient_accumulation_steps, gradient_predivide_factor, train_batch_size, "
-              "train_micro_batch_size_per_gpu, prescale_gradients, communication_data_type, "
-              "gradient_allreduce_op, and ignores the engine's keys; see the README)");
+    const auto* k = std::ranges::find(deepspeed_engine_keys, key, &engine_key::key);
+    if (k != std::end(deepspeed_engine_keys)) engine_key_of(*k);
+    else
+      top_.refuse(key, ": unknown key (not one of DeepSpeed's: mpopt reads fp16, bf16, zero_optimization, optimizer, "
+                       "scheduler, gradient_clipping, gradient_accumulation_steps, gradient_predivide_factor, "
+                       "train_batch_size, train_micro_batch_size_per_gpu, prescale_gradients, "
+                       "communication_data_type, gradient_allreduce_op, data_types, and takes the engine's: "
+                       "docs/deepspeed-config.md)");
   }
   if (top_.flag("prescale_gradients", false))
-    fail("prescale_gradients: true is not supported (mpopt divides after the sum; "
-         "gradient_predivide_factor divides before it)");
+    top_.refuse("prescale_gradients: true is not supported (mpopt divides after the sum; "
+                "gradient_predivide_factor divides before it)");
   if (const nlohmann::json* t = top_.find("communication_data_type"); t && !t->is_null()) {
-    const std::string type = top_.text("communication_data_type", "");
+    const std::string type = top_.text("communication_data_type", "fp32");
     if (type != "fp32")
-      fail("communication_data_type: \"", type, "\" is not supported (make_optimizer sums gradients across ranks "
-           "in fp32; mpopt::mixed_precision<T, float, T> sends them as T)");
+      top_.refuse("communication_data_type: \"", type, "\" is not supported (make_optimizer sums gradients across "
+                  "ranks in fp32; mpopt::mixed_precision<T, float, T> sends them as T)");
   }
   if (const std::string op = top_.text("gradient_allreduce_op", "mean"); op != "mean")
-    fail("gradient_allreduce_op: \"", op, "\" is not supported (mpopt averages gradients over ranks: \"mean\")");
+    top_.refuse("gradient_allreduce_op: \"", op, "\" is not supported (mpopt averages gradients over ranks: \"mean\")");
+}
+
+MPOPT_DECL void deepspeed_reader::engine_key_of(const engine_key& k) {
+  const nlohmann::json& v = top_.json()[std::string(k.key)];
+  if (k.use != engine_key_use::ignored) {
+    // A flag, or a section whose "enabled" says (absent: off).
+    const bool section = v.is_object();
+    const bool on = section ? config_object(v, std::string(k.key), top_).flag("enabled", false)
+                            : top_.flag(k.key, k.use == engine_key_use::refused_when_off);
+    if (on == (k.use == engine_key_use::refused_when_on)) {
+      top_.refuse(k.key, section ? ".enabled" : "", ": ", on, " is not supported (", k.why, ")");
+      return;
+    }
+  }
+  ignore(std::string(k.key));
+}
+
+MPOPT_DECL void deepspeed_reader::data_types() {
+  const nlohmann::json* j = top_.find("data_types");
+  if (!j) return;
+  const config_object d(*j, "data_types", top_);
+  d.allow_only({"grad_accum_dtype", "param_dtype", "buffer_dtype"}, "mpopt");
+  // DeepSpeed's spellings of the three types (its DtypeEnum).
+  const auto type_of = [&](std::string_view key) -> std::string_view {
+    const nlohmann::json* v = d.find(key);
+    if (!v || v->is_null()) return "";
+    const std::string name = d.text(key, "");
+    for (const auto& [type, names] : {std::pair{"fp32", "fp32 float32 float torch.float32"},
+                                      std::pair{"fp16", "fp16 float16 half torch.float16"},
+                                      std::pair{"bf16", "bf16 bfloat16 torch.bfloat16"}}) {
+      std::string_view list = names;
+      for (std::size_t at = 0; at < list.size();) {
+        const std::size_t end = std::min(list.find(' ', at), list.size());
+        if (list.substr(at, end - at) == name) return type;
+        at = end + 1;
+      }
+    }
+    d.refuse(d.at(key), ": \"", name, "\" is not one of DeepSpeed's types (fp32, fp16, bf16 and their other names)");
+    return "";
+  };
+  const std::string_view accumulate = type_of("grad_accum_dtype");
+  if (!accumulate.empty() && accumulate != "fp32")
+    d.refuse(d.at("grad_accum_dtype"), ": \"", accumulate, "\" is not supported (mpopt sums micro-steps' gradients "
+             "in fp32)");
+  const std::string_view param = type_of("param_dtype");
+  const std::string_view model = c_.precision == config_precision::fp16   ? "fp16"
+                                 : c_.precision == config_precision::bf16 ? "bf16"
+                                                                          : "fp32";
+  if (!param.empty() && param != model)
+    d.refuse(d.at("param_dtype"), ": \"", param, "\" is not the parameters' type, ", model,
+             " (fp16.enabled and bf16.enabled decide it; DeepSpeed asserts the same)");
+  if (d.has("buffer_dtype")) {
+    type_of("buffer_dtype");
+    ignore(d.at("buffer_dtype"));  // the model's buffers
+  }
 }
 
 MPOPT_DECL void deepspeed_reader::precision() {
@@ -84,7 +160,7 @@ MPOPT_DECL void deepspeed_reader::precision() {
   bool consecutive = false;
   double min_scale = 1;
   if (const nlohmann::json* j = top_.find("fp16")) {
-    const config_object f(*j, "fp16");
+    const config_object f(*j, "fp16", top_);
     f.allow_only({"enabled", "auto_cast", "loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis",
                   "consecutive_hysteresis", "min_loss_scale", "fp16_master_weights_and_grads"},
                  "mpopt");
@@ -92,9 +168,9 @@ MPOPT_DECL void deepspeed_reader::precision() {
     ignore_flag(f, "auto_cast");  // casting the model's inputs: the engine's business
     loss_scale = f.number("loss_scale", 0);
     if (!(loss_scale >= 0))
-      fail(f.at("loss_scale"), " must be >= 0 (0 enables dynamic loss scaling), got ", loss_scale);
+      f.refuse(f.at("loss_scale"), " must be >= 0 (0 enables dynamic loss scaling), got ", loss_scale);
     if (!(loss_scale <= max_loss_scale))
-      fail(f.at("loss_scale"), " must be <= 2^64 (mpopt::max_loss_scale), got ", loss_scale);
+      f.refuse(f.at("loss_scale"), " must be <= 2^64 (mpopt::max_loss_scale), got ", loss_scale);
     power = f.integer("initial_scale_power", 16, -126, 64);  // the scale is a normal float, at most 2^64
     constexpr std::int64_t big = std::numeric_limits<std::int64_t>::max();
     window = f.integer("loss_scale_window", 1000, -big, big);
@@ -110,13 +186,14 @@ MPOPT_DECL void deepspeed_reader::precision() {
       const double initial = std::ldexp(1.0, int(power));
       if (!(min_scale <= initial))
         fail(f.at("min_loss_scale"), " (", min_scale, ") must be <= 2^initial_scale_power (", initial, ")");
+      // These end the part (fail, not refuse): the scaler they describe cannot be made.
     }
   }
   const nlohmann::json* b = top_.find("bf16");
   const nlohmann::json* old = top_.find("bfloat16");
-  if (b && old) fail("bfloat16: the old name of bf16; give one of the two");
+  if (b && old) top_.refuse("bfloat16: the old name of bf16; give one of the two");
   if (b || old) {
-    const config_object f(b ? *b : *old, b ? "bf16" : "bfloat16");
+    const config_object f(b ? *b : *old, b ? "bf16" : "bfloat16", top_);
     f.allow_only({"enabled", "immediate_grad_update", "check_grad_overflow", "bf16_master_weights_and_grads",
                   "bf16_optimizer_states"},
                  "mpopt");
@@ -128,7 +205,10 @@ MPOPT_DECL void deepspeed_reader::precision() {
     require_flag(f, "bf16_master_weights_and_grads", false, "mpopt keeps fp32 master weights");
     require_flag(f, "bf16_optimizer_states", false, "mpopt keeps fp32 optimizer state");
   }
-  if (fp16 && bf16) fail(b ? "bf16" : "bfloat16", ".enabled: fp16.enabled is true too; a run trains in one of them");
+  if (fp16 && bf16) {
+    top_.refuse(b ? "bf16" : "bfloat16", ".enabled: fp16.enabled is true too; a run trains in one of them");
+    return;
+  }
   if (fp16) {
     c_.precision = config_precision::fp16;
     if (loss_scale > 0) {
@@ -152,51 +232,78 @@ MPOPT_DECL void deepspeed_reader::zero() {
   if (!z) return;
   if (z->is_boolean()) {  // DeepSpeed's deprecated form: true is stage 1
     c_.zero_stage = z->get<bool>() ? 1 : 0;
+    if (top_.has("allgather_size")) ignore("allgather_size");  // that form's allgather_bucket_size
     return;
   }
-  const config_object o(*z, "zero_optimization");
-  for (const auto& item : z->items()) {
-    const std::string& key = item.key();
-    if (std::ranges::find(deepspeed_stage3_keys, key) == std::end(deepspeed_stage3_keys)) continue;
-    if (key == "stage3_gather_16bit_weights_on_model_save") o.flag(key, false);
-    else o.integer(key, 0, 0, std::numeric_limits<std::int64_t>::max());
-    ignore(o.at(key));
-  }
-  o.allow_only({"stage", "reduce_bucket_size", "allgather_bucket_size", "contiguous_gradients", "overlap_comm",
-                "reduce_scatter", "allgather_partitions", "elastic_checkpoint", "load_from_fp32_weights",
-                "round_robin_gradients", "cpu_offload", "offload_optimizer", "offload_param",
-                "stage3_max_live_parameters", "stage3_max_reuse_distance", "stage3_prefetch_bucket_size",
-                "stage3_param_persistence_threshold", "stage3_gather_16bit_weights_on_model_save", "sub_group_size"},
-               "mpopt");
+  if (top_.has("allgather_size")) top_.refuse("allgather_size: read by DeepSpeed only where zero_optimization is true or false");
+  const config_object o(*z, "zero_optimization", top_);
+  std::vector<std::string_view> known = {
+      "stage", "reduce_bucket_size", "allgather_bucket_size", "contiguous_gradients", "overlap_comm", "reduce_scatter",
+      "allgather_partitions", "elastic_checkpoint", "load_from_fp32_weights", "round_robin_gradients",
+      "use_multi_rank_bucket_allreduce", "ignore_unused_parameters", "legacy_stage1", "cpu_offload",
+      "cpu_offload_param", "cpu_offload_use_pin_memory", "offload_optimizer", "offload_param", "zenflow"};
+  known.insert(known.end(), std::begin(deepspeed_stage3_keys), std::end(deepspeed_stage3_keys));
+  o.allow_only(known, "mpopt");
+  for (std::string_view key : deepspeed_stage3_keys)
+    if (o.has(key)) ignore(o.at(key));
   const std::int64_t stage = o.integer("stage", 0, 0, 3);
   if (stage == 3)
-    fail(o.at("stage"), ": 3 is not supported (mpopt has stages 0, 1 and 2; stage 3 partitions the parameters too)");
-  c_.zero_stage = int(stage);
+    o.refuse(o.at("stage"), ": 3 is not supported (mpopt has stages 0, 1 and 2; stage 3 partitions the parameters too)");
+  else c_.zero_stage = int(stage);
   c_.options.bucket_elements = std::size_t(o.integer("reduce_bucket_size", 500000000, 1, std::int64_t{1} << 30));
   if (o.has("allgather_bucket_size")) {
     // Unused by DeepSpeed too where torch has all_gather_into_tensor; mpopt gathers in the reduce buckets.
     const std::int64_t n = o.integer("allgather_bucket_size", 500000000, 1, std::numeric_limits<std::int64_t>::max());
-    if (n % 2 != 0) fail(o.at("allgather_bucket_size"), " must be a multiple of 2 (DeepSpeed asserts it), got ", n);
+    if (n % 2 != 0) o.refuse(o.at("allgather_bucket_size"), " must be a multiple of 2 (DeepSpeed asserts it), got ", n);
     ignore(o.at("allgather_bucket_size"));
   }
   c_.options.overlap_comm = o.flag("overlap_comm", false);
   // How the exchange is scheduled, not what it computes: mpopt packs gradients into buckets,
   // reduce-scatters them and all-gathers the parameters, and its checkpoints load at any world size.
-  for (std::string_view key : {"contiguous_gradients", "reduce_scatter", "allgather_partitions", "elastic_checkpoint"})
+  // A parameter backward leaves unused has zeros for its gradient: nothing to ignore.
+  for (std::string_view key : {"contiguous_gradients", "reduce_scatter", "allgather_partitions", "elastic_checkpoint",
+                               "use_multi_rank_bucket_allreduce", "ignore_unused_parameters"})
     ignore_flag(o, key);
   require_flag(o, "load_from_fp32_weights", true, "load() restores the fp32 masters from the checkpoint");
   require_flag(o, "round_robin_gradients", false, "mpopt shards each group's flat space in order");
-  require_flag(o, "cpu_offload", false, "mpopt does not offload");
-  for (std::string_view key : {"offload_optimizer", "offload_param"}) {
-    const nlohmann::json* v = o.find(key);
-    if (!v) continue;
-    const config_object off(*v, o.at(key));
-    off.allow_only({"device", "pin_memory"}, "mpopt");
+  require_flag(o, "legacy_stage1", false, "DeepSpeed has removed it too");
+  if (o.has("zenflow"))
+    o.refuse(o.at("zenflow"), ": not supported (ZenFlow's updates of the important columns alone are not mpopt's)");
+  offload(o);
+}
+
+MPOPT_DECL void deepspeed_reader::offload(const config_object& zero) {
+  // The deprecated spellings: cpu_offload is offload_optimizer {"device": "cpu"}, cpu_offload_param
+  // offload_param's.
+  if (zero.flag("cpu_offload", false)) c_.offload_optimizer = true;
+  if (zero.flag("cpu_offload_param", false))
+    zero.refuse(zero.at("cpu_offload_param"), ": true is not supported (parameter offload is ZeRO stage 3's)");
+  ignore_flag(zero, "cpu_offload_use_pin_memory");
+  if (const nlohmann::json* v = zero.find("offload_optimizer"); v && !v->is_null()) {
+    const config_object off(*v, zero.at("offload_optimizer"), zero);
+    off.allow_only({"device", "nvme_path", "buffer_count", "pin_memory", "pipeline_read", "pipeline_write", "fast_init",
+                    "ratio", "super_offload", "cpuadam_cores_perc"},
+                   "mpopt");
     const std::string device = off.text("device", "none");
-    if (device != "none")
-      fail(off.at("device"), ": \"", device, "\" is not supported (mpopt does not offload: \"none\")");
-    ignore_flag(off, "pin_memory");
-    ignore(o.at(key));
+    if (device == "cpu") c_.offload_optimizer = true;
+    else if (device == "none") ignore(zero.at("offload_optimizer"));
+    else if (device == "nvme")
+      off.refuse(off.at("device"), ": \"nvme\" is not supported (mpopt offloads the optimizer to host memory: \"cpu\")");
+    else if (device != "none")
+      off.refuse(off.at("device"), ": \"", device, "\" is not one of DeepSpeed's (none, cpu, nvme)");
+    if (const nlohmann::json* ratio = off.find("ratio"); ratio && !(ratio->is_number() && ratio->get<double>() == 1))
+      off.refuse(off.at("ratio"), " must be 1 (offloading part of the state is ZeRO stage 3's), got ", json_brief(*ratio));
+    require_flag(off, "super_offload", false, "SuperOffload is ZeRO stage 3's");
+    for (std::string_view key : {"pin_memory", "pipeline_read", "pipeline_write", "fast_init"}) ignore_flag(off, key);
+    for (std::string_view key : {"nvme_path", "buffer_count", "cpuadam_cores_perc"})
+      if (off.has(key)) ignore(off.at(key));
+  }
+  if (const nlohmann::json* v = zero.find("offload_param"); v && !v->is_null()) {
+    const config_object off(*v, zero.at("offload_param"), zero);
+    off.allow_only({"device", "nvme_path", "buffer_count", "buffer_size", "max_in_cpu", "pin_memory"}, "mpopt");
+    if (const std::string device = off.text("device", "none"); device != "none")
+      off.refuse(off.at("device"), ": \"", device, "\" is not supported (parameter offload is ZeRO stage 3's: \"none\")");
+    ignore(zero.at("offload_param"));
   }
 }
 
@@ -205,7 +312,7 @@ MPOPT_DECL void deepspeed_reader::optimizer() {
   if (!j)
     fail("optimizer: missing: make_optimizer builds the optimizer the configuration names (type Adam, AdamW, "
          "Lamb, OneBitLamb, OneBitAdam or ZeroOneAdam)");
-  const config_object o(*j, "optimizer");
+  const config_object o(*j, "optimizer", top_);
   o.allow_only({"type", "params"}, "mpopt");
   if (!o.has("type")) fail("optimizer.type: missing (Adam, AdamW, Lamb, OneBitLamb, OneBitAdam or ZeroOneAdam)");
   c_.optimizer_type = o.text("type", "");
@@ -213,7 +320,7 @@ MPOPT_DECL void deepspeed_reader::optimizer() {
   for (char& ch : type) ch = char(std::tolower(static_cast<unsigned char>(ch)));
   const nlohmann::json empty = nlohmann::json::object();
   const nlohmann::json* p = o.find("params");
-  const config_object params(p ? *p : empty, "optimizer.params");
+  const config_object params(p ? *p : empty, "optimizer.params", o);
   if (type == "adam" || type == "adamw") {
     adam_params(params, type == "adamw");
   } else if (type == "lamb") {
@@ -232,19 +339,26 @@ MPOPT_DECL void deepspeed_reader::optimizer() {
 
 MPOPT_DECL void deepspeed_reader::common_params(const config_object& p, std::span<const field_ref> table) {
   if (p.has("max_grad_norm"))
-    fail(p.at("max_grad_norm"), ": not an optimizer parameter: use the top-level gradient_clipping (DeepSpeed "
+    p.refuse(p.at("max_grad_norm"), ": not an optimizer parameter: use the top-level gradient_clipping (DeepSpeed "
                                 "refuses it too)");
   require_flag(p, "amsgrad", false, "neither DeepSpeed's fused optimizers nor mpopt have AMSGrad");
   if (const nlohmann::json* b = p.find("betas")) {
-    if (!b->is_array() || b->size() != 2)
-      fail(p.at("betas"), " must be a list of two numbers [beta1, beta2], got ", json_brief(*b));
+    if (!b->is_array() || b->size() != 2) {
+      p.refuse(p.at("betas"), " must be a list of two numbers [beta1, beta2], got ", json_brief(*b));
+      return;
+    }
     for (std::size_t i = 0; i < 2; ++i) {
       const field_ref& beta = field_named(table, i == 0 ? "beta1" : "beta2");
       const std::string at = p.at("betas") + "[" + std::to_string(i) + "]";
-      if (!(*b)[i].is_number()) fail(at, " must be a number, got ", json_brief((*b)[i]));
+      if (!(*b)[i].is_number()) {
+        p.refuse(at, " must be a number, got ", json_brief((*b)[i]));
+        continue;
+      }
       const double x = (*b)[i].get<double>();
-      require_check(at, x, *beta.rule);
-      set_number(beta, x);
+      p.attempt([&] {
+        require_check(at, x, *beta.rule);
+        set_number(beta, x);
+      });
     }
   }
 }
@@ -261,11 +375,11 @@ MPOPT_DECL void deepspeed_reader::adam_params(const config_object& p, bool adamw
   // DeepSpeed builds AdamW for "Adam" unless adam_w_mode is false, and for "AdamW" always.
   const bool w_mode = p.flag("adam_w_mode", true);
   if (adamw && !w_mode)
-    fail(p.at("adam_w_mode"), ": false contradicts type AdamW (DeepSpeed would build AdamW anyway): use type Adam");
+    p.refuse(p.at("adam_w_mode"), ": false contradicts type AdamW (DeepSpeed would build AdamW anyway): use type Adam");
   o.decoupled_weight_decay = adamw || w_mode;
   ignore_flag(p, "torch_adam");     // torch's implementation of the same formula
   ignore_flag(p, "set_grad_none");  // how the engine clears gradients
-  check_options(o, p.path());
+  p.attempt([&] { check_options(o, p.path()); });
 }
 
 MPOPT_DECL void deepspeed_reader::lamb_params(const config_object& p) {
@@ -277,7 +391,7 @@ MPOPT_DECL void deepspeed_reader::lamb_params(const config_object& p) {
                              "min_coeff", "amsgrad", "max_grad_norm"},
                             "Lamb", table);
   common_params(p, table);
-  check_options(o, p.path());
+  p.attempt([&] { check_options(o, p.path()); });
 }
 
 MPOPT_DECL void deepspeed_reader::onebit_lamb_params(const config_object& p) {
@@ -292,7 +406,7 @@ MPOPT_DECL void deepspeed_reader::onebit_lamb_params(const config_object& p) {
                             "OneBitLamb", table, {"freeze_step"});
   compressing_params(p, table, "1-bit LAMB");
   o.freeze_step = freeze_step(p);
-  check_options(o, p.path());
+  p.attempt([&] { check_options(o, p.path()); });
 }
 
 MPOPT_DECL void deepspeed_reader::onebit_adam_params(const config_object& p) {
@@ -306,7 +420,7 @@ MPOPT_DECL void deepspeed_reader::onebit_adam_params(const config_object& p) {
                             "OneBitAdam", table, {"freeze_step"});
   compressing_params(p, table, "1-bit Adam");
   o.freeze_step = freeze_step(p);
-  check_options(o, p.path());
+  p.attempt([&] { check_options(o, p.path()); });
 }
 
 MPOPT_DECL void deepspeed_reader::zero_one_adam_params(const config_object& p) {
@@ -322,7 +436,7 @@ MPOPT_DECL void deepspeed_reader::zero_one_adam_params(const config_object& p) {
                              "exclude_zero_variance", "zero_variance_ratio"},
                             "ZeroOneAdam", table);
   compressing_params(p, table, "0/1 Adam");
-  check_options(o, p.path());
+  p.attempt([&] { check_options(o, p.path()); });
 }
 
 MPOPT_DECL void deepspeed_reader::compressing_params(const config_object& p, std::span<const field_ref> table,
@@ -335,7 +449,7 @@ MPOPT_DECL void deepspeed_reader::compressing_params(const config_object& p, std
   if (p.has("comm_backend_name")) {
     const std::string name = p.text("comm_backend_name", "");
     if (name != "nccl" && name != "mpi" && name != "hccl" && name != "compressed")
-      fail(p.at("comm_backend_name"), ": \"", name, "\" is not one of DeepSpeed's (nccl, mpi, hccl, compressed)");
+      p.refuse(p.at("comm_backend_name"), ": \"", name, "\" is not one of DeepSpeed's (nccl, mpi, hccl, compressed)");
     ignore(p.at("comm_backend_name"));
   }
   // mpopt's own keys (compression_options.hpp), flat as DeepSpeed's: the table reads
@@ -345,8 +459,8 @@ MPOPT_DECL void deepspeed_reader::compressing_params(const config_object& p, std
   const std::vector<field_ref> members = compression.members(compression.at);
   read_config_field(p, "compression_scale", field_named(members, "scale"));
   if (c_.zero_stage > 0)
-    fail("zero_optimization.stage: ", c_.zero_stage, " does not go with optimizer.type ", c_.optimizer_type,
-         " (its compression needs the whole momentum on every rank; DeepSpeed refuses it too)");
+    top_.refuse("zero_optimization.stage: ", c_.zero_stage, " does not go with optimizer.type ", c_.optimizer_type,
+                " (its compression needs the whole momentum on every rank; DeepSpeed refuses it too)");
 }
 
 MPOPT_DECL std::uint64_t deepspeed_reader::freeze_step(const config_object& p) {
@@ -355,11 +469,12 @@ MPOPT_DECL std::uint64_t deepspeed_reader::freeze_step(const config_object& p) {
 
 MPOPT_DECL void deepspeed_reader::batch() {
   constexpr std::int64_t big = std::numeric_limits<std::int32_t>::max();
-  const bool has_gas = top_.has("gradient_accumulation_steps"), has_tbs = top_.has("train_batch_size"),
-             has_mbs = top_.has("train_micro_batch_size_per_gpu");
-  const std::int64_t gas = top_.integer("gradient_accumulation_steps", 1, 1, big);
-  const std::int64_t tbs = top_.integer("train_batch_size", 1, 1, std::numeric_limits<std::int64_t>::max() / 4);
-  const std::int64_t mbs = top_.integer("train_micro_batch_size_per_gpu", 1, 1, big);
+  // A key refused (or "auto") counts as absent: what follows checks the sizes given.
+  const auto gas_given = top_.integer_if("gradient_accumulation_steps", 1, big);
+  const auto tbs_given = top_.integer_if("train_batch_size", 1, std::numeric_limits<std::int64_t>::max() / 4);
+  const auto mbs_given = top_.integer_if("train_micro_batch_size_per_gpu", 1, big);
+  const bool has_gas = gas_given.has_value(), has_tbs = tbs_given.has_value(), has_mbs = mbs_given.has_value();
+  const std::int64_t gas = gas_given.value_or(1), tbs = tbs_given.value_or(1), mbs = mbs_given.value_or(1);
   const std::int64_t w = world_;
   std::int64_t steps = gas;
   if (has_tbs && has_mbs) {  // mbs * w and gas * w fit: each factor is below 2^31
@@ -368,12 +483,12 @@ MPOPT_DECL void deepspeed_reader::batch() {
       c_.accumulation_from_batch_sizes = true;
     }
     if (steps < 1 || steps > big || tbs % (mbs * w) != 0 || tbs / (mbs * w) != steps)
-      fail("train_batch_size: ", tbs, " is not train_micro_batch_size_per_gpu (", mbs,
-           ") x gradient_accumulation_steps", has_gas ? " (" + std::to_string(gas) + ")" : std::string(), " x ", w,
-           w == 1 ? " rank" : " ranks");
+      top_.refuse("train_batch_size: ", tbs, " is not train_micro_batch_size_per_gpu (", mbs,
+                  ") x gradient_accumulation_steps", has_gas ? " (" + std::to_string(gas) + ")" : std::string(), " x ",
+                  w, w == 1 ? " rank" : " ranks");
   } else if (has_tbs && tbs % (gas * w) != 0) {
-    fail("train_batch_size: ", tbs, " does not split into gradient_accumulation_steps (", gas, ") x ", w,
-         w == 1 ? " rank" : " ranks", " micro-batches");
+    top_.refuse("train_batch_size: ", tbs, " does not split into gradient_accumulation_steps (", gas, ") x ", w,
+                w == 1 ? " rank" : " ranks", " micro-batches");
   }
   c_.options.accumulation_steps = int(steps);
   if (has_mbs) c_.micro_batch_size = int(mbs);
@@ -381,27 +496,42 @@ MPOPT_DECL void deepspeed_reader::batch() {
 }
 
 MPOPT_DECL void deepspeed_reader::step_options() {
-  c_.options.clip_grad = top_.number("gradient_clipping", 1.0);
-  require_check("gradient_clipping", c_.options.clip_grad, checks::at_least(0));
-  c_.options.gradient_predivide = top_.number("gradient_predivide_factor", 1.0);
-  require_check("gradient_predivide_factor", c_.options.gradient_predivide, checks::above(0));
-  require_check("gradient_predivide_factor", c_.options.gradient_predivide, checks::float_scale);
+  const double clip = top_.number("gradient_clipping", 1.0);
+  top_.attempt([&] {
+    require_check("gradient_clipping", clip, checks::at_least(0));
+    c_.options.clip_grad = clip;
+  });
+  const double predivide = top_.number("gradient_predivide_factor", 1.0);
+  top_.attempt([&] {
+    require_check("gradient_predivide_factor", predivide, checks::above(0));
+    require_check("gradient_predivide_factor", predivide, checks::float_scale);
+    c_.options.gradient_predivide = predivide;
+  });
   // The library's own checks, for what the reader may have missed.
-  c_.options = validated(c_.options, c_.scaler == config_scaler::none);
-  if (c_.scaler == config_scaler::dynamic_scale) dynamic_scale{c_.dynamic_options};
-  if (c_.scaler == config_scaler::static_scale) static_scale{c_.static_options};
+  top_.attempt([&] { c_.options = validated(c_.options, c_.scaler == config_scaler::none); });
+  top_.attempt([&] {
+    if (c_.scaler == config_scaler::dynamic_scale) dynamic_scale{c_.dynamic_options};
+    if (c_.scaler == config_scaler::static_scale) static_scale{c_.static_options};
+  });
 }
 
 MPOPT_DECL void read_config_field(const config_object& o, std::string_view key, const field_ref& f) {
   if (!o.has(key)) return;
   switch (f.kind) {
     case field_kind::number: {
-      const double x = o.number(key, 0);
-      require_check(o.at(key), x, *f.rule);
-      set_number(f, x);
+      const nlohmann::json* v = o.find(key);
+      if (!v || !v->is_number()) {
+        o.number(key, 0);  // refuses it
+        break;
+      }
+      const double x = v->get<double>();
+      o.attempt([&] {
+        require_check(o.at(key), x, *f.rule);
+        set_number(f, x);
+      });
       break;
     }
-    case field_kind::flag: *static_cast<bool*>(f.at) = o.flag(key, false); break;
+    case field_kind::flag: *static_cast<bool*>(f.at) = o.flag(key, *static_cast<bool*>(f.at)); break;
     case field_kind::integer: {
       // The check's bounds, rounded inward, within what the type holds (and int64, which
       // config_object::integer reads).
@@ -414,12 +544,14 @@ MPOPT_DECL void read_config_field(const config_object& o, std::string_view key, 
       const auto clamp = [&](double b) {
         return b <= double(lo_t) ? lo_t : b >= double(hi_t) ? hi_t : std::int64_t(b);
       };
-      const std::int64_t x = o.integer(key, 0, clamp(lo_c), clamp(hi_c));
-      set_integer(f, {x < 0, x < 0 ? ~std::uint64_t(x) + 1 : std::uint64_t(x)});
+      if (const auto x = o.integer_if(key, clamp(lo_c), clamp(hi_c)))
+        set_integer(f, {*x < 0, *x < 0 ? ~std::uint64_t(*x) + 1 : std::uint64_t(*x)});
       break;
     }
     case field_kind::choice:
-      set_integer(f, {false, find_choice(f.choices, o.text(key, ""), o.at(key))});
+      if (const nlohmann::json* v = o.find(key); v && v->is_string())
+        o.attempt([&] { set_integer(f, {false, find_choice(f.choices, v->get<std::string>(), o.at(key))}); });
+      else o.text(key, "");  // refuses it
       break;
     case field_kind::group:
       fail("mpopt bug: ", o.at(key), " names a nested group, whose fields have keys of their own");
@@ -485,26 +617,30 @@ MPOPT_DECL nlohmann::json parse_json_strictly(std::string_view text) {
 
 MPOPT_DECL void deepspeed_reader::scheduler() {
   const nlohmann::json* j = top_.find("scheduler");
-  if (j && !j->is_null()) c_.schedule = read_schedule(config_object(*j, "scheduler"), schedule_source::deepspeed_config);
+  if (j && !j->is_null())
+    c_.schedule = read_schedule(config_object(*j, "scheduler", top_), schedule_source::deepspeed_config);
 }
 
 }  // namespace detail
 
-MPOPT_DECL deepspeed_config deepspeed_config::parse(const nlohmann::json& j, int world_size) {
-  return detail::deepspeed_reader(j, world_size).read();
+MPOPT_DECL deepspeed_config deepspeed_config::parse(const nlohmann::json& j, int world_size,
+                                                    const nlohmann::json& auto_values) {
+  return detail::deepspeed_reader(j, world_size, auto_values).read();
 }
 
-MPOPT_DECL deepspeed_config deepspeed_config::parse_text(std::string_view text, int world_size) {
-  return parse(detail::parse_json_strictly(text), world_size);
+MPOPT_DECL deepspeed_config deepspeed_config::parse_text(std::string_view text, int world_size,
+                                                         const nlohmann::json& auto_values) {
+  return parse(detail::parse_json_strictly(text), world_size, auto_values);
 }
 
-MPOPT_DECL deepspeed_config deepspeed_config::read(const std::filesystem::path& file, int world_size) {
+MPOPT_DECL deepspeed_config deepspeed_config::read(const std::filesystem::path& file, int world_size,
+                                                   const nlohmann::json& auto_values) {
   std::ifstream in(file, std::ios::binary);
   if (!in) detail::fail("cannot open the DeepSpeed configuration '", file.string(), "'");
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (in.bad()) detail::fail("cannot read the DeepSpeed configuration '", file.string(), "'");
   try {
-    return parse_text(text, world_size);
+    return parse_text(text, world_size, auto_values);
   } catch (const error& e) {
     detail::fail(file.string(), ": ", e.message());
   }
@@ -523,6 +659,7 @@ MPOPT_DECL std::string deepspeed_config::summary() const {
     case config_rule::onebit_adam: s += "OneBitAdam"; break;
     case config_rule::zero_one_adam: s += "ZeroOneAdam"; break;
   }
+  if (offload_optimizer) s += ", optimizer state in host memory (offload_optimizer)";
   if (schedule) (s += ", ") += schedule_name(*schedule);
   return s;
 }

@@ -100,7 +100,7 @@ MPOPT_DECL lr_schedule read_schedule(const config_object& block, schedule_source
   lr_schedule schedule = *made;
   const nlohmann::json empty = nlohmann::json::object();
   const nlohmann::json* given = block.find("params");
-  const config_object params(given ? *given : empty, block.at("params"));
+  const config_object params(given ? *given : empty, block.at("params"), block);
   std::visit(
       [&](auto& s) {
         std::vector<std::string_view> keys;

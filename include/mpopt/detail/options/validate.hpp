@@ -31,13 +31,19 @@ void append_part(std::string& s, const T& part) {
   else s += std::string_view(part);
 }
 
-/// Throws mpopt::error with the parts' text: strings as they are, numbers as printf's %.17g or %d
-/// would write them, bools as true or false.
+/// The parts' text: strings as they are, numbers as printf's %.17g or %d would write them, bools
+/// as true or false.
 template <class... Parts>
-[[noreturn]] void fail(const Parts&... parts) {
+std::string text_of(const Parts&... parts) {
   std::string s;
   (append_part(s, parts), ...);
-  throw_error(s);
+  return s;
+}
+
+/// Throws mpopt::error with the parts' text (text_of).
+template <class... Parts>
+[[noreturn]] void fail(const Parts&... parts) {
+  throw_error(text_of(parts...));
 }
 
 /// The most steps a checkpoint may count: 2^53, beyond which counts are no longer exact doubles
