@@ -194,26 +194,43 @@ MPOPT_DECL std::optional<scheduled_betas> scheduled_momentum(const lr_schedule& 
 
 namespace detail {
 
+/// Each field of `schedule` as f(name, value text).
+template <class F>
+void for_each_field_text(const lr_schedule& schedule, F&& f) {
+  std::visit(
+      [&](const auto& s) {
+        for_each_schedule_field(s, [&]<class T>(std::string_view name, const T& value) {
+          char number[32];
+          auto text_of = [&](auto x) { return std::string(number, std::to_chars(number, number + sizeof number, x).ptr); };
+          if constexpr (std::is_same_v<T, bool>) f(name, std::string(value ? "true" : "false"));
+          else if constexpr (std::is_same_v<T, warmup_shape>) f(name, std::string(choice_names(value)[std::size_t(value)]));
+          else if constexpr (std::is_arithmetic_v<T>) f(name, text_of(value));
+          else f(name, value ? text_of(*value) : std::string("none"));  // std::optional
+        });
+      },
+      schedule);
+}
+
 MPOPT_DECL std::string schedule_text(const std::optional<lr_schedule>& schedule) {
   if (!schedule) return "none";
   std::string text(schedule_name(*schedule));
   char separator = '(';
-  std::visit(
-      [&](const auto& s) {
-        for_each_schedule_field(s, [&]<class T>(std::string_view name, const T& value) {
-          ((text += separator) += name) += ' ';
-          separator = ',';
-          char number[32];
-          auto write = [&](auto x) { text.append(number, std::to_chars(number, number + sizeof number, x).ptr); };
-          if constexpr (std::is_same_v<T, bool>) text += value ? "true" : "false";
-          else if constexpr (std::is_same_v<T, warmup_shape>) text += choice_names(value)[std::size_t(value)];
-          else if constexpr (std::is_arithmetic_v<T>) write(value);
-          else if (value) write(*value);  // std::optional
-          else text += "none";
-        });
-      },
-      *schedule);
+  for_each_field_text(*schedule, [&](std::string_view name, const std::string& value) {
+    ((((text += separator) += name) += ' ') += value);
+    separator = ',';
+  });
   return text + ')';
+}
+
+MPOPT_DECL std::vector<std::pair<std::string, std::string>> schedule_settings(const std::optional<lr_schedule>& s) {
+  std::vector<std::pair<std::string, std::string>> settings{
+      {"learning-rate schedule", s ? std::string(schedule_name(*s)) : "none"}};
+  if (s)
+    for_each_field_text(*s, [&](std::string_view name, std::string value) {
+      settings.emplace_back(std::string(schedule_name(*s)) + "." + std::string(name), std::move(value));
+    });
+  settings.resize(1 + most_fields_of_a_schedule, {"learning-rate schedule's fields", ""});
+  return settings;
 }
 
 }  // namespace detail

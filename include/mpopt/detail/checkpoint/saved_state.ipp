@@ -163,7 +163,10 @@ MPOPT_DECL std::vector<setting> loaded_settings(const saved_counts& c, std::stri
     if (c.schedule) group += ", base_lr " + nlohmann::json(c.schedule->base_lrs[g]).dump();
     read.push_back({"the checkpoint's group " + std::to_string(g), std::move(group)});
   }
-  if (c.schedule) read.push_back({"the checkpoint's learning-rate schedule", schedule_text(c.schedule->schedule)});
+  if (c.schedule) {
+    const std::vector<setting> schedule = schedule_compared(c.schedule->schedule, "the checkpoint's ");
+    read.insert(read.end(), schedule.begin(), schedule.end());
+  }
   return read;
 }
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "../../communicator.hpp"
+#include "../../lr_schedule.hpp"
 #include "../../options.hpp"
 #include "../../tensor_spec.hpp"
 #include "collectives.hpp"
@@ -59,6 +60,10 @@ MPOPT_DECL void add_field_settings(std::vector<setting>& all, const std::string&
 
 /// The step pipeline's options as settings; `rounding`: the precision's rounding.
 MPOPT_DECL std::vector<setting> option_settings(const optimizer_options& o, std::string_view rounding);
+
+/// A learning-rate schedule as settings (schedule_settings: as many whatever the schedule), each
+/// name after `whose` ("the ", "the checkpoint's ").
+MPOPT_DECL std::vector<setting> schedule_compared(const std::optional<lr_schedule>& s, std::string_view whose);
 
 /// What decides the number of the other settings: the policies (policies_text) and the groups.
 MPOPT_DECL std::vector<setting> settings_shape(const std::string& policies, std::size_t groups);

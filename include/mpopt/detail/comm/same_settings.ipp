@@ -96,6 +96,12 @@ MPOPT_DECL std::vector<setting> option_settings(const optimizer_options& o, std:
   return all;
 }
 
+MPOPT_DECL std::vector<setting> schedule_compared(const std::optional<lr_schedule>& s, std::string_view whose) {
+  std::vector<setting> settings;
+  for (auto& [name, value] : schedule_settings(s)) settings.push_back({std::string(whose) + name, std::move(value)});
+  return settings;
+}
+
 MPOPT_DECL std::vector<setting> settings_shape(const std::string& policies, std::size_t groups) {
   return {{"policies", policies}, {"number of groups", std::to_string(groups)}};
 }

@@ -2,9 +2,13 @@
 // under DeepSpeed's keys: what the configuration reader reads, checkpoints write and ranks compare.
 #pragma once
 
+#include <algorithm>
+#include <cstddef>
 #include <string_view>
 #include <tuple>
 #include <type_traits>
+#include <utility>
+#include <variant>
 
 #include "../../lr_schedule.hpp"
 
@@ -64,6 +68,14 @@ constexpr auto schedule_fields() {
     return std::tuple{schedule_field{F("step_size"), &S::step_size}, schedule_field{F("gamma"), &S::gamma}};
   }
 }
+
+/// The most fields any schedule has.
+template <std::size_t... I>
+constexpr std::size_t most_schedule_fields(std::index_sequence<I...>) {
+  return std::max({std::tuple_size_v<decltype(schedule_fields<std::variant_alternative_t<I, lr_schedule>>())>...});
+}
+inline constexpr std::size_t most_fields_of_a_schedule =
+    most_schedule_fields(std::make_index_sequence<std::variant_size_v<lr_schedule>>());
 
 /// Calls f(name, member) for each field of schedule `s` (const or not), in order.
 template <class S, class F>

@@ -106,10 +106,8 @@ class step_pipeline {
   /// also that every rank sets the same (finalize() checks it before).
   MPOPT_COLD void set_schedule(std::optional<lr_schedule> s) {
     if (s) check_schedule(*s);
-    if (finalized()) {
-      const setting same[] = {{"the learning-rate schedule", schedule_text(s)}};
-      require_same_settings(comms.comm, same, "Every rank must set the same schedule, at the same step");
-    }
+    if (finalized())
+      require_same_settings(comms.comm, schedule_compared(s, "the "), "Every rank must set the same schedule");
     schedule = std::move(s);
   }
 
@@ -271,7 +269,8 @@ class step_pipeline {
       for (const auto& e : g->entries_) tensors.add(e.name, e.size, e.shape);
       add_group_settings(all, g->label_, field_refs(g->options_), tensors);
     }
-    all.push_back({"the learning-rate schedule", schedule_text(schedule)});
+    const std::vector<setting> schedule_parts = schedule_compared(schedule, "the ");
+    all.insert(all.end(), schedule_parts.begin(), schedule_parts.end());
     require_same_settings(comms.comm, std::span<const setting>(all), same_settings_advice);
   }
 
