@@ -25,6 +25,7 @@
 #include <limits>
 #include <random>
 #include <span>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -681,6 +682,34 @@ TEST_CASE("load() of a truncated file throws at every truncation length and chan
   CHECK(tried > 200);
   CHECK(f.target.snap() == f.twin.snap());
   check_twins(f.target, f.twin);
+}
+
+TEST_CASE("load() from memory refuses what it refuses from a file: every truncation, every flipped low bit") {
+  load_fixture f;
+  const auto* good = reinterpret_cast<const std::byte*>(f.good_bytes.data());
+  const std::size_t n = f.good_bytes.size();
+  std::size_t tried = 0;
+  for (std::size_t len = 0; len < n; ++len) {
+    CAPTURE(len);
+    const std::string msg = error_of([&] { f.target.opt.load(std::span<const std::byte>(good, len)); });
+    REQUIRE(msg.rfind("mpopt: the checkpoint in memory: ", 0) == 0);
+    ++tried;
+  }
+  std::vector<std::byte> bytes(good, good + n);
+  for (std::size_t pos = 0; pos < n; ++pos) {
+    CAPTURE(pos);
+    bytes[pos] ^= std::byte{1};
+    std::istringstream in(std::string(reinterpret_cast<const char*>(bytes.data()), n));
+    const std::string msg = error_of([&] { f.target.opt.load(in); });
+    REQUIRE(msg.rfind("mpopt: the checkpoint's stream: ", 0) == 0);
+    bytes[pos] ^= std::byte{1};
+    ++tried;
+  }
+  CHECK(tried == 2 * n);
+  CHECK(f.target.snap() == f.twin.snap());
+  check_twins(f.target, f.twin);
+  f.target.opt.load(bytes);  // the bytes as saved load
+  CHECK_FALSE(f.target.snap() == f.twin.snap());
 }
 
 TEST_CASE("load() of a file with one flipped byte throws, wherever the byte is, and changes nothing") {

@@ -9,9 +9,11 @@
 #include "error_of.hpp"
 #include "temp_dir.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <sstream>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -428,6 +430,27 @@ TEST_SUITE("config") {
       CHECK(opt.group(0).lr() == mpopt::scheduled_rate(s, k, 2e-3));
     }
     CHECK(p[1] != mpopt::half(0.5f));
+  }
+
+  TEST_CASE("a factory-made optimizer saves into a byte buffer and a stream, and loads from them") {
+    const deepspeed_config c = deepspeed_config::parse_text(R"({"bf16": {"enabled": true}, "optimizer": {"type": "Lamb"}})");
+    std::vector<mpopt::bfloat16> p(30, mpopt::bfloat16(0.5f)), g(30, mpopt::bfloat16(0.01f)), q = p, h = g;
+    mpopt::any_optimizer a = mpopt::make_optimizer(c), b = mpopt::make_optimizer(c);
+    a.add_group().add(p, g, "w");
+    b.add_group().add(q, h, "w");
+    for (int s = 0; s < 3; ++s) CHECK(a.step().applied);
+    std::vector<std::byte> bytes;
+    a.save(bytes);
+    std::stringstream stream;
+    a.save(stream);
+    CHECK(stream.str() == std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
+    b.load(bytes);
+    CHECK(std::ranges::equal(a.master(0), b.master(0)));
+    CHECK(b.group(0).step() == 3);
+    CHECK(b.step().applied);
+    b.load(stream);  // back to the saved state
+    CHECK(b.group(0).step() == 3);
+    CHECK(std::ranges::equal(a.master(0), b.master(0)));
   }
 
   TEST_CASE("a configuration's scheduler block is followed, saved, and restored into a factory-made optimizer") {

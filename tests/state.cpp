@@ -23,6 +23,7 @@
 #include <limits>
 #include <random>
 #include <span>
+#include <sstream>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -433,6 +434,53 @@ TEST_CASE("load() rewinds a running optimizer to the saved state") {
     check_same_status(r.step(), statuses[i]);
   }
   CHECK(r.snap() == at_end);
+}
+
+TEST_CASE("save() into a byte buffer or a stream writes the file's bytes; load() from them rewinds bit for bit") {
+  using opt_t = mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, mpopt::adam, test_backend>;
+  temp_dir dir;
+  const auto path = dir / "file.safetensors";
+  run<opt_t> r(layout::unfused, 0.0f);
+  std::vector<mpopt::step_status> statuses;
+  for (std::uint64_t i = 0; i < steps_before_save; ++i) statuses.push_back(r.step());
+  r.opt.save(path);
+  std::vector<std::byte> bytes(3, std::byte{7});  // replaced, not appended to
+  r.opt.save(bytes);
+  std::ostringstream out;
+  r.opt.save(out);
+  const std::string streamed = out.str();
+  const auto file = slurp(path);
+  REQUIRE(bytes.size() == file.size());
+  CHECK(std::memcmp(bytes.data(), file.data(), file.size()) == 0);
+  CHECK(streamed == std::string(file.begin(), file.end()));
+  const auto at_save = r.snap();
+  for (std::uint64_t i = steps_before_save; i < steps_before_save + steps_after_save; ++i) statuses.push_back(r.step());
+  const auto at_end = r.snap();
+  for (int from = 0; from < 2; ++from) {
+    CAPTURE(from);
+    if (from == 0) {
+      r.opt.load(bytes);
+    } else {
+      std::istringstream in(streamed);
+      r.opt.load(in);
+    }
+    CHECK(r.snap() == at_save);
+    r.next_step = steps_before_save;
+    for (std::uint64_t i = steps_before_save; i < steps_before_save + steps_after_save; ++i) {
+      CAPTURE(i);
+      check_same_status(r.step(), statuses[i]);
+    }
+    CHECK(r.snap() == at_end);
+  }
+  // A stream that cannot take the bytes fails the save, naming it; a buffer is left as it was.
+  std::ostringstream broken;
+  broken.setstate(std::ios::badbit);
+  CHECK_THROWS_WITH_AS(r.opt.save(broken), doctest::Contains("the checkpoint's stream: the stream did not take"),
+                       mpopt::error);
+  std::vector<std::byte> kept(5, std::byte{1});
+  std::vector<std::byte> unchanged = kept;
+  CHECK_THROWS_AS(r.opt.load(std::span<const std::byte>(kept)), mpopt::error);
+  CHECK(kept == unchanged);
 }
 
 TEST_CASE("the resume check can fail: a fresh optimizer that does not load diverges") {

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <initializer_list>
+#include <iosfwd>
 #include <memory>
 #include <optional>
 #include <span>
@@ -18,6 +19,7 @@
 #include <type_traits>
 #include <typeinfo>
 #include <utility>
+#include <vector>
 
 #include "detail/options/validate.hpp"
 #include "lr_schedule.hpp"
@@ -128,7 +130,11 @@ class optimizer_interface {
   virtual owned_elements owned(std::size_t i) const = 0;
   virtual mpopt::memory_report memory_report() const = 0;
   virtual void save(const std::filesystem::path& path) = 0;
+  virtual void save(std::vector<std::byte>& bytes) = 0;
+  virtual void save(std::ostream& out) = 0;
   virtual void load(const std::filesystem::path& path, load_options o) = 0;
+  virtual void load(std::span<const std::byte> bytes, load_options o) = 0;
+  virtual void load(std::istream& in, load_options o) = 0;
 
   /// The optimizer itself if its type is `t`, else null.
   virtual void* target(const std::type_info& t) = 0;
@@ -251,8 +257,13 @@ class any_optimizer {
   /// optimizer::owned: which elements of tensor i master(i) holds on this rank.
   owned_elements owned(std::size_t i) const { return impl_->owned(i); }
   mpopt::memory_report memory_report() const { return impl_->memory_report(); }
+  /// optimizer::save and load: to and from a path, a byte buffer or a stream.
   void save(const std::filesystem::path& path) { impl_->save(path); }
+  void save(std::vector<std::byte>& bytes) { impl_->save(bytes); }
+  void save(std::ostream& out) { impl_->save(out); }
   void load(const std::filesystem::path& path, load_options o = {}) { impl_->load(path, o); }
+  void load(std::span<const std::byte> bytes, load_options o = {}) { impl_->load(bytes, o); }
+  void load(std::istream& in, load_options o = {}) { impl_->load(in, o); }
 
   /// The typed optimizer if it is an Opt (mpopt::optimizer<...>), else null.
   template <class Opt>

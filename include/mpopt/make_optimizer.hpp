@@ -121,7 +121,11 @@ class erased_optimizer final : public optimizer_interface {
   owned_elements owned(std::size_t i) const override { return opt_.owned(i); }
   mpopt::memory_report memory_report() const override { return opt_.memory_report(); }
   void save(const std::filesystem::path& path) override { opt_.save(path); }
+  void save(std::vector<std::byte>& bytes) override { opt_.save(bytes); }
+  void save(std::ostream& out) override { opt_.save(out); }
   void load(const std::filesystem::path& path, load_options o) override { opt_.load(path, o); }
+  void load(std::span<const std::byte> bytes, load_options o) override { opt_.load(bytes, o); }
+  void load(std::istream& in, load_options o) override { opt_.load(in, o); }
   void* target(const std::type_info& t) override { return t == typeid(opt_type) ? &opt_ : nullptr; }
 
  private:

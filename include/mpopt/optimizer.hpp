@@ -171,22 +171,26 @@ class optimizer : public detail::tensor_registry<Precision, UpdateRule, Backend>
     pipeline_.wait();  // before the next backward writes the gradients
   }
 
-  /// Writes every parameter, master and moment by tensor name, with the scaler, counters and group
-  /// options, to a safetensors file (format: README, "Checkpoints"); of expert groups, every rank's
-  /// experts. Every rank calls it; rank 0 writes, tensor by tensor as those held elsewhere are
-  /// gathered (one at a time), and a failure there throws on every rank. Needs
-  /// <mpopt/checkpoint.hpp>: a program that saves nothing compiles none of it.
-  template <class Path>
-  void save(const Path& path) {
-    detail::checkpointing<pipeline>::save(pipeline_, path);
+  /// Writes every parameter, master and moment by tensor name, with the scaler, counters, group
+  /// options and schedule, to a safetensors file (format: README, "Checkpoints"); of expert groups,
+  /// every rank's experts. `where`: a path (a string or std::filesystem::path), or memory: a
+  /// std::vector<std::byte>, whose contents the file's bytes replace, or a std::ostream they are
+  /// written to (an engine's own checkpoint container). Every rank calls it; rank 0 writes, tensor
+  /// by tensor as those held elsewhere are gathered (one at a time), and a failure there throws on
+  /// every rank; the other ranks' buffers are emptied. Needs <mpopt/checkpoint.hpp>: a program
+  /// that saves nothing compiles none of it.
+  template <class Where>
+  void save(Where&& where) {
+    detail::checkpointing<pipeline>::save(pipeline_, detail::target_of(where));
   }
-  /// Restores a save()d state. The file must come from an optimizer of the same policies and the
-  /// same tensors (names, sizes, groups), saved at any world size. Every rank reads and checks it;
-  /// only when all ranks found it good does anything change, otherwise every rank throws. Needs
-  /// <mpopt/checkpoint.hpp>.
-  template <class Path>
-  void load(const Path& path, load_options lo = {}) {
-    detail::checkpointing<pipeline>::load(pipeline_, path, lo);
+  /// Restores a save()d state, from a path, bytes (anything std::span<const std::byte> is made
+  /// from) or a std::istream (read to its end). It must come from an optimizer of the same policies
+  /// and the same tensors (names, sizes, groups), saved at any world size. Every rank reads and
+  /// checks it; only when all ranks found it good does anything change, otherwise every rank
+  /// throws. Needs <mpopt/checkpoint.hpp>.
+  template <class From>
+  void load(From&& from, load_options lo = {}) {
+    detail::checkpointing<pipeline>::load(pipeline_, detail::source_of(from), lo);
   }
 
   /// Every buffer this rank holds for the optimizer, with its size; the user's tensors are listed

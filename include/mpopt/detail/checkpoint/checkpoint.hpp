@@ -54,15 +54,13 @@ class checkpointing {
 
  public:
   /// The optimizer's save() and load() (optimizer.hpp says what they do).
-  template <class Path>
-  static void save(Pipeline& p, const Path& path) {
+  static void save(Pipeline& p, const state_target& target) {
     subject s(p);
-    save_state(s, path_text(path));
+    save_state(s, target);
   }
-  template <class Path>
-  static void load(Pipeline& p, const Path& path, const load_options& lo) {
+  static void load(Pipeline& p, const state_source& source, const load_options& lo) {
     subject s(p);
-    load_state(s, path_text(path), lo);
+    load_state(s, source, lo);
   }
 
  private:

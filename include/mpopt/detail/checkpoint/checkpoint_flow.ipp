@@ -83,14 +83,14 @@ MPOPT_DECL void check_same_checkpoint(checkpoint_subject& s, const saved_header&
   s.agree("load", [&] { check_groups_held(held, h.found.group_tensors); });
 }
 
-MPOPT_DECL void save_state(checkpoint_subject& s, const std::string& path) {
+MPOPT_DECL void save_state(checkpoint_subject& s, const state_target& target) {
   if (!s.finalized()) fail("save(): nothing to save before the first step (or finalize())");
   if (s.micro_step() != 0)
     fail("save() at micro-step ", s.micro_step(), " of ", s.accumulation_steps(), ": save after the accumulation boundary");
   s.at("save()");
   // Rank 0 writes: a rank given another path would take its save() for done.
-  const setting where[] = {{"the path given to save()", path}};
-  s.require_same(where, "Every rank must pass save() the same path; rank 0 writes the file");
+  const setting where[] = {{"the path given to save()", target.in_memory() ? "(memory)" : target.path}};
+  s.require_same(where, "Every rank must pass save() the same path, or each memory; rank 0 writes the file");
   s.finish_step();
   const checkpoint_view v = s.view();
   std::vector<state_piece> pieces;  // in file order: each rank's copy where the replicas differ
@@ -100,17 +100,17 @@ MPOPT_DECL void save_state(checkpoint_subject& s, const std::string& path) {
   }
   std::vector<state_stream::tensor> extras;
   for (auto& [key, elements] : s.extras()) extras.push_back({std::move(key), "F32", {std::int64_t(elements)}});
-  write_state(s, path, [&] { return describe(s, v); }, pieces, std::move(extras),
+  write_state(s, target, [&] { return describe(s, v); }, pieces, std::move(extras),
               [&](const std::function<void(std::span<const std::byte>)>& write) { s.save_extras(write); });
 }
 
-MPOPT_DECL void load_state(checkpoint_subject& s, const std::string& path, const load_options& lo) {
+MPOPT_DECL void load_state(checkpoint_subject& s, const state_source& source, const load_options& lo) {
   std::optional<state_reader> file;
   saved_header saved;
   s.at("load()");
   s.agree("load", [&] {
-    file.emplace(path);
-    saved = check_saved(s, *file, path + ": ", lo);
+    file.emplace(source);
+    saved = check_saved(s, *file, source.path + ": ", lo);
   });
   check_same_checkpoint(s, saved);
   s.prepare_to_read();

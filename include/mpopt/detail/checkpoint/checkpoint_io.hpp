@@ -44,12 +44,13 @@ MPOPT_DECL std::span<const std::byte> assemble(checkpoint_io& io,
                                                std::span<const std::byte> mine, const untyped& type,
                                                std::vector<std::byte>& whole, std::vector<std::byte>& aside);
 
-/// save()'s writing (collective): rank 0 writes the file of `metadata()`, the pieces in order (each
+/// save()'s writing (collective): rank 0 writes the file of `metadata()` (the other ranks' buffers,
+/// where the target is one, are emptied), the pieces in order (each
 /// gathered whole as it comes) and then `extras`, which write_extras(write) writes after them. Every
 /// rank takes part in every gather, even after rank 0 failed to write: no rank leaves a collective
 /// alone. The failure is agreed on at the end.
 MPOPT_DECL void write_state(
-    checkpoint_io& io, const std::filesystem::path& path, const std::function<nlohmann::json()>& metadata,
+    checkpoint_io& io, const state_target& target, const std::function<nlohmann::json()>& metadata,
     std::span<const state_piece> pieces, std::vector<state_stream::tensor> extras,
     const std::function<void(const std::function<void(std::span<const std::byte>)>&)>& write_extras);
 

@@ -50,7 +50,7 @@ MPOPT_DECL std::span<const std::byte> assemble(checkpoint_io& io,
 }
 
 MPOPT_DECL void write_state(
-    checkpoint_io& io, const std::filesystem::path& path, const std::function<nlohmann::json()>& metadata,
+    checkpoint_io& io, const state_target& target, const std::function<nlohmann::json()>& metadata,
     std::span<const state_piece> pieces, std::vector<state_stream::tensor> extras,
     const std::function<void(const std::function<void(std::span<const std::byte>)>&)>& write_extras) {
   const bool writer = io.rank() == 0;
@@ -61,7 +61,7 @@ MPOPT_DECL void write_state(
     for (const auto& p : pieces)  // a run of per-tensor values is one tensor of the file
       if (!p.range.run || p.range.first == 0) header.push_back({p.key, std::string(p.data.dtype), p.range.file_shape()});
     for (auto& e : extras) header.push_back(std::move(e));
-    out.emplace(path, metadata(), std::move(header));
+    out.emplace(target, metadata(), std::move(header));
   });
   std::optional<error> failed;
   const std::function<void(std::span<const std::byte>)> write = [&](std::span<const std::byte> bytes) {
@@ -95,6 +95,7 @@ MPOPT_DECL void write_state(
   io.agree("save", [&] {
     if (failed) throw *failed;
     if (writer) out->finish();
+    else if (target.bytes) target.bytes->clear();  // rank 0's buffer holds the file
   });
 }
 

@@ -28,6 +28,7 @@
 #include "../comm/same_settings.hpp"
 #include "../step/spike_guard.hpp"
 #include "state_dtype.hpp"
+#include "state_place.hpp"
 #include "../step/step_counts.hpp"
 
 namespace mpopt::detail {
@@ -186,11 +187,11 @@ class checkpoint_subject : public checkpoint_io {
 // typed side includes header-only.
 
 /// Writes every parameter, master and moment by tensor name, with the metadata (checkpoint.hpp).
-MPOPT_DECL void save_state(checkpoint_subject& s, const std::string& path);
+MPOPT_DECL void save_state(checkpoint_subject& s, const state_target& target);
 
 /// Restores a save()d state (checkpoint.hpp): every rank reads and checks the file; only when all
 /// ranks found it good does anything change, otherwise every rank throws.
-MPOPT_DECL void load_state(checkpoint_subject& s, const std::string& path, const load_options& lo);
+MPOPT_DECL void load_state(checkpoint_subject& s, const state_source& source, const load_options& lo);
 
 /// A path given to save() or load() as text: a string, or a std::filesystem::path (whose header the
 /// caller has then included).
@@ -198,6 +199,24 @@ template <class Path>
 std::string path_text(const Path& path) {
   if constexpr (std::is_convertible_v<const Path&, std::string_view>) return std::string(std::string_view(path));
   else return path.string();
+}
+
+/// What save() is given: a std::vector<std::byte> (its contents replaced), a std::ostream, or a path.
+template <class Where>
+state_target target_of(Where& where) {
+  if constexpr (std::is_same_v<Where, std::vector<std::byte>>) return {"the checkpoint in memory", &where};
+  else if constexpr (std::is_base_of_v<std::ostream, Where>) return {"the checkpoint's stream", nullptr, &where};
+  else return {path_text(where)};
+}
+
+/// What load() is given: bytes (anything a std::span<const std::byte> is made from), a std::istream,
+/// or a path.
+template <class From>
+state_source source_of(From& from) {
+  if constexpr (std::is_base_of_v<std::istream, From>) return {"the checkpoint's stream", std::nullopt, &from};
+  else if constexpr (std::is_constructible_v<std::span<const std::byte>, From&>)
+    return {"the checkpoint in memory", std::span<const std::byte>(from)};
+  else return {path_text(from)};
 }
 
 }  // namespace mpopt::detail

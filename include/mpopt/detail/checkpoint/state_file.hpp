@@ -35,6 +35,7 @@
 #include "../config.hpp"
 #include "replacing_file.hpp"
 #include "state_dtype.hpp"
+#include "state_place.hpp"
 
 namespace mpopt::detail {
 
@@ -56,9 +57,10 @@ MPOPT_DECL void check_state_tensor(const std::string& name, std::string_view dty
 
 /// Writes a state file tensor by tensor, holding none of them: the header (every tensor's name, dtype
 /// and shape) goes first, then each tensor's bytes in order, the checksum filled in at the end.
-/// finish() puts it in place of `path` (replacing_file.hpp): a crash, a failure or another writer
-/// leaves a complete checkpoint under the real name, never a partial or mixed file. Destroyed
-/// unfinished, it removes its temporary file.
+/// finish() puts a file in place of `path` (replacing_file.hpp): a crash, a failure or another
+/// writer leaves a complete checkpoint under the real name, never a partial or mixed file;
+/// destroyed unfinished, it removes its temporary file. Into memory, the bytes collect aside and
+/// finish() hands them over, so an unfinished save leaves the target as it was.
 class state_stream {
  public:
   struct tensor {
@@ -67,7 +69,7 @@ class state_stream {
     std::vector<std::int64_t> shape;
   };
 
-  MPOPT_DECL state_stream(const std::filesystem::path& path, const nlohmann::json& meta, std::vector<tensor> tensors);
+  MPOPT_DECL state_stream(const state_target& target, const nlohmann::json& meta, std::vector<tensor> tensors);
 
   state_stream(const state_stream&) = delete;
   state_stream& operator=(const state_stream&) = delete;
@@ -81,12 +83,13 @@ class state_stream {
   MPOPT_DECL static std::uint64_t bytes_of(const tensor& t);
   MPOPT_DECL void put(const void* p, std::size_t n);
 
-  std::filesystem::path path_;
+  state_target target_;
   std::vector<tensor> tensors_;
   std::size_t next_ = 0;
   std::optional<checksum64> sum_;
   std::size_t checksum_at_ = 0;
   std::optional<replacing_file> file_;
+  std::vector<std::byte> memory_;  ///< the bytes of a target in memory, until finish()
 };
 
 /// Collects tensors held elsewhere and writes them as one state file.
@@ -105,7 +108,8 @@ class state_writer {
   }
 
   /// Writes every tensor (see state_stream).
-  MPOPT_DECL void write(const std::filesystem::path& path) const;
+  MPOPT_DECL void write(const state_target& target) const;
+  void write(const std::filesystem::path& path) const { write(state_target{path.string()}); }
 
  private:
   nlohmann::json meta_ = nlohmann::json::object();
@@ -118,7 +122,8 @@ class state_reader {
  public:
   /// Reads the header and validates structure and checksum (streaming through the data) before
   /// returning. Tensors are read from the open file on demand: a rank reads only its part.
-  MPOPT_DECL explicit state_reader(const std::filesystem::path& path);
+  MPOPT_DECL explicit state_reader(const state_source& source);
+  explicit state_reader(const std::filesystem::path& path) : state_reader(state_source{path.string()}) {}
 
   const nlohmann::json& metadata() const { return meta_; }
   bool contains(std::string_view name) const { return index_.contains(name); }
@@ -182,6 +187,8 @@ class state_reader {
   };
   std::string path_;
   std::unique_ptr<std::FILE, closer> file_;
+  std::span<const std::byte> memory_;  ///< the file's bytes, where it is in memory
+  std::vector<std::byte> read_in_;     ///< what a stream held, which memory_ views
   std::uint64_t size_ = 0;
   std::uint64_t data_start_ = 0;  // where the data section begins (8 + header length)
   std::vector<entry> entries_;

@@ -8,6 +8,10 @@
 #include <array>
 #include <cerrno>
 #include <cstring>
+#include <istream>
+#include <iterator>
+#include <ostream>
+#include <string>
 
 #if __has_include(<unistd.h>)
 #include <unistd.h>  // fseeko
@@ -58,14 +62,14 @@ MPOPT_DECL void check_state_tensor(const std::string& name, std::string_view dty
                 " needs " + std::to_string(expected) + " bytes, data has " + std::to_string(bytes));
 }
 
-MPOPT_DECL state_stream::state_stream(const std::filesystem::path& path, const nlohmann::json& meta,
+MPOPT_DECL state_stream::state_stream(const state_target& target, const nlohmann::json& meta,
                                       std::vector<tensor> tensors)
-    : path_(path), tensors_(std::move(tensors)) {
+    : target_(target), tensors_(std::move(tensors)) {
   std::string meta_text;
   try {
     meta_text = meta.dump();
   } catch (const nlohmann::json::exception& e) {
-    throw error(path.string() + ": cannot serialize metadata: " + e.what());
+    throw error(target_.path + ": cannot serialize metadata: " + e.what());
   }
   std::uint64_t data_size = 0;
   std::set<std::string_view> names;
@@ -98,16 +102,16 @@ MPOPT_DECL state_stream::state_stream(const std::filesystem::path& path, const n
 
   std::array<std::byte, 8> prefix{};
   for (std::size_t i = 0, n = text.size(); i < 8; ++i, n >>= 8) prefix[i] = static_cast<std::byte>(n & 0xff);
-  file_.emplace(path);
+  if (!target_.in_memory()) file_.emplace(target_.path);
   put(prefix.data(), prefix.size());
   put(text.data(), text.size());
 }
 
 MPOPT_DECL void state_stream::append(std::span<const std::byte> data) {
-  if (next_ == tensors_.size()) throw error(path_.string() + ": more tensors than the header lists");
+  if (next_ == tensors_.size()) throw error(target_.path + ": more tensors than the header lists");
   const tensor& t = tensors_[next_++];
   if (data.size() != bytes_of(t))
-    throw error(path_.string() + ": tensor '" + t.name + "' has " + std::to_string(data.size()) + " bytes, its header " +
+    throw error(target_.path + ": tensor '" + t.name + "' has " + std::to_string(data.size()) + " bytes, its header " +
                 std::to_string(bytes_of(t)));
   sum_->update(data);
   put(data.data(), data.size());
@@ -115,8 +119,18 @@ MPOPT_DECL void state_stream::append(std::span<const std::byte> data) {
 
 MPOPT_DECL void state_stream::finish() {
   if (next_ != tensors_.size())
-    throw error(path_.string() + ": " + std::to_string(tensors_.size() - next_) + " tensors were not written");
+    throw error(target_.path + ": " + std::to_string(tensors_.size() - next_) + " tensors were not written");
   const std::string sum = checksum64::hex(sum_->finish());
+  if (target_.in_memory()) {
+    std::memcpy(memory_.data() + checksum_at_, sum.data(), sum.size());
+    if (target_.stream) {
+      target_.stream->write(reinterpret_cast<const char*>(memory_.data()), std::streamsize(memory_.size()));
+      target_.stream->flush();
+      if (!*target_.stream) throw error(target_.path + ": the stream did not take the checkpoint's bytes");
+    }
+    if (target_.bytes) target_.bytes->swap(memory_);
+    return;
+  }
   if (std::fseek(file_->stream(), long(checksum_at_), SEEK_SET) != 0) file_->fail("seek failed");
   put(sum.data(), sum.size());
   file_->commit();
@@ -129,7 +143,12 @@ MPOPT_DECL std::uint64_t state_stream::bytes_of(const tensor& t) {
 }
 
 MPOPT_DECL void state_stream::put(const void* p, std::size_t n) {
-  if (n != 0 && std::fwrite(p, 1, n, file_->stream()) != n) file_->fail("write failed");
+  if (target_.in_memory()) {
+    const auto* b = static_cast<const std::byte*>(p);
+    memory_.insert(memory_.end(), b, b + n);
+  } else if (n != 0 && std::fwrite(p, 1, n, file_->stream()) != n) {
+    file_->fail("write failed");
+  }
 }
 
 MPOPT_DECL void state_writer::add(std::string name, std::string_view dtype, std::vector<std::int64_t> shape,
@@ -141,14 +160,25 @@ MPOPT_DECL void state_writer::add(std::string name, std::string_view dtype, std:
   data_.push_back(data);
 }
 
-MPOPT_DECL void state_writer::write(const std::filesystem::path& path) const {
-  state_stream out(path, meta_, tensors_);
+MPOPT_DECL void state_writer::write(const state_target& target) const {
+  state_stream out(target, meta_, tensors_);
   for (const auto& d : data_) out.append(d);
   out.finish();
 }
 
-MPOPT_DECL state_reader::state_reader(const std::filesystem::path& path) : path_(path.string()) {
-  open(path);
+MPOPT_DECL state_reader::state_reader(const state_source& source) : path_(source.path) {
+  if (source.stream) {
+    const std::string text((std::istreambuf_iterator<char>(*source.stream)), std::istreambuf_iterator<char>());
+    if (source.stream->bad()) fail("the stream failed while it was read");
+    const auto* first = reinterpret_cast<const std::byte*>(text.data());
+    read_in_.assign(first, first + text.size());
+  }
+  if (source.bytes || source.stream) {
+    memory_ = source.bytes ? *source.bytes : std::span<const std::byte>(read_in_);
+    size_ = memory_.size();
+  } else {
+    open(source.path);
+  }
   parse();
 }
 
@@ -196,6 +226,11 @@ MPOPT_DECL void state_reader::open(const std::filesystem::path& path) {
 
 MPOPT_DECL void state_reader::read_at(std::uint64_t at, std::span<std::byte> out) const {
   if (out.empty()) return;
+  if (!file_) {  // in memory: parse() has checked every tensor lies within it
+    if (data_start_ + at > size_ || out.size() > size_ - data_start_ - at) fail("read beyond the end");
+    std::memcpy(out.data(), memory_.data() + data_start_ + at, out.size());
+    return;
+  }
   errno = 0;
 #if MPOPT_STATE_FILE_HAVE_FSEEKO
   const bool moved = fseeko(file_.get(), off_t(data_start_ + at), SEEK_SET) == 0;  // 64-bit offsets
