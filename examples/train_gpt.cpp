@@ -147,6 +147,7 @@ struct config {
   bool overlap = false;
   gpt::shape shape;  // vocab comes from the text
   int steps = 400;
+  int schedule_steps = -1;  // the schedule's length: --steps unless given
   int batch = 16;
   int accumulate = 1;
   double lr = 2e-3;
@@ -189,7 +190,13 @@ optimizer on every rank, then prints a sample of generated text.
   --layers L --heads H --width C --context T
                                 the model (default 4, 4, 128, 64)
   --batch B                     sequences per rank and micro-batch (default 16)
-  --steps N                     optimizer steps (default 400)
+  --steps N                     optimizer steps (default 400); after --load, N more, numbered on
+                                from the checkpoint's applied steps, with the batches an
+                                uninterrupted run would have drawn
+  --schedule-steps N            the schedule's length: the cosine reaches a tenth of --lr at step
+                                N (default: --steps). A run of N steps cut in two: --steps K
+                                --schedule-steps N --save F, then --load F --steps N-K (the
+                                schedule is then F's)
   --lr X                        peak learning rate, after a linear warm-up, decaying by a cosine
                                 to a tenth of it at the last step (default 2e-3; counted in
                                 applied steps: a skipped fp16 step does not advance it)
@@ -233,6 +240,7 @@ bool parse_args(int argc, char** argv, config& c) {
     else if (flag == "--context") c.shape.context = parse_number<int>(flag, value, 1);
     else if (flag == "--batch") c.batch = parse_number<int>(flag, value, 1);
     else if (flag == "--steps") c.steps = parse_number<int>(flag, value, 0);
+    else if (flag == "--schedule-steps") c.schedule_steps = parse_number<int>(flag, value, 0);
     else if (flag == "--lr") c.lr = parse_number<double>(flag, value, 0);
     else if (flag == "--warmup") c.warmup = parse_number<int>(flag, value, 0);
     else if (flag == "--weight-decay") c.weight_decay = parse_number<double>(flag, value, 0);
@@ -264,15 +272,17 @@ bool parse_args(int argc, char** argv, config& c) {
 
 // The flags' schedule: a linear warm-up, then a cosine to a tenth of the peak at the last step.
 mpopt::cosine_with_warmup flags_schedule(const config& c) {
-  return {.warmup_steps = c.warmup, .total_steps = std::max(c.steps, c.warmup + 1), .min_ratio = 0.1};
+  const int total = c.schedule_steps >= 0 ? c.schedule_steps : c.steps;
+  return {.warmup_steps = c.warmup, .total_steps = std::max(total, c.warmup + 1), .min_ratio = 0.1};
 }
 
 // The flags as the DeepSpeed configuration they stand for, or the one --config names.
 mpopt::deepspeed_config optimizer_config(const config& c) {
   if (!c.config_file.empty()) {
     mpopt::deepspeed_config ds = mpopt::deepspeed_config::read(c.config_file, world_size());
-    if (ds.schedule && std::ranges::find(c.given, "--warmup") != c.given.end())
-      throw usage_error{"--warmup conflicts with --config: its scheduler block decides the schedule"};
+    for (std::string_view f : {"--warmup", "--schedule-steps"})
+      if (ds.schedule && std::ranges::find(c.given, f) != c.given.end())
+        throw usage_error{std::string(f) + " conflicts with --config: its scheduler block decides the schedule"};
     if (!ds.schedule) ds.schedule = flags_schedule(c);
     return ds;
   }
@@ -436,6 +446,9 @@ int train(const config& c, const corpus& text, const mpopt::deepspeed_config& ds
   engine<P> e(shape, ds);
   e.initialize(c.seed);
   if (!c.load.empty()) e.opt.load(c.load);  // the schedule too, where the file has one
+  // Steps are numbered on from a loaded checkpoint's, so that a run cut in two draws the batches
+  // of the uninterrupted one. (Its applied steps: under fp16, a skipped step's batch is redrawn.)
+  const int first = int(e.opt.group(0).step()), last = first + c.steps;
   const int accumulate = int(ds.options.accumulation_steps);
   const int batch = ds.micro_batch_size > 0 && !c.config_file.empty() ? ds.micro_batch_size : c.batch;
   const std::size_t n_params = e.model.params().size();
@@ -458,11 +471,11 @@ int train(const config& c, const corpus& text, const mpopt::deepspeed_config& ds
   e.load_weights();
   const double initial_val = validation_loss(e.model, text, c);
   double val = initial_val, train_loss = 0;
-  if (speaker) std::printf("step %5d/%d | validation loss %.4f\n", 0, c.steps, val);
-  if (csv) std::fprintf(csv, "0,,%.9g,0,%.0f,0,0\n", val, e.opt.loss_scale());  // before any step
+  if (speaker) std::printf("step %5d/%d | validation loss %.4f\n", first, last, val);
+  if (csv) std::fprintf(csv, "%d,,%.9g,0,%.0f,0,0\n", first, val, e.opt.loss_scale());  // before any step
   clock_split time;
   mpopt::step_status status;
-  for (int step = 1; step <= c.steps; ++step) {
+  for (int step = first + 1; step <= last; ++step) {
     const auto step_start = steady::now();
     double loss = 0;
     for (int micro = 0; micro < accumulate; ++micro) {
@@ -481,12 +494,12 @@ int train(const config& c, const corpus& text, const mpopt::deepspeed_config& ds
     const double step_seconds = seconds_since(step_start);
     time.total += step_seconds;
     train_loss = mean_over_ranks(loss);
-    const bool evaluate = step % c.eval_every == 0 || step == c.steps;
+    const bool evaluate = step % c.eval_every == 0 || step == last;
     if (evaluate) {
       e.load_weights();
       val = validation_loss(e.model, text, c);
     }
-    const double tokens_per_s = tokens_per_step * step / time.total;
+    const double tokens_per_s = tokens_per_step * (step - first) / time.total;
     if (csv) {
       std::fprintf(csv, "%d,%.9g,", step, train_loss);
       if (evaluate) std::fprintf(csv, "%.9g", val);
@@ -498,9 +511,9 @@ int train(const config& c, const corpus& text, const mpopt::deepspeed_config& ds
       // One line updated in place on a terminal (kept when it shows a new validation loss);
       // plain lines in a log.
       std::printf("%sstep %5d/%d | loss %.4f | val %.4f | %6.0f tok/s | scale %-6g | skipped %llu | ETA %s%s",
-                  terminal ? "\r\033[K" : "", step, c.steps, train_loss, val, tokens_per_s, e.opt.loss_scale(),
+                  terminal ? "\r\033[K" : "", step, last, train_loss, val, tokens_per_s, e.opt.loss_scale(),
                   static_cast<unsigned long long>(status.skipped_steps),
-                  duration(time.total / step * (c.steps - step)).c_str(), terminal && !evaluate ? "" : "\n");
+                  duration(time.total / (step - first) * (last - step)).c_str(), terminal && !evaluate ? "" : "\n");
       std::fflush(stdout);
     }
   }

@@ -3,7 +3,9 @@
 
   mpopt_checkpoint.py info CHECKPOINT
   mpopt_checkpoint.py export CHECKPOINT OUT.safetensors|OUT.pt [--weights master|param] [--float32]
+                             [--optimizer OPT.pt]
   mpopt_checkpoint.py import SOURCE --like TEMPLATE -o OUT.safetensors [--strip-prefix P] [--ignore-extra]
+                             [--optimizer OPT.pt [--optimizer-class AdamW|Adam]]
 
 export writes the weights of an mpopt checkpoint (opt.save()) as a PyTorch state_dict, tensor name
 -> tensor with the shape given to add(): the fp32 master weights (--weights master, the default),
@@ -20,6 +22,27 @@ gives the policies, groups, options and tensor names, which the C++ side checks 
 masters get SOURCE's values in fp32, the parameters those values rounded to nearest even into
 their dtype (as the optimizer rounds its masters); everything else is the template's.
 
+--optimizer OPT.pt carries Adam's state (rule adam) too, as the state_dict() of torch.optim.AdamW
+(of torch.optim.Adam where the weight decay is L2), written with torch.save. Parameters are numbered
+group by group in the checkpoint's order (which `info` lists); each param group also lists them by
+name under "param_names" (newer PyTorch's own key for named parameters; older versions keep it
+unread), the order to build the optimizer's groups in. export writes each parameter's exp_avg and
+exp_avg_sq in fp32 with its group's step (torch counts steps per parameter, mpopt per group), and
+each group's lr (the last step's), betas, eps and weight_decay; where the checkpoint has a schedule,
+initial_lr is the group's base rate, which an LRScheduler built with last_epoch=step-1 resumes from.
+The schedule itself, the loss scale and the spike guard's windows have no place in a torch.optim
+state_dict. It refuses other rules, bias_correction false and groups mixing the two kinds of decay.
+
+import --optimizer OPT.pt takes Adam's state from such a state_dict instead of starting fresh. Its
+param groups must be the template's groups, and their parameters its tensors in order: sizes, and
+param_names where present, are checked. Every parameter of a group must be at the same step, which
+becomes the group's step and the applied steps. lr, betas, eps and weight_decay replace the
+template's options; its schedule and base rates stay (the schedule sets lr from the base rate at
+every step), so lr counts only without a schedule. AMSGrad and maximize are refused, and so is
+weight decay of the other kind than the template's: as a state_dict does not say which class wrote
+it, --optimizer-class AdamW or Adam does, where there is weight decay. PyTorch 1.x's weights_only
+loader reads no Python floats, which every optimizer state_dict holds: there, --trust-pickle.
+
 The container (include/mpopt/detail/checkpoint/state_file.hpp) is read and written here with the standard
 library; numpy converts between dtypes (needed by import and --float32) and speeds up the checksum.
 Errors are printed as "mpopt_checkpoint: error: ..." with exit status 1, and no output is left.
@@ -27,6 +50,7 @@ Errors are printed as "mpopt_checkpoint: error: ..." with exit status 1, and no 
 
 import argparse
 import json
+import math
 import os
 import signal
 import struct
@@ -461,6 +485,39 @@ class SafetensorsSource:
 TORCH_DTYPES = {}  # torch dtype -> safetensors name, filled when torch is imported
 
 
+def torch_load(torch, path, trust_pickle, hint=None):
+    """A torch.save file's object: tensors, numbers, strings and containers only, unless trusted."""
+    try:
+        if trust_pickle:
+            return torch.load(path, map_location="cpu")
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except TypeError:  # a torch before 1.13 has no weights_only
+            return torch.load(path, map_location="cpu")
+    except OSError as e:
+        fail("%s: cannot read: %s" % (path, e.strerror or e))
+    except Exception as e:  # pickle's and torch's own errors
+        if trust_pickle:
+            hint = ""
+        elif not hint:
+            hint = " (it may hold more than tensors: --trust-pickle loads any pickle, for files you trust)"
+        fail("%s: torch.load failed: %s%s" % (path, str(e).splitlines()[0] if str(e) else type(e).__name__, hint))
+
+
+def torch_save(torch, obj, out):
+    """torch.save to OUT.tmp, renamed into place when complete."""
+    tmp = out + ".tmp"
+    try:
+        torch.save(obj, tmp)
+        os.replace(tmp, out)
+    except OSError as e:
+        remove_quietly(tmp)
+        fail("%s: cannot write: %s" % (out, e.strerror or e))
+    except BaseException:
+        remove_quietly(tmp)
+        raise
+
+
 class TorchSource:
     """Tensors from torch.save files (pytorch_model.bin, model.pt, or the shards of an index)."""
 
@@ -479,20 +536,7 @@ class TorchSource:
         self.names = list(self.tensors)
 
     def _load(self, path, trust_pickle):
-        torch = self.torch
-        try:
-            if trust_pickle:
-                return torch.load(path, map_location="cpu")
-            try:
-                return torch.load(path, map_location="cpu", weights_only=True)
-            except TypeError:  # a torch before 1.13 has no weights_only
-                return torch.load(path, map_location="cpu")
-        except OSError as e:
-            fail("%s: cannot read: %s" % (path, e.strerror or e))
-        except Exception as e:  # pickle's and torch's own errors
-            hint = "" if trust_pickle else (" (it may hold more than tensors: --trust-pickle loads any pickle, "
-                                            "for files you trust)")
-            fail("%s: torch.load failed: %s%s" % (path, str(e).splitlines()[0] if str(e) else type(e).__name__, hint))
+        return torch_load(self.torch, path, trust_pickle)
 
     def _state_dict(self, path, obj):
         torch = self.torch
@@ -562,6 +606,220 @@ def open_source(path, trust_pickle):
 
 
 # --------------------------------------------------------------------------------------------
+# Adam's state to and from torch.optim: the state_dict() of torch.optim.AdamW (decoupled weight
+# decay) or torch.optim.Adam (L2), parameters numbered group by group in the checkpoint's order.
+
+ADAM_OPTIONS = ("lr", "beta1", "beta2", "eps", "weight_decay", "decoupled_weight_decay", "bias_correction")
+ADAM_STATE = ("exp_avg", "exp_avg_sq")
+# What PyTorch 1.13's state_dict() gives each param group besides lr, betas, eps, weight_decay and
+# params (newer versions fill in the keys they added when they load one).
+TORCH_GROUP_FLAGS = {
+    "AdamW": {"amsgrad": False, "foreach": None, "maximize": False, "capturable": False},
+    "Adam": {"amsgrad": False, "maximize": False, "foreach": None, "capturable": False, "differentiable": False,
+             "fused": False},
+}
+
+
+def require_adam(cfg, where):
+    if cfg.get("rule") != "adam":
+        fail("%s: rule %r: --optimizer converts Adam's state (rule adam) only, the state torch.optim's Adam and "
+             "AdamW hold" % (where, cfg.get("rule")))
+
+
+def torch_adam_class(cfg, where):
+    """'AdamW' where the groups with weight decay decouple it, 'Adam' where they add it to the gradient
+    (L2); refuses options torch.optim cannot run."""
+    decoupled = set()
+    for g, group in enumerate(cfg["groups"]):
+        o = group["options"]
+        unknown = sorted(set(o) - set(ADAM_OPTIONS))
+        if unknown:
+            fail("%s: group %d's option %s has no counterpart in torch.optim.Adam or AdamW" % (where, g, unknown[0]))
+        if not o.get("bias_correction", True):
+            fail("%s: group %d has bias_correction false: torch.optim.Adam and AdamW always correct the moments' "
+                 "bias" % (where, g))
+        if o.get("weight_decay", 0) != 0:
+            decoupled.add(bool(o.get("decoupled_weight_decay", True)))
+    if len(decoupled) > 1:
+        fail("%s: some groups decay weights decoupled (AdamW), others as L2 (Adam): one torch.optim optimizer "
+             "cannot do both" % where)
+    return "Adam" if decoupled == {False} else "AdamW"
+
+
+def torch_optimizer_state(c, torch):
+    """The checkpoint's Adam state as torch.optim's state_dict(), and the class to load it into."""
+    cfg = c.config
+    require_adam(cfg, c.path)
+    cls = torch_adam_class(cfg, c.path)
+    scheduled = bool(cfg.get("lr_schedule"))
+    state, groups, index = {}, [], 0
+    for group in cfg["groups"]:
+        o, step = group["options"], group["step"]
+        params, names = [], []
+        for t in group["tensors"]:
+            name = t["name"]
+            if step > 0:  # torch keeps no state for a parameter before its first step
+                shape = c.shape("param/" + name)
+                state[index] = {"step": torch.tensor(float(step), dtype=torch.float32)}
+                for kind in ADAM_STATE:
+                    state[index][kind] = torch.from_numpy(saved_moment(c, kind, name, t["size"])).reshape(shape)
+            params.append(index)
+            names.append(name)
+            index += 1
+        pg = {"lr": o["lr"], "betas": (o["beta1"], o["beta2"]), "eps": o["eps"], "weight_decay": o["weight_decay"]}
+        pg.update(TORCH_GROUP_FLAGS[cls])
+        if scheduled:  # where an LRScheduler keeps the base rate; it needs it to resume (last_epoch >= 0)
+            pg["initial_lr"] = group["base_lr"]
+        pg["params"] = params
+        pg["param_names"] = names  # newer PyTorch's own key for named parameters; older ones keep it unread
+        groups.append(pg)
+    return {"state": state, "param_groups": groups}, cls
+
+
+def saved_moment(c, kind, name, size):
+    key = kind + "/" + name
+    if key not in c.entries:
+        fail("%s: tensor '%s' is missing" % (c.path, key))
+    if product(c.shape(key)) != size:
+        fail("%s: tensor '%s' has shape %s, the parameter %d elements" % (c.path, key, shape_text(c.shape(key)), size))
+    return c.float32(key).copy()  # writable, for torch.from_numpy
+
+
+class TorchAdamState:
+    """A torch.optim.Adam/AdamW state_dict() checked against a template's groups: its moments by the
+    template's tensor names, and the template's metadata with the steps and options replaced."""
+
+    def __init__(self, path, template, optimizer_class, strip_prefix, trust_pickle):
+        self.path = path
+        self.torch = torch = import_torch("reading " + path)
+        cfg = json.loads(template.mpopt_text)
+        require_adam(cfg, template.path)
+        floats_refused = torch.__version__.split(".")[0] in ("0", "1")  # by torch.load(weights_only=True)
+        sd = torch_load(torch, path, trust_pickle, hint=" (PyTorch %s's weights_only loader reads no Python floats, "
+                        "which every optimizer state_dict holds: --trust-pickle loads it, for files you trust)"
+                        % torch.__version__ if floats_refused else None)
+        if not isinstance(sd, dict) or not isinstance(sd.get("state"), dict) or \
+                not isinstance(sd.get("param_groups"), list):
+            self._fail("not a torch.optim state_dict (a dict with 'state' and 'param_groups')")
+        saved = sd["param_groups"]
+        if len(saved) != len(cfg["groups"]) or not all(isinstance(g, dict) for g in saved):
+            self._fail("%d param groups, the template %d: the groups must be the template's, in its order"
+                       % (len(saved), len(cfg["groups"])))
+        self.moments = {}  # template tensor name -> {kind: float32 values}
+        steps = []
+        for g, (pg, group) in enumerate(zip(saved, cfg["groups"])):
+            step = self._group(g, pg, group, sd["state"], template, strip_prefix)
+            self._options(g, pg, group, optimizer_class)
+            group["step"] = step
+            steps.append(step)
+        cfg["applied_steps"] = max(steps, default=0)
+        self.applied = cfg["applied_steps"]
+        self.mpopt_text = json.dumps(cfg, separators=(",", ":"), ensure_ascii=False)
+
+    def _fail(self, message):
+        fail("%s: %s" % (self.path, message))
+
+    def _group(self, g, pg, group, state, template, strip_prefix):
+        """Group g's moments; returns its step, which all its parameters must share."""
+        params, tensors = pg.get("params"), group["tensors"]
+        if not isinstance(params, list) or len(params) != len(tensors):
+            self._fail("param group %d has %s parameters, the template's group %d has %d" % (
+                g, len(params) if isinstance(params, list) else "no list of", g, len(tensors)))
+        names = pg.get("param_names")  # newer PyTorch's, or this tool's export
+        if names is not None:
+            wanted = [t["name"] for t in tensors]
+            if not isinstance(names, list) or len(names) != len(wanted):
+                self._fail("param group %d: param_names does not list its %d parameters" % (g, len(wanted)))
+            names = [n[len(strip_prefix):] if strip_prefix and str(n).startswith(strip_prefix) else n for n in names]
+            for i, (n, w) in enumerate(zip(names, wanted)):
+                if n != w:
+                    self._fail("param group %d names its parameter %d %r, the template's is '%s'" % (g, i, n, w))
+        steps = {}
+        for index, t in zip(params, tensors):
+            s = state.get(index, {})
+            if not isinstance(s, dict):
+                self._fail("the state of parameter %r is not a dict" % (index,))
+            extra = sorted(set(s) - {"step"} - set(ADAM_STATE))
+            if extra:
+                self._fail("parameter %r ('%s') has state '%s': only Adam's step, exp_avg and exp_avg_sq convert "
+                           "(no AMSGrad)" % (index, t["name"], extra[0]))
+            if not s:
+                steps.setdefault(0, t["name"])
+                continue
+            if not {"step", *ADAM_STATE} <= set(s):
+                self._fail("parameter %r ('%s') lacks step, exp_avg or exp_avg_sq" % (index, t["name"]))
+            steps.setdefault(self._step(s["step"], index), t["name"])
+            self.moments[t["name"]] = {k: self._values(s[k], k, index, t, template) for k in ADAM_STATE}
+        if len(steps) > 1:
+            (a, na), (b, nb) = sorted(steps.items())[:2]
+            self._fail("param group %d: '%s' is at step %d, '%s' at step %d: mpopt keeps one step per group"
+                       % (g, na, a, nb, b))
+        return next(iter(steps), 0)
+
+    def _step(self, step, index):
+        torch = self.torch
+        if isinstance(step, torch.Tensor):
+            step = step.item() if step.numel() == 1 else None
+        if isinstance(step, bool) or not isinstance(step, (int, float)) or step < 0 or step != int(step):
+            self._fail("parameter %r: step %r is not a whole number of steps" % (index, step))
+        return int(step)
+
+    def _values(self, tensor, kind, index, t, template):
+        torch = self.torch
+        if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
+            self._fail("parameter %r ('%s'): %s is not a floating-point tensor" % (index, t["name"], kind))
+        shape = list(tensor.shape)
+        registered = template.shape("param/" + t["name"])
+        if product(shape) != t["size"] or (len(shape) > 1 and len(registered) > 1 and shape != registered):
+            self._fail("parameter %r ('%s'): %s has shape %s, the template's tensor %s: are the groups' "
+                       "parameters in the template's order?" % (index, t["name"], kind, shape_text(shape),
+                                                               shape_text(registered)))
+        return tensor.detach().to("cpu", torch.float32).contiguous().numpy().reshape(-1)
+
+    def _options(self, g, pg, group, optimizer_class):
+        """lr, betas, eps and weight decay from group g; what mpopt's Adam cannot follow is refused."""
+        o = group["options"]
+        for flag in ("amsgrad", "maximize"):
+            if pg.get(flag):
+                self._fail("param group %d has %s on: mpopt's Adam has no %s" % (g, flag, flag))
+        if not o.get("bias_correction", True):
+            self._fail("the template's group %d has bias_correction false; torch.optim's Adam corrects" % g)
+        try:
+            lr, (beta1, beta2), eps, wd = (pg["lr"], pg["betas"], pg["eps"], pg["weight_decay"])
+            lr, beta1, beta2, eps, wd = (float(v) for v in (lr, beta1, beta2, eps, wd))  # a Tensor lr too
+        except (KeyError, TypeError, ValueError) as e:
+            self._fail("param group %d: lr, betas (two numbers), eps or weight_decay missing or not numbers (%s)"
+                       % (g, e))
+        if not all(math.isfinite(v) for v in (lr, beta1, beta2, eps, wd)):
+            self._fail("param group %d: lr, betas, eps and weight_decay must be finite" % g)
+        if wd != 0:
+            decoupled = self._decoupled(g, pg, optimizer_class)
+            if decoupled != o.get("decoupled_weight_decay", True):
+                def kind(d):
+                    return "AdamW's (decoupled)" if d else "Adam's (L2)"
+                self._fail("param group %d's weight decay is %s, the template's group %d's %s" % (
+                    g, kind(decoupled), g, kind(o.get("decoupled_weight_decay", True))))
+        base = group.get("base_lr")
+        if "initial_lr" in pg and base is not None and float(pg["initial_lr"]) != base:
+            print("mpopt_checkpoint: note: param group %d's initial_lr is %r; the template's schedule scales its "
+                  "own base rate, %r" % (g, pg["initial_lr"], base), file=sys.stderr)
+        o.update(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=wd)
+
+    def _decoupled(self, g, pg, optimizer_class):
+        """Whether group g's weight decay is AdamW's: the state_dict says so only in some PyTorch versions."""
+        said = pg.get("decoupled_weight_decay")
+        if said is not None and optimizer_class and bool(said) != (optimizer_class == "AdamW"):
+            self._fail("param group %d has decoupled_weight_decay %s, but --optimizer-class is %s"
+                       % (g, said, optimizer_class))
+        if said is not None:
+            return bool(said)
+        if not optimizer_class:
+            self._fail("param group %d has weight decay, and the state_dict does not say whether it is AdamW's "
+                       "(decoupled) or Adam's (L2): give --optimizer-class AdamW or Adam" % g)
+        return optimizer_class == "AdamW"
+
+
+# --------------------------------------------------------------------------------------------
 # The commands.
 
 def listing(names, most=8):
@@ -608,9 +866,11 @@ def cmd_export(args):
     if not torch_out and not out.endswith(".safetensors"):
         fail("%s: the output must end in .safetensors or %s" % (out, ", ".join(TORCH_SUFFIXES)))
     c = MpoptCheckpoint(args.checkpoint, verify=not args.no_verify)
-    if torch_out:
-        torch = import_torch("writing " + out)
+    if torch_out or args.optimizer:
+        torch = import_torch("writing " + (out if torch_out else args.optimizer))
         need_numpy("writing " + out)
+    if args.optimizer:  # everything checked before either file is written
+        optimizer_state, optimizer_class = export_optimizer_checks(args, c, torch)
     tensors = []
     for name, _ in c.tensors:
         key = c.weight_key(name, args.weights)
@@ -629,18 +889,52 @@ def cmd_export(args):
             else:
                 t = torch.from_numpy(np.frombuffer(data, dtype=NUMPY_TYPE[dtype]).copy())
             state[name] = t.reshape(shape).clone()
-        tmp = out + ".tmp"
-        try:
-            torch.save(state, tmp)
-            os.replace(tmp, out)
-        except OSError as e:
-            remove_quietly(tmp)
-            fail("%s: cannot write: %s" % (out, e.strerror or e))
+        torch_save(torch, state, out)
     else:
         write_safetensors(out, tensors, {"format": "pt"})  # "pt": what PyTorch-side readers expect
     what = "fp32 masters" if args.weights == "master" else "parameters" + (" as float32" if args.float32 else "")
     print("mpopt_checkpoint: wrote %d tensors (%s) to %s" % (len(tensors), what, out), file=sys.stderr)
+    if args.optimizer:
+        try:
+            torch_save(torch, optimizer_state, args.optimizer)
+        except BaseException:
+            remove_quietly(out)  # both files or neither
+            raise
+        report_optimizer_export(c, optimizer_state, optimizer_class, args.optimizer)
     return 0
+
+
+def export_optimizer_checks(args, c, torch):
+    """export --optimizer: the state_dict to write, and its torch.optim class, once all is checked."""
+    if not args.optimizer.endswith(TORCH_SUFFIXES):
+        fail("%s: the optimizer state is written with torch.save: it must end in %s"
+             % (args.optimizer, ", ".join(TORCH_SUFFIXES)))
+    if os.path.abspath(args.optimizer) == os.path.abspath(args.output):
+        fail("%s: the weights and the optimizer state need two files" % args.optimizer)
+    if args.weights == "param" and any("master/" + n in c.entries for n, _ in c.tensors):
+        fail("--optimizer with --weights param: Adam's moments belong to the fp32 masters, which torch must "
+             "continue from: export those (--weights master, the default)")
+    return torch_optimizer_state(c, torch)
+
+
+def report_optimizer_export(c, state, cls, out):
+    cfg = c.config
+    steps = sorted(set(g["step"] for g in cfg["groups"]))
+    print("mpopt_checkpoint: wrote %s: torch.optim.%s state_dict, %d param groups, step %s; build the optimizer "
+          "with the groups in this order, each one's parameters as its param_names list them"
+          % (out, cls, len(state["param_groups"]), "/".join(str(s) for s in steps)), file=sys.stderr)
+    left = []
+    if cfg.get("lr_schedule"):
+        left.append("the learning-rate schedule (%s; each group's lr is its last step's, initial_lr its base: "
+                    "an LRScheduler built with last_epoch=%d sets the next)"
+                    % (cfg["lr_schedule"].get("type"), max(steps) - 1))
+    if cfg.get("loss_scaler") not in (None, "no_scaling"):
+        left.append("the loss scale (%s)" % json.dumps(cfg.get("scaler")))
+    guard = cfg.get("spike_guard")
+    if isinstance(guard, dict) and (guard.get("loss") or guard.get("norm")):
+        left.append("the spike guard's windows")
+    if left:
+        print("mpopt_checkpoint: not in a torch.optim state_dict: " + "; ".join(left), file=sys.stderr)
 
 
 def output_shape(name, template_shape, source_shape):
@@ -659,6 +953,8 @@ def output_shape(name, template_shape, source_shape):
 def cmd_import(args):
     need_numpy("import")
     t = MpoptCheckpoint(args.like)
+    if args.optimizer_class and not args.optimizer:
+        fail("--optimizer-class says which torch.optim class wrote --optimizer's file: give that too")
     cfg = t.config
     steps = [cfg.get("applied_steps"), cfg.get("skipped_steps")] + [g.get("step") for g in cfg["groups"]]
     if any(s != 0 for s in steps):
@@ -691,6 +987,8 @@ def cmd_import(args):
             fail("tensor '%s' has dtype %s in %s: a parameter must be floating point"
                  % (by_name[name], dtype, args.source))
         shapes[name] = output_shape(name, t.shape("param/" + name), shape)
+    adam = TorchAdamState(args.optimizer, t, args.optimizer_class, args.strip_prefix, args.trust_pickle) \
+        if args.optimizer else None
 
     cache = {}  # the source's values for a parameter, between its param/ and master/ tensors
 
@@ -712,14 +1010,20 @@ def cmd_import(args):
             if kind == "master":
                 tensors.append((key, "F32", shapes[name], lambda n=name: float32_to("F32", values(n))))
                 continue
+            if adam and name in adam.moments and kind in ADAM_STATE:
+                tensors.append((key, t.dtype(key), shapes[name],
+                                lambda n=name, k=kind, d=t.dtype(key): float32_to(d, adam.moments[n][k])))
+                continue
             tensors.append((key, t.dtype(key), shapes[name], lambda k=key: t.raw(k)))  # fresh state
         else:
             tensors.append((key, t.dtype(key), t.shape(key), lambda k=key: t.raw(k)))
-    meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "mpopt": t.mpopt_text}
+    meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "mpopt": adam.mpopt_text if adam else t.mpopt_text}
     write_safetensors(args.output, tensors, meta)
     left_out = " (%d left out)" % len(extra) if extra else ""
-    print("mpopt_checkpoint: wrote %s: %d tensors from %s%s, fresh optimizer state from %s"
-          % (args.output, len(wanted), args.source, left_out, args.like), file=sys.stderr)
+    state = ("Adam's state at step %d from %s, the rest" % (adam.applied, args.optimizer) if adam
+             else "fresh optimizer state")
+    print("mpopt_checkpoint: wrote %s: %d tensors from %s%s, %s from %s"
+          % (args.output, len(wanted), args.source, left_out, state, args.like), file=sys.stderr)
     return 0
 
 
@@ -734,7 +1038,8 @@ def main(argv=None):
     s.add_argument("checkpoint")
     s.set_defaults(run=cmd_info)
 
-    s = sub.add_parser("export", help="an mpopt checkpoint's weights -> a PyTorch state_dict (.safetensors or .pt)")
+    s = sub.add_parser("export", help="an mpopt checkpoint's weights -> a PyTorch state_dict (.safetensors or .pt); "
+                                      "with --optimizer, Adam's state -> a torch.optim state_dict")
     s.add_argument("checkpoint")
     s.add_argument("output", help="OUT.safetensors (no PyTorch needed) or OUT.pt / .bin / .pth (torch.save)")
     s.add_argument("--weights", choices=("master", "param"), default="master",
@@ -743,10 +1048,16 @@ def main(argv=None):
     s.add_argument("--float32", action="store_true",
                    help="widen 16-bit parameters to float32 (exact): for readers without bfloat16")
     s.add_argument("--no-verify", action="store_true", help="skip the checksum (faster on large files)")
+    s.add_argument("--optimizer", metavar="OPT.pt",
+                   help="also Adam's state as a torch.optim.AdamW (or Adam, for L2 weight decay) state_dict(), "
+                        "written with torch.save: each parameter's exp_avg, exp_avg_sq and step (its group's), each "
+                        "group's lr, betas, eps and weight_decay, and param_names: the order to build the groups "
+                        "in. Rule adam only")
     s.set_defaults(run=cmd_export)
 
     s = sub.add_parser("import",
-                       help="a PyTorch or DeepSpeed state_dict -> an mpopt checkpoint with fresh optimizer state")
+                       help="a PyTorch or DeepSpeed state_dict -> an mpopt checkpoint with fresh optimizer state, "
+                            "or with --optimizer, a torch.optim Adam/AdamW state_dict's")
     s.add_argument("source", help=".safetensors, .pt/.bin/.pth, *.index.json, or zero_to_fp32's output directory")
     s.add_argument("--like", required=True, metavar="TEMPLATE",
                    help="a checkpoint of the target optimizer saved before its first step "
@@ -757,6 +1068,14 @@ def main(argv=None):
                    help="leave out the source's tensors the template does not have")
     s.add_argument("--trust-pickle", action="store_true",
                    help="torch.load without weights_only: for .pt files holding more than tensors, that you trust")
+    s.add_argument("--optimizer", metavar="OPT.pt",
+                   help="Adam's state from a torch.optim.AdamW or Adam state_dict() (torch.save) instead of fresh "
+                        "state: its param groups are the template's groups, their parameters the template's tensors "
+                        "in order. Moments, steps (one per group), lr, betas, eps and weight_decay come from it; "
+                        "the template's schedule and base rates stay, so lr matters only without a schedule")
+    s.add_argument("--optimizer-class", choices=("AdamW", "Adam"),
+                   help="the torch.optim class that saved --optimizer's file, where it has weight decay: AdamW's is "
+                        "decoupled, Adam's L2; it must be the template's kind")
     s.set_defaults(run=cmd_import)
 
     args = p.parse_args(argv)
