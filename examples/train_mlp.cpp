@@ -477,8 +477,8 @@ run in fp32 without loss scaling for comparison (unless --compare-fp32 off).
                                 updated parameters during the next forward (overlap_comm with
                                 leave_param_gather_in_flight; default off)
   --config FILE                 the optimizer from a DeepSpeed JSON configuration (fp16, bf16,
-                                zero_optimization, optimizer, gradient_clipping, ...; see the
-                                README) through mpopt::make_optimizer. It sets what --precision,
+                                zero_optimization, optimizer, gradient_clipping, ...; see
+                                docs/deepspeed-config.md) through mpopt::make_optimizer. It sets what --precision,
                                 --scaler, --loss-scale, --rounding, --rule, --lr, --freeze-step,
                                 --bias-correction, --accumulate, --zero, --overlap and --device set, so those
                                 are refused with it; train_micro_batch_size_per_gpu, when given,

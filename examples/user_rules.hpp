@@ -1,4 +1,4 @@
-// Four update rules written as a user would, outside mpopt's headers (README, "Writing your own
+// Four update rules written as a user would, outside mpopt's headers (docs/extending.md, "Writing your own
 // rule"): Lion, SGD with momentum (optionally Nesterov), LARS and Adagrad. Each declares its options (each
 // field once, with its check), its fp32 state, the scalars of a step and its element stages;
 // mpopt::optimizer runs them on every precision, partition and backend. examples/custom_rule.cpp trains with them; the tests check them

@@ -292,7 +292,7 @@ TEST_SUITE("convert") {
   TEST_CASE_TEMPLATE("stochastic rounding goes to a neighbour, up with exactly the dropped fraction over all noise",
                      T, half, bfloat16) {
     // noise_j = j << 8 | j >> 16 for j < 2^24 is uniform on the low 16 bits and on the high 24: every
-    // threshold each format's rule reads (README, "Rounding") comes equally often.
+    // threshold each format's rule reads (docs/concepts.md, "Rounding") comes equally often.
     std::mt19937_64 rng(0x5708);
     std::vector<float> xs = {1.0f + 0x1p-9f, -3.1415926f, 65519.0f, -65503.5f, 6.0e-5f, 6.1e-5f, 1.0e-7f, -2.9e-8f,
                              1.0e-30f,       3.0e38f,     -0x1.fffffep127f, 0x1p-140f};

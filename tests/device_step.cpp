@@ -1,5 +1,5 @@
 // What a step costs on the device backend: the kernels it launches and the times the host waits
-// for the device, counted by mpopt::cuda, for each rule and precision; README's table of kernels and
+// for the device, counted by mpopt::cuda, for each rule and precision; docs/gpu-and-offload.md's table of kernels and
 // bytes per step is these numbers. Built with g++ and THRUST_DEVICE_SYSTEM_OMP (the device
 // backend's source, run on the host).
 #include <doctest/doctest.h>

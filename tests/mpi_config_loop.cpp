@@ -1,4 +1,4 @@
-// The training loop of README's "Configuration from a DeepSpeed JSON", as written there, on a
+// The training loop of docs/deepspeed-config.md's "Configuration from a DeepSpeed JSON", as written there, on a
 // ZeRO-2 configuration with overlap_comm (as most real ones have), over the examples' factory
 // (examples/configured_optimizer.hpp). Its forward reads the parameters: had step() returned
 // before the other ranks' pieces arrived, the forward would read the last step's values. By
@@ -52,7 +52,7 @@ struct pull_model {
   }
 };
 
-/// README's loop for `steps` steps; `fast`: with leave_param_gather_in_flight, waiting before each
+/// That page's loop for `steps` steps; `fast`: with leave_param_gather_in_flight, waiting before each
 /// forward as its contract says. Returns the parameters' bits.
 std::vector<std::uint16_t> train(bool overlap_comm, bool fast, int steps) {
   const std::string json = std::string(R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true},
@@ -99,7 +99,7 @@ std::vector<std::uint16_t> train(bool overlap_comm, bool fast, int steps) {
 }  // namespace
 
 TEST_SUITE("mpi") {
-  TEST_CASE("README's DeepSpeed-configuration loop under ZeRO-2 with overlap_comm: the same bits every time, by "
+  TEST_CASE("The documented DeepSpeed-configuration loop under ZeRO-2 with overlap_comm: the same bits every time, by "
             "default and with leave_param_gather_in_flight, and on two ranks those of a run without") {
     constexpr int steps = 6;
     int world = 1;

@@ -1,5 +1,5 @@
 // A float64 reference of 1-bit LAMB, 1-bit Adam, 0/1 Adam and their compressed all-reduce, written
-// from docs/design.md §3.7-§3.10 (and the decisions in README), NOT from the library's code. It
+// from docs/design.md §3.7-§3.10 (and the decisions in docs/compressed-rules.md), NOT from the library's code. It
 // includes nothing from mpopt. W ranks are simulated in one process.
 //
 // Arithmetic is double; values are rounded to float only where the algorithm keeps them in fp32
@@ -20,7 +20,7 @@ inline double f32(double x) { return double(float(x)); }
 
 /// The error-compensated 1-bit all-reduce (DeepSpeed compressed_allreduce), all ranks at once.
 /// Either one scale per worker and per server chunk over the whole vector (padded with zeros to a
-/// multiple of 8 W, the padding taking part), or per segment (README, "Compression options"): each
+/// multiple of 8 W, the padding taking part), or per segment (docs/compressed-rules.md, "Compression options"): each
 /// segment placed at a multiple of 16, the vector padded to a multiple of 16 W, a worker scale per
 /// segment over its elements and a server scale per segment's piece of the server's chunk; the
 /// padding then takes no part. Vectors come and go in element order; `place` maps them.
@@ -120,7 +120,7 @@ struct compressed_sim {
   }
 };
 
-/// Which averages a compressing rule keeps (README, "Compression options"): where the user's mask
+/// Which averages a compressing rule keeps (docs/compressed-rules.md, "Compression options"): where the user's mask
 /// (exp_avg_mask; empty: none) is 1 and, with exclude_zero_variance, the element's variance is above
 /// `ratio` times its tensor's mean variance.
 struct kept_averages {

@@ -11,7 +11,7 @@
 //   phase 2: all-gather of the server sign bits and scales; result element i = ±s_c of its chunk.
 // N is n padded to a multiple of 8 W (each chunk a whole number of bytes); the padding takes part
 // as zeros at every call (DeepSpeed compresses its buffer in place, so from its second call the
-// padding holds the last result: README, 1-bit LAMB). The error buffers e_w (N) and e_s (N / W)
+// padding holds the last result: docs/compressed-rules.md, "1-bit LAMB"). The error buffers e_w (N) and e_s (N / W)
 // persist across calls: that is the error feedback. Sums of squares are formed in double, per
 // 64 Ki-element chunk and then across chunks in a fixed order: the scales do not depend on the
 // thread count, nor (to the float they are rounded to) on how the sum was cut.

@@ -244,7 +244,7 @@ class cuda : public detail::backend_passes<cuda> {
 #if MPOPT_DEVICE_IS_GPU
   cudaStream_t stream() const { return stream_.get(); }
 #endif
-  /// Kernels launched so far (the README's table of kernels per step is checked against it).
+  /// Kernels launched so far (docs/gpu-and-offload.md's table of kernels per step is checked against it).
   std::size_t launches() const { return launches_; }
   /// Times the host has waited for the device so far (synchronize(), to_host()).
   std::size_t waits() const { return waits_; }

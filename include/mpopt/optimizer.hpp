@@ -49,7 +49,7 @@ class optimizer : public detail::tensor_registry<Precision, UpdateRule, Backend>
                 "Partition must model mpopt::partition_policy (partition.hpp): mpopt::replicated, zero1, zero2 or yours, "
                 "with a layout whose sharding its exchange shares");
   static_assert(update_rule<UpdateRule>,
-                "UpdateRule must model mpopt::update_rule (rule.hpp; README, \"Writing your own rule\")");
+                "UpdateRule must model mpopt::update_rule (rule.hpp; docs/extending.md, \"Writing your own rule\")");
   static_assert(backend_policy<Backend, Precision>,
                 "Backend must model mpopt::backend_policy (backend.hpp): mpopt::host, cuda, offload<host> or yours, "
                 "derived from detail::backend_passes (detail/passes/backend_passes.hpp), which gives it every pass");
@@ -172,7 +172,7 @@ class optimizer : public detail::tensor_registry<Precision, UpdateRule, Backend>
   }
 
   /// Writes every parameter, master and moment by tensor name, with the scaler, counters, group
-  /// options and schedule, to a safetensors file (format: README, "Checkpoints"); of expert groups,
+  /// options and schedule, to a safetensors file (format: docs/checkpoints.md); of expert groups,
   /// every rank's experts. `where`: a path (a string or std::filesystem::path), or memory: a
   /// std::vector<std::byte>, whose contents the file's bytes replace, or a std::ostream they are
   /// written to (an engine's own checkpoint container). Every rank calls it; rank 0 writes, tensor
@@ -181,7 +181,7 @@ class optimizer : public detail::tensor_registry<Precision, UpdateRule, Backend>
   /// that saves nothing compiles none of it.
   template <class Where>
   void save(Where&& where) {
-    detail::checkpointing<pipeline>::save(pipeline_, detail::target_of(where));
+    detail::checkpointing<pipeline>::save(pipeline_, where);
   }
   /// Restores a save()d state, from a path, bytes (anything std::span<const std::byte> is made
   /// from) or a std::istream (read to its end). It must come from an optimizer of the same policies
@@ -190,7 +190,7 @@ class optimizer : public detail::tensor_registry<Precision, UpdateRule, Backend>
   /// throws. Needs <mpopt/checkpoint.hpp>.
   template <class From>
   void load(From&& from, load_options lo = {}) {
-    detail::checkpointing<pipeline>::load(pipeline_, detail::source_of(from), lo);
+    detail::checkpointing<pipeline>::load(pipeline_, from, lo);
   }
 
   /// Every buffer this rank holds for the optimizer, with its size; the user's tensors are listed

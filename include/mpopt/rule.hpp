@@ -1,6 +1,6 @@
 // mpopt — what an update rule is. A rule declares its options, its per-element fp32 state, the
 // scalars each step derives from the options and the step count, and its element stages; the
-// optimizer and every backend derive the passes from that (README, "Writing your own rule").
+// optimizer and every backend derive the passes from that (docs/extending.md, "Writing your own rule").
 //
 // A stage is a function template over an element view `e` (e.vec is float, or a SIMD or GPU
 // vector of floats), written with + - * / and mpopt::math:

@@ -35,7 +35,7 @@ class tensor_shape {
   tensor_shape() = default;
   tensor_shape(std::initializer_list<std::int64_t> dims) : dims_(dims) {}
   /// Any range of integers: a std::vector<std::int64_t>, a std::array<std::size_t, 2>, ... (a
-  /// range for-loop's begin and end, not <ranges>: this header is in every optimizer's unit).
+  /// range for-loop's begin and end, not `<ranges>`: this header is in every optimizer's unit).
   template <class R, class V = std::remove_cvref_t<decltype(*std::begin(std::declval<const R&>()))>>
     requires requires(const R& r) { std::end(r); } && dimension_type<V>
   tensor_shape(const R& dims) {

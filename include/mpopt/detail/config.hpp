@@ -28,7 +28,7 @@
 // is declared MPOPT_DECL in its header and defined in the .ipp file beside it. Header-only (the
 // default) each header includes its definitions, inline. With MPOPT_SEPARATE_COMPILATION defined in
 // every unit of a program, headers only declare, and one unit of the program includes
-// <mpopt/src.hpp>, which defines them all once (README, "Compile time").
+// <mpopt/src.hpp>, which defines them all once (docs/benchmarks.md, "Compile time").
 #if defined(MPOPT_SEPARATE_COMPILATION)
 #define MPOPT_DECL MPOPT_COLD
 #else

@@ -1,5 +1,5 @@
 // mpopt — the host passes of mpopt's own precisions (fp32, fp16, bf16) and rules, compiled once per
-// program in the separately compiled mode (README, "Faster builds"): each header that brings passes
+// program in the separately compiled mode (docs/install.md, "Faster builds"): each header that brings passes
 // declares them here with EXTERN = extern, and <mpopt/src.hpp> defines them (EXTERN empty). They
 // are most of what an optimizer costs to compile: three SIMD levels of every pass. A precision,
 // rule or backend of the user's instantiates its passes where they run, as in header-only builds.

@@ -1,6 +1,6 @@
 // mpopt — checkpoint writing and reading: the optimizer's save() and load(). Every parameter, fp32
 // master and rule state buffer by tensor name, with the scaler, the counters and each group's
-// options, in a safetensors file (README, "Checkpoints"; the container: state_file.hpp). Sharded
+// options, in a safetensors file (docs/checkpoints.md; the container: state_file.hpp). Sharded
 // state is gathered tensor by tensor on save and each rank reads its own part on load, so a file
 // loads at any world size. The optimizer's save() and load() call checkpointing<its step pipeline>,
 // declared in tensor_registry.hpp and defined here, which hands the optimizer's parts over as a
@@ -53,14 +53,17 @@ class checkpointing {
   using driver = typename Pipeline::driver_type;
 
  public:
-  /// The optimizer's save() and load() (optimizer.hpp says what they do).
-  static void save(Pipeline& p, const state_target& target) {
+  /// The optimizer's save() and load() (optimizer.hpp says what they do), to and from a path, bytes
+  /// or a stream (target_of, source_of).
+  template <class Where>
+  static void save(Pipeline& p, Where& where) {
     subject s(p);
-    save_state(s, target);
+    save_state(s, target_of(where));
   }
-  static void load(Pipeline& p, const state_source& source, const load_options& lo) {
+  template <class From>
+  static void load(Pipeline& p, From& from, const load_options& lo) {
     subject s(p);
-    load_state(s, source, lo);
+    load_state(s, source_of(from), lo);
   }
 
  private:

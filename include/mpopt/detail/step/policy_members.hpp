@@ -67,7 +67,7 @@ consteval bool rule_members_checked() {
   if constexpr (requires { typename R::options; }) {
     static_assert(described<typename R::options> || !declares_to_json<R>,
                   "mpopt: the rule's options declare no `fields` table. A rule's options now declare each field once "
-                  "(fields.hpp), and to_json and from_json are no longer used: README, \"Migrating a rule to "
+                  "(fields.hpp), and to_json and from_json are no longer used: docs/extending.md, \"Migrating a rule to "
                   "fields\"");
     static_assert(!declares_validate<typename R::options> || validates<typename R::options>,
                   "mpopt: the rule options' member `validate` must be: void validate(std::string_view group) const "

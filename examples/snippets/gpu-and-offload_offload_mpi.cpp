@@ -1,0 +1,21 @@
+// The snippet of docs/gpu-and-offload.md, "ZeRO-Offload", made a translation unit; the stand-ins are
+// w and w_grad (views of device memory) and i, a tensor's index. It names <mpopt/cuda.hpp> (which
+// <mpopt/offload.hpp> includes too) to be compiled as a CUDA unit: by nvcc given MPI's include
+// directories, or by mpicxx on Thrust's OpenMP system.
+#include <mpopt/cuda.hpp>
+#include <mpopt/mpi.hpp>
+#include <mpopt/mpopt.hpp>
+
+#include <cstddef>
+
+#include <mpopt/offload.hpp>
+using offloaded = mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::zero2, mpopt::adam,
+                                   mpopt::offload<mpopt::host>, mpopt::mpi>;
+
+void offload(mpopt::view<mpopt::half> w, mpopt::view<mpopt::half> w_grad, std::size_t i) {
+  offloaded opt{mpopt::mpi{MPI_COMM_WORLD}, {.overlap_comm = true}, {}};
+  opt.add_group({.lr = 3e-4}).add(w, w_grad, "w");   // device tensors, as with mpopt::cuda
+  // backward, as each gradient is stored:
+  opt.grad_ready(i);   // tensor i's gradient starts crossing the bus
+  opt.step();          // the rest cross, the host steps, the 16-bit parameters go back
+}

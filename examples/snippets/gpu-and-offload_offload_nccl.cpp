@@ -1,0 +1,13 @@
+// The snippet of docs/gpu-and-offload.md, "ZeRO-Offload" (over a device communicator), made a
+// translation unit; the stand-in is the function around opt. nvcc compiles it, given MPI's include
+// directories (<mpopt/nccl.hpp> includes <mpi.h>).
+#include <mpopt/mpopt.hpp>
+#include <mpopt/nccl.hpp>
+#include <mpopt/offload.hpp>
+
+using offloaded = mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::zero2, mpopt::adam,
+                                   mpopt::offload<mpopt::host>, mpopt::nccl>;
+
+void offload_over_nccl() {
+  offloaded opt{mpopt::nccl{MPI_COMM_WORLD}, {.overlap_comm = true}, {}};
+}
