@@ -8,9 +8,10 @@ For each ```cpp block of README.md, CHANGELOG.md and docs/*.md:
   of its other lines, stripped, must appear in PATH in the same order (`...` lines skip ahead); a
   PATH under examples/snippets/ (files that exist for the docs, built by no target) is compiled too;
 - any other block is a whole translation unit, compiled with -fsyntax-only: by MPICXX where it
-  includes <mpopt/mpi.hpp>; where it includes <mpopt/cuda.hpp>, by C++ on Thrust's OpenMP system
-  with --cccl, else by NVCC; by NVCC where it includes <mpopt/nccl.hpp>; else by C++. A block whose
-  compiler is missing is reported skipped.
+  includes <mpopt/mpi.hpp> or <mpopt/nccl.hpp>, else by C++; one that includes the device backend
+  (cuda.hpp, offload.hpp, nccl.hpp) on Thrust's OpenMP system with --cccl (nccl.h from CCCL's parent
+  directory), as the device tests build without a GPU, else by NVCC. A block whose compiler is
+  missing is reported skipped.
 Prints one line per block and exits 1 if any fails.
 """
 
@@ -62,16 +63,21 @@ def excerpt_problem(root, source, lines):
 
 
 def compiler_for(text, args):
-    if "<mpopt/nccl.hpp>" in text or ("<mpopt/cuda.hpp>" in text and not args.cccl):
+    """The compiler and flags for a unit of `text`; (None, _) where this build has none for it."""
+    nccl = "<mpopt/nccl.hpp>" in text
+    device = nccl or "<mpopt/cuda.hpp>" in text or "<mpopt/offload.hpp>" in text
+    if device and not args.cccl:
         host = ["-ccbin", args.mpicxx] if args.mpicxx else []  # nccl.hpp includes <mpi.h>
         return args.nvcc, ["-std=c++20", "-x", "cu", "-c", "-o", os.devnull] + host
     # Declarations are what a snippet is checked against: the separately compiled mode parses half as much.
     flags = ["-std=c++20", "-fsyntax-only", "-fopenmp", "-Wall", "-Wextra"]
     if "<mpopt/src.hpp>" not in text:
         flags.append("-DMPOPT_SEPARATE_COMPILATION")
-    if "<mpopt/cuda.hpp>" in text:  # the device backend on Thrust's OpenMP system, as its tests build it
+    if device:  # the device backend on Thrust's OpenMP system, as its tests build it; nccl.h beside CCCL
         flags += ["-DTHRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_OMP", "-isystem", args.cccl]
-    return (args.mpicxx if "<mpopt/mpi.hpp>" in text else args.cxx), flags
+        if nccl:
+            flags += ["-I", os.path.dirname(os.path.normpath(args.cccl))]
+    return (args.mpicxx if nccl or "<mpopt/mpi.hpp>" in text else args.cxx), flags
 
 
 SNIPPET_DIR = "examples/snippets/"

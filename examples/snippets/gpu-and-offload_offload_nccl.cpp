@@ -1,6 +1,6 @@
 // The snippet of docs/gpu-and-offload.md, "ZeRO-Offload" (over a device communicator), made a
-// translation unit; the stand-in is the function around opt. nvcc compiles it, given MPI's include
-// directories (<mpopt/nccl.hpp> includes <mpi.h>).
+// translation unit; the stand-in is the function around opt. Test doc_snippets compiles it as the
+// device tests build without a GPU (mpicxx on Thrust's OpenMP system), or with nvcc.
 #include <mpopt/mpopt.hpp>
 #include <mpopt/nccl.hpp>
 #include <mpopt/offload.hpp>
