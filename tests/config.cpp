@@ -900,18 +900,17 @@ TEST_SUITE("config") {
         mpopt::linear_with_warmup{.warmup_steps = 0, .total_steps = 9},
         mpopt::step_decay{.step_size = 30, .gamma = 0.5}};
     for (const auto& s : schedules) {
-      const std::string text = mpopt::detail::schedule_text(s);
-      CAPTURE(text);
+      CAPTURE(mpopt::schedule_name(s));
       const nlohmann::json j = nlohmann::json::parse(mpopt::detail::schedule_json(s).dump());
       const mpopt::lr_schedule back =
           mpopt::detail::read_schedule(mpopt::detail::config_object(j, "lr_schedule"), mpopt::detail::schedule_source::checkpoint);
       CHECK(back.index() == s.index());
-      CHECK(mpopt::detail::schedule_text(back) == text);
+      CHECK(mpopt::detail::schedule_settings(back) == mpopt::detail::schedule_settings(s));
     }
-    // The text names every field, so schedules that differ in one differ in it.
-    CHECK(mpopt::detail::schedule_text(mpopt::warmup_lr{.warmup_num_steps = 10}) !=
-          mpopt::detail::schedule_text(mpopt::warmup_lr{.warmup_num_steps = 11}));
-    CHECK(mpopt::detail::schedule_text(std::nullopt) == "none");
+    // The settings name every field, so schedules that differ in one differ in it.
+    CHECK(mpopt::detail::schedule_settings(mpopt::warmup_lr{.warmup_num_steps = 10}) !=
+          mpopt::detail::schedule_settings(mpopt::warmup_lr{.warmup_num_steps = 11}));
+    CHECK(mpopt::detail::schedule_settings(std::nullopt).front().second == "none");
   }
 
   /// The Hugging Face Trainer's stock ZeRO-2 file (transformers' docs, "ZeRO-2 example"), with

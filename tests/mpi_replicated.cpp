@@ -648,7 +648,7 @@ TEST_SUITE("mpi") {
       CHECK(msg.find("the ranks disagree on the step_decay.step_size (") != std::string::npos);
       CHECK(msg.find("rank 1: 3)") != std::string::npos);
       CHECK(msg.find("Every rank must set the same schedule") != std::string::npos);
-      CHECK(mpopt::detail::schedule_text(opt.schedule()) == mpopt::detail::schedule_text(same));
+      CHECK(mpopt::detail::schedule_settings(opt.schedule()) == mpopt::detail::schedule_settings(same));
     }
     try {  // clearing is collective too
       if (odd) opt.clear_schedule();

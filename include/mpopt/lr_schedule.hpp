@@ -117,8 +117,6 @@ struct scheduled_betas {
 MPOPT_DECL std::optional<scheduled_betas> scheduled_momentum(const lr_schedule& s, std::uint64_t k);
 
 namespace detail {
-/// The schedule as one line, every field named ("WarmupLR(warmup_min_lr 0,...)"; none: "none").
-MPOPT_DECL std::string schedule_text(const std::optional<lr_schedule>& s);
 /// The schedule as (name, value) pairs for ranks to compare, as many whatever the schedule: its
 /// type ("none" where none), then each field ("WarmupLR.warmup_num_steps", "1000"), then blanks.
 MPOPT_DECL std::vector<std::pair<std::string, std::string>> schedule_settings(const std::optional<lr_schedule>& s);

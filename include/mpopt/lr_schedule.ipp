@@ -211,17 +211,6 @@ void for_each_field_text(const lr_schedule& schedule, F&& f) {
       schedule);
 }
 
-MPOPT_DECL std::string schedule_text(const std::optional<lr_schedule>& schedule) {
-  if (!schedule) return "none";
-  std::string text(schedule_name(*schedule));
-  char separator = '(';
-  for_each_field_text(*schedule, [&](std::string_view name, const std::string& value) {
-    ((((text += separator) += name) += ' ') += value);
-    separator = ',';
-  });
-  return text + ')';
-}
-
 MPOPT_DECL std::vector<std::pair<std::string, std::string>> schedule_settings(const std::optional<lr_schedule>& s) {
   std::vector<std::pair<std::string, std::string>> settings{
       {"learning-rate schedule", s ? std::string(schedule_name(*s)) : "none"}};
