@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <span>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -492,7 +493,8 @@ TEST_SUITE("config") {
     CHECK(resumed.group(0).lr() == whole.group(0).lr());
   }
 
-  TEST_CASE("raw host buffers go in with their length, and train like the same buffers as views") {
+  TEST_CASE("raw host buffers go in with their length, and train like the same buffers as views, also where the "
+            "optimizer holds the gradients") {
     const char* json = R"({"bf16": {"enabled": true}, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}}})";
     mpopt::any_optimizer a = mpopt::make_optimizer(deepspeed_config::parse_text(json));
     mpopt::any_optimizer b = mpopt::make_optimizer(deepspeed_config::parse_text(json));
@@ -510,12 +512,30 @@ TEST_SUITE("config") {
     // A length the shape does not hold is refused as for any tensor.
     CHECK(error_of([&] { a.group(0).add(pa.data(), ga.data(), 5, "odd", {2, 3}); }).find("tensor 'odd': shape [2, 3]") !=
           std::string::npos);
+    // Parameters alone: the optimizer holds their gradients and hands them back, as elements of the
+    // parameters' type or of one named; a type without the gradients' bits is refused first.
+    mpopt::any_optimizer c = mpopt::make_optimizer(deepspeed_config::parse_text(json));
+    std::vector<mpopt::bfloat16> pc(pb);
+    auto group = c.add_group();
+    const std::span<mpopt::bfloat16> held_w = group.add(pc.data(), 12, "w", {3, 4});
+    CHECK(error_of([&] { group.add<float>(pc.data() + 12, 3, "b"); }).find("gradients hold bf16, not fp32") !=
+          std::string::npos);
+    CHECK(error_of([&] { group.add<mpopt::bfloat16>(reinterpret_cast<float*>(pc.data() + 12), 3, "b"); })
+              .find("tensor 'b': its parameter holds fp32 elements") != std::string::npos);
+    CHECK(group.size() == 1);
+    const std::span<mpopt::bfloat16> held_b = group.add<mpopt::bfloat16>(pc.data() + 12, 3);
+    CHECK(group.name(1) == "group 0.1");
+    CHECK(held_b.data() == group.grad<mpopt::bfloat16>(1).data());
+    std::copy(ga.begin(), ga.begin() + 12, held_w.begin());
+    std::copy(ga.begin() + 12, ga.end(), held_b.begin());
     for (int k = 0; k < 3; ++k) {
-      const mpopt::step_status sa = a.step(), sb = b.step();
+      const mpopt::step_status sa = a.step(), sb = b.step(), sc = c.step();
       CHECK(sa.applied);
       CHECK(sa.grad_norm == sb.grad_norm);
+      CHECK(sa.grad_norm == sc.grad_norm);
     }
     CHECK(std::memcmp(pa.data(), pb.data(), sizeof(mpopt::bfloat16) * pa.size()) == 0);
+    CHECK(std::memcmp(pa.data(), pc.data(), sizeof(mpopt::bfloat16) * pa.size()) == 0);
     CHECK(pa[0].bits != mpopt::bfloat16(std::sin(0.0f)).bits);  // it trained
   }
 

@@ -237,6 +237,7 @@ void add_raw_pointers(optimizer<>::param_group& g, mpopt::any_optimizer::param_g
                       mpopt::half* grad, float* p32, float* grad32) {
   g.add(p, grad, EITHER(, 4, ) "w");  // expect: a raw pointer is not a tensor (it has no length): add(param_ptr, grad_ptr, n, name
   erased.add(p32, grad32, EITHER(, 4, ) "w");  // expect: a raw pointer is not a tensor
+  g.add(p, EITHER("w", 4));  // expect: add(param_ptr, n, name[, shape]) (the optimizer holds the gradient)
 }
 
 // clang-format off

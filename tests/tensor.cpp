@@ -193,6 +193,14 @@ template <class Group, class P, class G>
 constexpr bool can_add_raw = requires(Group& g, P p, G gr) { g.add(p, gr, 4, "x"); };
 static_assert(can_add_raw<fp32_adam::param_group, float*, float*>);
 static_assert(!can_add_raw<fp32_adam::param_group, float*, std::vector<float>>);
+// A pointer and a count, of any integer type, is a parameter whose gradient the optimizer holds.
+template <class Opt, class P, class N>
+constexpr bool can_add_held = requires(typename Opt::param_group& g, P p, N n) {
+  { g.add(p, n, "x") } -> std::same_as<std::span<typename Opt::grad_type>>;
+};
+static_assert(can_add_held<fp32_adam, float*, std::size_t>);
+static_assert(can_add_held<fp16_lamb, half*, int>);
+static_assert(can_add_held<fp16_lamb, user::f16*, unsigned>);
 static_assert(!can_add<fp32_adam::param_group, std::span<const float>, std::vector<float>>);
 
 // Element types with mpopt's bits (numeric_traits): the optimizer takes their tensors where its
@@ -402,37 +410,113 @@ TEST_CASE("the optimizer writes through the adapter into the user's own memory")
   CHECK(float(storage[11]) == 1.0f);
 }
 
+/// Tensors "w" (35 elements) and "b" (3) of fp16 LAMB, held by an engine in one allocation
+/// (`params`, registered in `engine` by each test) and, as the reference, in vectors of their own.
+struct raw_buffer_run {
+  static constexpr std::size_t n_w = 35, n_b = 3, n = n_w + n_b;
+  std::vector<half> params = values(0, n), vw = values(0, n_w), vgw = std::vector<half>(n_w),
+                    vb = values(n_w, n_b), vgb = std::vector<half>(n_b);
+  fp16_lamb reference{{}, {.init_scale = 256}}, engine{{}, {.init_scale = 256}};
+
+  raw_buffer_run() {
+    reference.add_group({.lr = 1e-2}).add(vw, vgw, "w");
+    reference.group(0).add(vb, vgb, "b");
+  }
+  static std::vector<half> values(std::size_t first, std::size_t count) {
+    std::vector<half> v(count);
+    for (std::size_t i = 0; i < count; ++i) v[i] = value<half>(first + i, 0);
+    return v;
+  }
+  /// Four steps, the engine's gradient element i written by set_grad(i, g): the same bits as the
+  /// reference's.
+  template <class SetGrad>
+  void train_and_compare(SetGrad set_grad) {
+    for (std::size_t step = 1; step <= 4; ++step) {
+      CAPTURE(step);
+      const float s = float(reference.loss_scale());
+      for (std::size_t i = 0; i < n; ++i) {
+        const half g = half(float(value<float>(i, step)) * s);
+        set_grad(i, g);
+        (i < n_w ? vgw[i] : vgb[i - n_w]) = g;
+      }
+      const auto sa = reference.step(), sb = engine.step();
+      CHECK(sa.applied);
+      CHECK(same_status(sa, sb));
+    }
+    CHECK(bits16<half>(std::span<const half>(params.data(), n_w)) == bits16<half>(std::span<const half>(vw)));
+    CHECK(bits16<half>(std::span<const half>(params.data() + n_w, n_b)) == bits16<half>(std::span<const half>(vb)));
+    CHECK(bits(params[0]) != bits(value<half>(0, 0)));  // it trained
+  }
+};
+
 TEST_CASE("raw pointers with a length train bit for bit like the same memory as tensors (an engine's flat buffers)") {
   // llm.c keeps every parameter in one allocation and every gradient in another.
-  constexpr std::size_t n_w = 35, n_b = 3, n = n_w + n_b;
-  std::vector<half> params(n), grads(n), vw(n_w), vgw(n_w), vb(n_b), vgb(n_b);
-  for (std::size_t i = 0; i < n; ++i) params[i] = i < n_w ? (vw[i] = value<half>(i, 0)) : (vb[i - n_w] = value<half>(i, 0));
-  fp16_lamb a({}, {.init_scale = 256}), b({}, {.init_scale = 256});
-  a.add_group({.lr = 1e-2}).add(vw, vgw, "w");
-  a.group(0).add(vb, vgb, "b");
-  b.add_group({.lr = 1e-2}).add(params.data(), grads.data(), n_w, "w", {5, 7});
-  b.group(0).add(params.data() + n_w, grads.data() + n_w, n_b, "b");
-  CHECK(b.group(0).shape(0) == mpopt::tensor_shape{5, 7});
-  CHECK(b.group(0).name(1) == "b");
+  raw_buffer_run run;
+  constexpr std::size_t n_w = raw_buffer_run::n_w;
+  std::vector<half> grads(raw_buffer_run::n);
+  auto& group = run.engine.add_group({.lr = 1e-2});
+  group.add(run.params.data(), grads.data(), n_w, "w", {5, 7});
+  group.add(run.params.data() + n_w, grads.data() + n_w, raw_buffer_run::n_b, "b");
+  CHECK(group.shape(0) == mpopt::tensor_shape{5, 7});
+  CHECK(group.name(1) == "b");
   // A null pointer is refused as for any tensor, naming it; nothing is registered.
-  CHECK(error_of([&] { b.group(0).add(static_cast<half*>(nullptr), grads.data(), 4, "null"); }).find("'null' has a null") !=
+  CHECK(error_of([&] { group.add(static_cast<half*>(nullptr), grads.data(), 4, "null"); }).find("'null' has a null") !=
         std::string::npos);
-  CHECK(b.group(0).size() == 2);
-  for (std::size_t step = 1; step <= 4; ++step) {
-    CAPTURE(step);
-    const float s = float(a.loss_scale());
-    for (std::size_t i = 0; i < n; ++i) {
-      const half g = half(float(value<float>(i, step)) * s);
-      grads[i] = g;
-      (i < n_w ? vgw[i] : vgb[i - n_w]) = g;
-    }
-    const auto sa = a.step(), sb = b.step();
-    CHECK(sa.applied);
-    CHECK(same_status(sa, sb));
-  }
-  CHECK(bits16<half>(std::span<const half>(params.data(), n_w)) == bits16<half>(std::span<const half>(vw)));
-  CHECK(bits16<half>(std::span<const half>(params.data() + n_w, n_b)) == bits16<half>(std::span<const half>(vb)));
-  CHECK(bits(params[0]) != bits(value<half>(0, 0)));  // it trained
+  CHECK(group.size() == 2);
+  run.train_and_compare([&](std::size_t i, half g) { grads[i] = g; });
+}
+
+TEST_CASE("a parameter added with its length alone gets a gradient the optimizer holds, and trains bit for bit like "
+          "one the user holds") {
+  raw_buffer_run run;
+  constexpr std::size_t n_w = raw_buffer_run::n_w, n = raw_buffer_run::n;
+  std::vector<half>& params = run.params;
+  auto& group = run.engine.add_group({.lr = 1e-2});
+  const std::span<half> gw = group.add(params.data(), n_w, "w", {5, 7});
+  const std::span<half> gb = group.add(reinterpret_cast<user::f16*>(params.data() + n_w), int(raw_buffer_run::n_b));
+  CHECK(gw.size() == n_w);
+  CHECK(gw.data() == group.grad(0).data());
+  CHECK(gb.data() == group.grad(1).data());
+  CHECK(group.param(1).data() == params.data() + n_w);
+  CHECK(group.shape(0) == mpopt::tensor_shape{5, 7});
+  CHECK(group.name(1) == "group 0.1");
+  for (const half g : gw) CHECK(bits(g) == 0);  // zeros until the backward pass writes them
+
+  // Bad input is refused, naming the tensor, and registers nothing.
+  std::vector<half> spare(4);
+  auto refused = [&](auto add, std::string_view message) {
+    CAPTURE(message);
+    CHECK(error_of(add).find(message) != std::string::npos);
+    CHECK(group.size() == 2);
+  };
+  refused([&] { group.add(spare.data(), 0, "empty"); }, "tensor 'empty' has no elements");
+  refused([&] { group.add(spare.data(), std::size_t(-1), "huge"); }, "tensor 'huge' has 18446744073709551615 elements: more");
+  refused([&] { group.add(static_cast<half*>(nullptr), 4, "null"); }, "tensor 'null' has a null data pointer");
+  refused([&] { group.add(spare.data(), 4, "w"); }, "tensor name 'w' is used twice");
+  refused([&] { group.add(params.data() + 3, 4, "inside_w"); }, "its parameter memory overlaps the parameter of tensor 'w'");
+  refused([&] { group.add(spare.data(), 4, "odd", {3}); }, "tensor 'odd': shape [3]");
+  auto& flat = run.engine.add_flat_group({}, {{"f", 4}});
+  CHECK(error_of([&] { flat.add(spare.data(), 4, "into_flat"); }).find("group 1 is a flat group") != std::string::npos);
+  CHECK(flat.size() == 1);
+
+  // The optimizer's gradients are its own in the memory report; the parameters stay the user's.
+  const auto listed = [](const mpopt::memory_report& r, std::string_view name) -> const mpopt::memory_buffer* {
+    for (const auto& buffer : r.buffers)
+      if (buffer.name == name) return &buffer;
+    return nullptr;
+  };
+  const auto report = run.engine.memory_report();
+  REQUIRE(listed(report, "group 0 gradients"));
+  CHECK(listed(report, "group 0 gradients")->bytes == n * sizeof(half));
+  CHECK(listed(report, "group 0 gradients")->owned);
+  REQUIRE(listed(report, "parameters"));
+  CHECK(listed(report, "parameters")->bytes == n * sizeof(half));
+  CHECK_FALSE(listed(report, "parameters")->owned);
+  CHECK_FALSE(listed(report, "gradients"));  // the user holds none
+
+  run.train_and_compare([&](std::size_t i, half g) { (i < n_w ? gw[i] : gb[i - n_w]) = g; });
+  CHECK(error_of([&] { group.add(spare.data(), 4, "late"); }).find("cannot add tensor 'late' after the first step") !=
+        std::string::npos);
 }
 
 TEST_CASE("flat group views are tensors and can be handed to code that takes tensors") {

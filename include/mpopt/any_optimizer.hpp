@@ -98,6 +98,8 @@ class optimizer_interface {
   /// Checks both element types against the precision's before anything is registered.
   virtual void add(std::size_t group, erased_tensor param, erased_tensor grad, std::string name,
                    tensor_shape shape) = 0;
+  /// Registers a parameter whose gradient the optimizer holds; returns that gradient.
+  virtual erased_tensor add(std::size_t group, erased_tensor param, std::string name, tensor_shape shape) = 0;
   virtual std::size_t group_count() const = 0;
   virtual std::size_t group_size(std::size_t group) const = 0;
   virtual const std::string& tensor_name(std::size_t group, std::size_t i) const = 0;
@@ -169,6 +171,25 @@ class any_optimizer {
     template <class PE, class GE>
     param_group& add(PE* param, GE* grad, std::size_t n, std::string name = {}, tensor_shape shape = {}) {
       return add(view<PE>{param, n}, view<GE>{grad, n}, std::move(name), std::move(shape));
+    }
+    /// A parameter held as a raw host buffer of n elements, its gradient held by the optimizer, as
+    /// optimizer::param_group::add(param, n) does: returns that gradient as elements of G (by
+    /// default the parameter's type), as grad<G>(i) would.
+    template <class G = void, class PE, class GE = std::conditional_t<std::is_void_v<G>, PE, G>>
+    std::span<GE> add(PE* param, std::size_t n, std::string name = {}, tensor_shape shape = {}) {
+      constexpr bool known = detail::has_numeric_traits<PE> && detail::has_numeric_traits<GE>;
+      static_assert(known, "tensor elements must be float, mpopt::half, mpopt::bfloat16, or a type "
+                           "mpopt::numeric_traits maps to one (include <mpopt/interop.hpp> after Eigen's or CUDA's "
+                           "headers for theirs)");
+      if constexpr (known) {
+        if (element_type_of<GE> != impl_->grad_type())  // before anything is registered
+          detail::fail("add(param, n): the optimizer's gradients hold ", to_string(impl_->grad_type()), ", not ",
+                       to_string(element_type_of<GE>), " (add<G>(param, n) names the type to hand them out as)");
+        const auto grad = impl_->add(index_, detail::erase(detail::storage_view(view<PE>{param, n})),
+                                     std::move(name), std::move(shape));
+        return {reinterpret_cast<GE*>(static_cast<storage_t<GE>*>(grad.data)), grad.size};
+      }
+      return {};
     }
     template <class P, class G>
       requires detail::raw_pointer_pair<P, G>

@@ -121,9 +121,12 @@ view<tensor_storage_t<T>> storage_view(T&& t) {
   return {reinterpret_cast<tensor_storage_t<T>*>(v.data), v.size, v.space};
 }
 
-/// A raw pointer given where add() takes a tensor: it has no length.
+/// A raw pointer given where add() takes a tensor: it has no length. (A pointer and a count is
+/// add(param_ptr, n), whose gradient the optimizer holds.)
 template <class P, class G>
-concept raw_pointer_pair = std::is_pointer_v<std::remove_cvref_t<P>> || std::is_pointer_v<std::remove_cvref_t<G>>;
+concept raw_pointer_pair =
+    (std::is_pointer_v<std::remove_cvref_t<P>> && !std::is_integral_v<std::remove_cvref_t<G>>) ||
+    std::is_pointer_v<std::remove_cvref_t<G>>;
 
 /// Stops compilation on what to write instead of a raw pointer (only instantiated where one was
 /// given).
@@ -131,7 +134,7 @@ template <class P, class G>
 void refuse_raw_pointer() {
   static_assert(!raw_pointer_pair<P, G>,
                 "a raw pointer is not a tensor (it has no length): add(param_ptr, grad_ptr, n, name[, shape]), "
-                "or mpopt::view<T>{ptr, n}");
+                "add(param_ptr, n, name[, shape]) (the optimizer holds the gradient), or mpopt::view<T>{ptr, n}");
 }
 }  // namespace detail
 

@@ -23,6 +23,9 @@ namespace mpopt::detail {
 MPOPT_DECL void list_flat_group(mpopt::memory_report& r, const std::string& label, std::size_t param_bytes,
                                 std::size_t grad_bytes);
 
+/// The gradients a group of the user's tensors holds for them (param_group::add(param, n)).
+MPOPT_DECL void list_held_gradients(mpopt::memory_report& r, const std::string& label, std::size_t bytes);
+
 /// The model's own tensors, where there are any: listed, marked as the user's.
 MPOPT_DECL void list_user_tensors(mpopt::memory_report& r, std::size_t param_bytes, std::size_t grad_bytes);
 

@@ -12,10 +12,13 @@ MPOPT_DECL void list_flat_group(mpopt::memory_report& r, const std::string& labe
   r.buffers.push_back({label + " gradients", "flat gradient buffer", grad_bytes, true});
 }
 
+MPOPT_DECL void list_held_gradients(mpopt::memory_report& r, const std::string& label, std::size_t bytes) {
+  r.buffers.push_back({label + " gradients", "gradients of the model's parameters, held by the optimizer", bytes, true});
+}
+
 MPOPT_DECL void list_user_tensors(mpopt::memory_report& r, std::size_t param_bytes, std::size_t grad_bytes) {
-  if (!param_bytes) return;
-  r.buffers.push_back({"parameters", "the model's parameter tensors", param_bytes, false});
-  r.buffers.push_back({"gradients", "the model's gradient tensors", grad_bytes, false});
+  if (param_bytes) r.buffers.push_back({"parameters", "the model's parameter tensors", param_bytes, false});
+  if (grad_bytes) r.buffers.push_back({"gradients", "the model's gradient tensors", grad_bytes, false});
 }
 
 MPOPT_DECL void list_state(mpopt::memory_report& r, bool has_master, std::span<const std::string_view> names,

@@ -100,6 +100,20 @@ class tensor_registry {
     void add(PE* param, GE* grad, std::size_t n, std::string name = {}, tensor_shape shape = {}) {
       add(view<PE>{param, n, tensor_space}, view<GE>{grad, n, tensor_space}, std::move(name), std::move(shape));
     }
+    /// Registers a parameter held as a raw buffer of n elements, its gradient held by the optimizer:
+    /// returns that gradient (zeros, in the memory of the model's tensors) for the backward pass to
+    /// write; grad(i) hands it out again. For engines that own their weights but not their gradients.
+    template <class PE>
+    std::span<grad_type> add(PE* param, std::size_t n, std::string name = {}, tensor_shape shape = {}) {
+      name = checked_name(std::move(name));
+      owner_->check_new_tensor(name, n, n, tensor_space, tensor_space);  // before allocating n elements
+      held_grads_.reserve(held_grads_.size() + 1);  // so that nothing can fail once it is registered
+      auto grad = buffer<grad_type>::zeroed(n);
+      add(view<PE>{param, n, tensor_space}, view<grad_type>{grad.data(), n, tensor_space}, std::move(name),
+          std::move(shape));
+      held_grads_.push_back(std::move(grad));
+      return {held_grads_.back().data(), n};
+    }
     template <class P, class G>
       requires detail::raw_pointer_pair<P, G>
     void add(P&&, G&&, std::string = {}, tensor_shape = {}) {
@@ -150,9 +164,14 @@ class tensor_registry {
       tensor_shape shape;  ///< as registered; empty: none given
     };
 
-    MPOPT_COLD void add_views(view<param_type> p, view<grad_type> g, std::string name, tensor_shape shape) {
+    /// The name of the tensor about to be added: the one given, or the group's next.
+    MPOPT_COLD std::string checked_name(std::string name) const {
       if (flat_) fail(label_, " is a flat group: its tensors are fixed by add_flat_group");
       if (name.empty()) name = label_ + "." + std::to_string(entries_.size());
+      return name;
+    }
+    MPOPT_COLD void add_views(view<param_type> p, view<grad_type> g, std::string name, tensor_shape shape) {
+      name = checked_name(std::move(name));
       owner_->check_new_tensor(name, p.size, g.size, p.space, g.space);
       if (p.data == nullptr || g.data == nullptr) fail("tensor '", name, "' has a null data pointer");
       check_shape(name, shape, p.size);
@@ -181,6 +200,7 @@ class tensor_registry {
     bool flat_ = false;
     buffer<param_type> flat_param_;
     buffer<grad_type> flat_grad_;
+    std::vector<buffer<grad_type>> held_grads_;  ///< the gradients of tensors added as (param, n)
   };
 
   /// A group of user-owned tensors; register them with param_group::add.
@@ -252,6 +272,8 @@ class tensor_registry {
     if (param_size != grad_size)
       fail("tensor '", name, "': parameter has ", param_size, " elements but gradient has ", grad_size);
     if (param_size == 0) fail("tensor '", name, "' has no elements");
+    if (param_size > std::size_t(PTRDIFF_MAX) / sizeof(float))  // its fp32 state could not be addressed
+      fail("tensor '", name, "' has ", param_size, " elements: more than memory can hold");
     auto where = [](memory_space s) { return s == memory_space::host ? "host" : "device"; };
     if (!Backend::accepts(param_space) || !Backend::accepts(grad_space))
       fail("tensor '", name, "': parameter in ", where(param_space), " memory, gradient in ", where(grad_space),
@@ -324,17 +346,24 @@ class tensor_registry {
     return table;
   }
 
-  /// The model's tensors in the memory report: a flat group's buffers as the optimizer's, the
-  /// user's tensors as theirs.
+  /// The model's tensors in the memory report: a flat group's buffers and the gradients it holds as
+  /// the optimizer's, the user's tensors as theirs.
   void list_tensors(mpopt::memory_report& r) const {
     constexpr std::size_t param_bytes = sizeof(param_type), grad_bytes = sizeof(grad_type);
-    std::size_t user_elements = 0;
+    std::size_t user_params = 0, user_grads = 0;
     for (const auto& g : groups_) {
-      if (g->flat_) list_flat_group(r, g->label_, g->flat_param_.size() * param_bytes, g->flat_grad_.size() * grad_bytes);
-      else
-        for (const auto& e : g->entries_) user_elements += e.size;
+      if (g->flat_) {
+        list_flat_group(r, g->label_, g->flat_param_.size() * param_bytes, g->flat_grad_.size() * grad_bytes);
+        continue;
+      }
+      std::size_t elements = 0, held = 0;
+      for (const auto& e : g->entries_) elements += e.size;
+      for (const auto& b : g->held_grads_) held += b.size();
+      if (held) list_held_gradients(r, g->label_, held * grad_bytes);
+      user_params += elements;
+      user_grads += elements - held;
     }
-    list_user_tensors(r, user_elements * param_bytes, user_elements * grad_bytes);
+    list_user_tensors(r, user_params * param_bytes, user_grads * grad_bytes);
   }
 
   std::vector<std::unique_ptr<param_group>> groups_;
