@@ -5,7 +5,8 @@
 //   x ZeRO stage 0 | 1 | 2  x  Adam/AdamW | Lamb,   plus OneBitLamb, OneBitAdam and ZeroOneAdam
 //   (stage 0) in each precision.
 // That is most of an optimizer's compile time, 36 times over: include it in one translation unit
-// and the rest of the program includes any_optimizer.hpp only.
+// and the rest of the program includes any_optimizer.hpp only. In the separately compiled mode the
+// 36 over one process are compiled once per program instead (src_make_optimizer.hpp).
 #pragma once
 
 #include "version.hpp"  // first: C++20, or a clear error
@@ -210,6 +211,24 @@ any_optimizer make_with_partition(C&& comm, const deepspeed_config& c, const typ
 }
 
 }  // namespace detail
+
+/// The factory over one process in four parts, one per precision and scaler, each nine optimizer
+/// types. In the separately compiled mode they are declared here and defined once per program, by
+/// <mpopt/src_make_optimizer.hpp> or by one part per unit (MPOPT_FACTORY_PART(, ...) in namespace
+/// mpopt::detail); over another communicator make_optimizer instantiates its types where it is called.
+#define MPOPT_FACTORY_PART(EXTERN, PRECISION, SCALER)                                                   \
+  EXTERN template any_optimizer make_with_partition<PRECISION, SCALER, single_process>(                 \
+      single_process&&, const deepspeed_config&, const typename SCALER::options&);
+#define MPOPT_FACTORY_PARTS(EXTERN)                   \
+  MPOPT_FACTORY_PART(EXTERN, fp32, no_scaling)        \
+  MPOPT_FACTORY_PART(EXTERN, bf16, no_scaling)        \
+  MPOPT_FACTORY_PART(EXTERN, fp16, static_scale)      \
+  MPOPT_FACTORY_PART(EXTERN, fp16, dynamic_scale)
+#if defined(MPOPT_SEPARATE_COMPILATION)
+namespace detail {
+MPOPT_FACTORY_PARTS(extern)
+}  // namespace detail
+#endif
 
 /// The optimizer `c` describes, over `comm` (single_process, mpi, or any host communicator), on the
 /// host backend, following the configuration's schedule where it has one. Under MPI every rank calls
