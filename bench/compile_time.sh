@@ -87,10 +87,10 @@ echo
 echo '| translation unit (-O2) | seconds | peak MiB |'
 echo '|---|---|---|'
 row "src/mpopt.cpp (<mpopt/src.hpp>: once per program)" "$cxx" "${flags[@]}" -DMPOPT_SEPARATE_COMPILATION "$root/src/mpopt.cpp"
-for part in fp16 fp32 bf16; do  # make_optimizer's types over one process: once per program that calls it
-  row "src/make_optimizer_$part.cpp (once per program)" "$cxx" "${flags[@]}" -DMPOPT_SEPARATE_COMPILATION \
-    "$root/src/make_optimizer_$part.cpp"
+for part in fp16 fp32 bf16; do  # the standard optimizer types and make_optimizer's parts: once per program
+  row "src/optimizers_$part.cpp (once per program)" "$cxx" "${flags[@]}" -DMPOPT_SEPARATE_COMPILATION \
+    "$root/src/optimizers_$part.cpp"
 done
-echo '#include <mpopt/src_make_optimizer.hpp>' >"$work/factory.cpp"
-row "<mpopt/src_make_optimizer.hpp> in one unit instead" "$cxx" "${flags[@]}" -DMPOPT_SEPARATE_COMPILATION "$work/factory.cpp"
+echo '#include <mpopt/src_optimizers.hpp>' >"$work/optimizers.cpp"
+row "<mpopt/src_optimizers.hpp> in one unit instead" "$cxx" "${flags[@]}" -DMPOPT_SEPARATE_COMPILATION "$work/optimizers.cpp"
 units -DMPOPT_SEPARATE_COMPILATION

@@ -15,7 +15,7 @@ done
 for h in "$include_dir"/mpopt/*.hpp; do
   case "$(basename "$h")" in
     mpopt.hpp) ;;
-    src.hpp | src_make_optimizer.hpp) jobs+=("$1 compiled $(basename "$h")") ;;
+    src.hpp | src_optimizers.hpp) jobs+=("$1 compiled $(basename "$h")") ;;
     *) jobs+=("$1 portable $(basename "$h")") ;;
   esac
 done

@@ -6,7 +6,7 @@
 //   (stage 0) in each precision.
 // That is most of an optimizer's compile time, 36 times over: include it in one translation unit
 // and the rest of the program includes any_optimizer.hpp only. In the separately compiled mode the
-// 36 over one process are compiled once per program instead (src_make_optimizer.hpp).
+// 36 over one process are compiled once per program instead (src_optimizers.hpp).
 #pragma once
 
 #include "version.hpp"  // first: C++20, or a clear error
@@ -213,9 +213,9 @@ any_optimizer make_with_partition(C&& comm, const deepspeed_config& c, const typ
 }  // namespace detail
 
 /// The factory over one process in four parts, one per precision and scaler, each nine optimizer
-/// types. In the separately compiled mode they are declared here and defined once per program, by
-/// <mpopt/src_make_optimizer.hpp> or by one part per unit (MPOPT_FACTORY_PART(, ...) in namespace
-/// mpopt::detail); over another communicator make_optimizer instantiates its types where it is called.
+/// types. In the separately compiled mode they are declared here and defined once per program, with
+/// the types, by <mpopt/src_optimizers.hpp> or src/optimizers_*.cpp; over another communicator
+/// make_optimizer instantiates its types where it is called.
 #define MPOPT_FACTORY_PART(EXTERN, PRECISION, SCALER)                                                   \
   EXTERN template any_optimizer make_with_partition<PRECISION, SCALER, single_process>(                 \
       single_process&&, const deepspeed_config&, const typename SCALER::options&);
