@@ -4,7 +4,8 @@
 # for its Thrust-OMP build, nothing more): mpopt.hpp with every given
 # compiler, with and without -march=native; every other public header with the first compiler.
 # The separately compiled mode (src.hpp): mpopt.hpp declares without defining, src.hpp includes every
-# .ipp file; header-only, two units that include everything link (each definition there is inline).
+# .ipp file, and src_optimizers.hpp compiles with every compiler; header-only, two units that include
+# everything link (each definition there is inline).
 set -u
 include_dir="$1"
 shift
@@ -20,6 +21,9 @@ for h in "$include_dir"/mpopt/*.hpp; do
   esac
 done
 jobs+=("$1 compiled mpopt.hpp")
+# The standard optimizer types with every member, by every compiler (clang 14 instantiates members
+# whose constraints fail where g++ does not).
+for cxx in "${@:2}"; do jobs+=("$cxx compiled src_optimizers.hpp"); done
 check() {
   read -r cxx arch header <<<"$1"
   flags=(-std=c++20 -Wall -Wextra -Wpedantic -Werror -fsyntax-only -I"$include_dir")

@@ -11,12 +11,12 @@
 #include "../../precision.hpp"
 #include "../checkpoint/checkpoint.hpp"  // (in this mode without nlohmann/json or <filesystem>)
 
-/// One optimizer type of rule R: its pipeline, its checkpoint adapter and the facade.
-#define MPOPT_STANDARD_OPTIMIZER(EXTERN, P, S, PARTITION, R)                                                   \
-  EXTERN template class mpopt::detail::step_pipeline<P, S, PARTITION, R, mpopt::host, mpopt::single_process>;   \
-  EXTERN template class mpopt::detail::checkpointing<                                                          \
-      mpopt::detail::step_pipeline<P, S, PARTITION, R, mpopt::host, mpopt::single_process>>;                    \
-  EXTERN template class mpopt::optimizer<P, S, PARTITION, R, mpopt::host, mpopt::single_process>;
+/// One optimizer type of rule R: its pipeline and its checkpoint adapter. (Not the facade, whose
+/// members forward to them, inline: clang 14 would instantiate its members whose constraints fail.)
+#define MPOPT_STANDARD_OPTIMIZER(EXTERN, P, S, PARTITION, R)                                                 \
+  EXTERN template class mpopt::detail::step_pipeline<P, S, PARTITION, R, mpopt::host, mpopt::single_process>; \
+  EXTERN template class mpopt::detail::checkpointing<                                                        \
+      mpopt::detail::step_pipeline<P, S, PARTITION, R, mpopt::host, mpopt::single_process>>;
 /// Under ZeRO stages 0, 1 and 2, or (the compressing rules) stage 0 only.
 #define MPOPT_EVERY_STAGE(EXTERN, P, S, R)                     \
   MPOPT_STANDARD_OPTIMIZER(EXTERN, P, S, mpopt::replicated, R) \
@@ -28,7 +28,7 @@
 /// and state they share.
 #define MPOPT_RULE_PARTS(EXTERN, P, R)                                       \
   EXTERN template class mpopt::detail::tensor_registry<P, R, mpopt::host>; \
-  EXTERN template class mpopt::detail::step_state<P, R, mpopt::host>;
+  EXTERN template struct mpopt::detail::step_state<P, R, mpopt::host>;
 #define MPOPT_STANDARD_FP32(EXTERN, R, STAGES) \
   MPOPT_RULE_PARTS(EXTERN, mpopt::fp32, R) STAGES(EXTERN, mpopt::fp32, mpopt::no_scaling, R)
 #define MPOPT_STANDARD_BF16(EXTERN, R, STAGES) \
