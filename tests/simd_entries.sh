@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The host backend's run-time SIMD levels, checked in the machine code of the given binaries
-# (host.hpp, detail/config.hpp): every AVX2 and AVX-512 entry point has its whole pass inlined (it
+# (host_passes.hpp, detail/config.hpp): every AVX2 and AVX-512 entry point has its whole pass inlined (it
 # calls or jumps to nothing but memcpy/memset, so no vector argument crosses between code built for
 # different instruction sets), each clears the vector registers' upper halves (vzeroupper: at -O1,
 # -Og and -Os g++ leaves that out, and the caller's SSE code then runs slower), AVX2 entries use no zmm
@@ -19,9 +19,9 @@ for binary in "$@"; do
       leave()
       kind = ""
       zeroed = 0
-      if ($0 ~ /run_chunk_avx512</) kind = "avx512"
-      else if ($0 ~ /run_chunk_avx2</) kind = "avx2"
-      else if ($0 ~ /run_chunk<mpopt::detail::scalar_lanes/) kind = "scalar"
+      if ($0 ~ /run_host_chunk_avx512</) kind = "avx512"
+      else if ($0 ~ /run_host_chunk_avx2</) kind = "avx2"
+      else if ($0 ~ /run_host_chunk<mpopt::detail::scalar_lanes/) kind = "scalar"
       if (kind != "") { entries[kind]++; name = $0 }
       next
     }

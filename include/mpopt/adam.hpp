@@ -62,6 +62,7 @@ struct adam {
 #define MPOPT_HOST_ADAM_PASSES(EXTERN, P) \
   MPOPT_HOST_RULE_STAGE(EXTERN, P, mpopt::adam, mpopt::detail::update_stage)
 MPOPT_FOR_OWN_PRECISIONS(MPOPT_HOST_ADAM_PASSES, extern)
+MPOPT_HOST_RULE_COMPILED(mpopt::adam)
 #include "detail/step/standard_optimizers.hpp"
 MPOPT_STANDARD_OPTIMIZERS(extern, mpopt::adam, MPOPT_EVERY_STAGE)
 #endif

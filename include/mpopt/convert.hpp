@@ -13,7 +13,7 @@
 #include "detail/lanes/float_bits.hpp"
 #include "detail/passes/passes.hpp"
 #include "error.hpp"
-#include "host.hpp"
+#include "host_passes.hpp"  // conversions of any pair of types: passes not compiled in advance
 #include "numeric.hpp"
 
 namespace mpopt {

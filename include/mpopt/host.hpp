@@ -1,6 +1,7 @@
 // mpopt — the host backend: OpenMP threads over the multi-tensor work list, SIMD lanes within a
-// chunk (AVX-512, AVX2 or scalar, chosen at run time: simd.hpp). It only decides how to run the
-// passes of detail/passes/passes.hpp; it owns no formula.
+// chunk (AVX-512, AVX2 or scalar, chosen at run time: simd.hpp; how a chunk runs in them:
+// host_passes.hpp). It only decides how to run the passes of detail/passes/passes.hpp; it owns no
+// formula.
 #pragma once
 
 #include "version.hpp"  // first: C++20, or a clear error
@@ -17,16 +18,9 @@
 #endif
 
 #include "detail/config.hpp"
-#if MPOPT_X86_SIMD
-#include <immintrin.h>  // _mm256_zeroupper
-#endif
-
 #include "detail/backend/aligned_buffer.hpp"
-#include "detail/lanes/avx2_lanes.hpp"
-#include "detail/lanes/avx512_lanes.hpp"
 #include "detail/passes/backend_passes.hpp"
 #include "detail/backend/host_threads.hpp"
-#include "detail/lanes/lanes.hpp"
 #include "detail/passes/passes.hpp"
 #include "detail/passes/square_sum.hpp"
 #include "detail/passes/step_data.hpp"
@@ -112,8 +106,8 @@ struct host : detail::backend_passes<host> {
 
   /// Every chunk of `work`: each chunk on one thread, its vectors in order, its sums written per
   /// chunk. Host lanes load any address: alignment does not matter.
-  /// Defined below the class, not inline: the separately compiled mode compiles mpopt's own passes
-  /// once (detail/backend/host_instances.hpp).
+  /// Defined in host_passes.hpp, with the SIMD lanes: the separately compiled mode compiles
+  /// mpopt's own passes once (detail/backend/host_instances.hpp), and its units need not read them.
   template <class Pass>
   static void run(const detail::work_list& work, const Pass& pass, bool aligned = true);
   /// One flat range, on the calling thread.
@@ -140,66 +134,33 @@ struct host : detail::backend_passes<host> {
   static bool aligned(const detail::step_data<P>&) {
     return true;
   }
-
- private:
-  /// One chunk of a pass at the current SIMD level.
-  template <class Pass>
-  static auto chunk_runner() -> void (*)(const Pass&, std::size_t) {
-    switch (simd()) {
-#if MPOPT_X86_SIMD
-      case simd_level::avx512: return run_chunk_avx512<Pass>;
-      case simd_level::avx2: return run_chunk_avx2<Pass>;
-#endif
-      default: return run_chunk<detail::scalar_lanes, Pass>;
-    }
-  }
-#if MPOPT_X86_SIMD
-  // The pass compiled for each instruction set: everything it calls is inlined into these. Each
-  // clears the vector registers' upper halves on leaving (vzeroupper): g++ does so itself only from
-  // -O2 on, and without it the caller's SSE code (the default target's floating point, libm) runs
-  // two to three times slower after every pass in -O1, -Og and -Os builds.
-  template <class Pass>
-  MPOPT_TARGET_ENTRY(MPOPT_ISA_AVX512) static void run_chunk_avx512(const Pass& pass, std::size_t ci) {
-    run_chunk<detail::avx512_lanes>(pass, ci);
-    _mm256_zeroupper();
-  }
-  template <class Pass>
-  MPOPT_TARGET_ENTRY(MPOPT_ISA_AVX2) static void run_chunk_avx2(const Pass& pass, std::size_t ci) {
-    run_chunk<detail::avx2_lanes>(pass, ci);
-    _mm256_zeroupper();
-  }
-#endif
-
-  /// One chunk of a pass in lanes L: its vectors in order (or 16-element granules), then its sums.
-  template <class L, class Pass>
-  static void run_chunk(const Pass& pass, std::size_t ci) {
-    const auto s = pass.at(ci);
-    const std::size_t n = pass.size(ci);
-    detail::host_sums<L> sums;
-    if constexpr (requires { Pass::granule; }) {
-      for (std::size_t g = 0; g < n; g += Pass::granule)
-        pass.template apply_granule<L>(s, g, std::min(Pass::granule, n - g), sums);
-    } else {
-      detail::for_each_vector<L>(n, [&](std::size_t i, auto tail) { pass.template apply<L>(s, i, tail, sums); });
-    }
-    sums.write(pass.out, ci);
-  }
 };
-
-template <class Pass>
-void host::run(const detail::work_list& work, const Pass& pass, bool) {
-  const auto chunk = chunk_runner<Pass>();
-  for_each_chunk(work, [&](std::size_t ci) { chunk(pass, ci); });
-}
-
-template <class Pass>
-void host::run_flat(const Pass& pass, bool) {
-  const auto chunk = chunk_runner<Pass>();
-  for (std::size_t ci = 0; ci < pass.count(); ++ci) chunk(pass, ci);
-}
 
 }  // namespace mpopt
 
+namespace mpopt::detail {
+
+template <class T>
+struct type_tag {};
+/// host_passes.hpp is included in this unit: argument-dependent lookup finds its marker.
+template <class B>
+concept host_passes_included = requires { host_passes_defined(type_tag<B>{}); };
+/// The rules and precisions whose host passes the separately compiled mode compiles once
+/// (detail/backend/host_instances.hpp); none in header-only builds.
+template <class Rule>
+inline constexpr bool host_rule_compiled = false;
+template <class P>
+inline constexpr bool host_precision_compiled = false;
+/// An optimizer of precision P and rule Rule on backend B finds in this unit every host pass it
+/// runs: compiled once, or defined here.
+template <class B, class P, class Rule>
+concept host_passes_at_hand =
+    !std::is_same_v<B, host> || (host_precision_compiled<P> && host_rule_compiled<Rule>) || host_passes_included<B>;
+
+}  // namespace mpopt::detail
+
 #if defined(MPOPT_SEPARATE_COMPILATION)
 #include "detail/backend/host_instances.hpp"  // mpopt's own passes, compiled once
+#else
+#include "host_passes.hpp"
 #endif

@@ -99,6 +99,7 @@ struct lamb {
   MPOPT_HOST_RULE_STAGE(EXTERN, P, mpopt::lamb, mpopt::detail::direction_stage) \
   MPOPT_HOST_RULE_STAGE(EXTERN, P, mpopt::lamb, mpopt::detail::update_stage)
 MPOPT_FOR_OWN_PRECISIONS(MPOPT_HOST_LAMB_PASSES, extern)
+MPOPT_HOST_RULE_COMPILED(mpopt::lamb)
 #include "detail/step/standard_optimizers.hpp"
 MPOPT_STANDARD_OPTIMIZERS(extern, mpopt::lamb, MPOPT_EVERY_STAGE)
 #endif

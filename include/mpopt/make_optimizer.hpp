@@ -68,7 +68,7 @@ class erased_optimizer final : public optimizer_interface {
   MPOPT_COLD void add(std::size_t g, erased_tensor param, erased_tensor grad, std::string name,
                       tensor_shape shape) override {
     auto& group = opt_.group(g);
-    name = name_of_next(g, std::move(name));
+    name = group.next_name(std::move(name));
     check_type(name, "parameter", param.type, element_type_of<param_t>);
     check_type(name, "gradient", grad.type, element_type_of<grad_t>);
     group.add(view<param_t>{static_cast<param_t*>(param.data), param.size, param.space},
@@ -76,7 +76,7 @@ class erased_optimizer final : public optimizer_interface {
   }
   MPOPT_COLD erased_tensor add(std::size_t g, erased_tensor param, std::string name, tensor_shape shape) override {
     auto& group = opt_.group(g);
-    name = name_of_next(g, std::move(name));
+    name = group.next_name(std::move(name));
     check_type(name, "parameter", param.type, element_type_of<param_t>);
     const auto grad = group.add(static_cast<param_t*>(param.data), param.size, std::move(name), std::move(shape));
     return erase(view<grad_t>{grad.data(), grad.size(), detail::tensor_space_of<Backend>()});
@@ -150,11 +150,6 @@ class erased_optimizer final : public optimizer_interface {
     return o;
   }
 
-  /// The name given, or the one the registry would give tensor group(g).size() of group g, for messages.
-  std::string name_of_next(std::size_t g, std::string name) const {
-    if (name.empty()) name = "group " + std::to_string(g) + "." + std::to_string(group(g).size());
-    return name;
-  }
   static void check_type(const std::string& name, std::string_view what, element_type got, element_type want) {
     if (got != want)
       fail("tensor '", name, "': its ", what, " holds ", to_string(got), " elements, but the optimizer trains in ",

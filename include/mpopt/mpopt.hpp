@@ -10,6 +10,7 @@
 #include "convert.hpp"        // IWYU pragma: export
 #include "error.hpp"          // IWYU pragma: export
 #include "host.hpp"           // IWYU pragma: export
+#include "host_passes.hpp"    // IWYU pragma: export
 #include "lamb.hpp"           // IWYU pragma: export
 #include "loss_scale.hpp"     // IWYU pragma: export
 #include "lr_schedule.hpp"    // IWYU pragma: export

@@ -34,7 +34,7 @@
 #include "detail/backend/tensor_side.hpp"
 #include "detail/passes/work_list.hpp"
 #include "cuda.hpp"
-#include "host.hpp"
+#include "host_passes.hpp"  // the state side runs any rule's passes, in any mode
 #include "memory_report.hpp"
 #include "tensor.hpp"
 

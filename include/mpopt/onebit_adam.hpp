@@ -53,6 +53,7 @@ struct onebit_adam {
 #define MPOPT_HOST_ONEBIT_ADAM_PASSES(EXTERN, P) \
   MPOPT_HOST_RULE_STAGE(EXTERN, P, mpopt::onebit_adam, mpopt::detail::update_stage)
 MPOPT_FOR_OWN_PRECISIONS(MPOPT_HOST_ONEBIT_ADAM_PASSES, extern)
+MPOPT_HOST_RULE_COMPILED(mpopt::onebit_adam)
 MPOPT_FOR_OWN_PRECISIONS(MPOPT_HOST_COMPRESSED_PASSES, extern)
 #include "detail/step/standard_optimizers.hpp"
 MPOPT_STANDARD_OPTIMIZERS(extern, mpopt::onebit_adam, MPOPT_STAGE_0_ONLY)

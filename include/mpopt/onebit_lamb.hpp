@@ -89,6 +89,7 @@ struct onebit_lamb {
   MPOPT_HOST_RULE_STAGE(EXTERN, P, mpopt::onebit_lamb, mpopt::detail::direction_stage) \
   MPOPT_HOST_RULE_STAGE(EXTERN, P, mpopt::onebit_lamb, mpopt::detail::update_stage)
 MPOPT_FOR_OWN_PRECISIONS(MPOPT_HOST_ONEBIT_LAMB_PASSES, extern)
+MPOPT_HOST_RULE_COMPILED(mpopt::onebit_lamb)
 MPOPT_FOR_OWN_PRECISIONS(MPOPT_HOST_COMPRESSED_PASSES, extern)
 #include "detail/step/standard_optimizers.hpp"
 MPOPT_STANDARD_OPTIMIZERS(extern, mpopt::onebit_lamb, MPOPT_STAGE_0_ONLY)

@@ -56,6 +56,10 @@ class optimizer : public detail::tensor_registry<Precision, UpdateRule, Backend>
   static_assert(detail::rule_driver<driver, typename pipeline::rule_context_type>,
                 "the rule's driver must model detail::rule_driver (detail/drivers/rule_driver.hpp): derive it from "
                 "detail::staged_driver, which gives every hook its default");
+  static_assert(detail::host_passes_at_hand<Backend, Precision, UpdateRule>,
+                "in the separately compiled mode, an optimizer whose rule or precision is not one compiled once (mpopt's "
+                "rules in fp32, fp16 or bf16) compiles its host passes where it is used: include <mpopt/host_passes.hpp> "
+                "(docs/install.md, \"Faster builds\")");
   static_assert(detail::runs_on_stream_of<Backend, Communicator>,
                 "a device communicator (mpopt::nccl) needs a backend that runs on its stream: mpopt::cuda, or "
                 "mpopt::offload");

@@ -12,6 +12,7 @@
 
 #include "adam.hpp"
 #include "host.hpp"
+#include "host_passes.hpp"
 #include "lamb.hpp"
 #include "onebit_adam.hpp"
 #include "onebit_lamb.hpp"

@@ -90,6 +90,7 @@ struct zero_one_adam {
 #define MPOPT_HOST_ZERO_ONE_ADAM_PASSES(EXTERN, P) \
   MPOPT_HOST_RULE_STAGE(EXTERN, P, mpopt::zero_one_adam, mpopt::detail::update_stage)
 MPOPT_FOR_OWN_PRECISIONS(MPOPT_HOST_ZERO_ONE_ADAM_PASSES, extern)
+MPOPT_HOST_RULE_COMPILED(mpopt::zero_one_adam)
 MPOPT_FOR_OWN_PRECISIONS(MPOPT_HOST_COMPRESSED_PASSES, extern)
 #include "detail/step/standard_optimizers.hpp"
 MPOPT_STANDARD_OPTIMIZERS(extern, mpopt::zero_one_adam, MPOPT_STAGE_0_ONLY)

@@ -2,7 +2,7 @@
 // program in the separately compiled mode (docs/install.md, "Faster builds"): each header that brings passes
 // declares them here with EXTERN = extern, and <mpopt/src.hpp> defines them (EXTERN empty). They
 // are most of what an optimizer costs to compile: three SIMD levels of every pass. A precision,
-// rule or backend of the user's instantiates its passes where they run, as in header-only builds.
+// rule or backend of the user's instantiates its passes where they run, from host_passes.hpp.
 #pragma once
 
 #include "../../host.hpp"
@@ -15,6 +15,22 @@
 
 /// LIST(EXTERN, P) for each of mpopt's own precisions.
 #define MPOPT_FOR_OWN_PRECISIONS(LIST, EXTERN) LIST(EXTERN, mpopt::fp32) LIST(EXTERN, mpopt::fp16) LIST(EXTERN, mpopt::bf16)
+
+namespace mpopt::detail {
+template <>
+inline constexpr bool host_precision_compiled<fp32> = true;
+template <>
+inline constexpr bool host_precision_compiled<fp16> = true;
+template <>
+inline constexpr bool host_precision_compiled<bf16> = true;
+}  // namespace mpopt::detail
+
+/// In a rule's header, beside its passes' declarations: they are compiled once, in every own precision.
+#define MPOPT_HOST_RULE_COMPILED(Rule) \
+  namespace mpopt::detail {            \
+  template <>                          \
+  inline constexpr bool host_rule_compiled<Rule> = true; \
+  }
 
 /// What every optimizer in precision P runs: state start, accumulation, the overflow-and-norm pass,
 /// zeroing, and the ZeRO buckets' packing (gradients travel as fp32 in mpopt's own precisions).

@@ -105,7 +105,7 @@ class tensor_registry {
     /// write; grad(i) hands it out again. For engines that own their weights but not their gradients.
     template <class PE>
     std::span<grad_type> add(PE* param, std::size_t n, std::string name = {}, tensor_shape shape = {}) {
-      name = checked_name(std::move(name));
+      name = next_name(std::move(name));
       owner_->check_new_tensor(name, n, n, tensor_space, tensor_space);  // before allocating n elements
       held_grads_.reserve(held_grads_.size() + 1);  // so that nothing can fail once it is registered
       auto grad = buffer<grad_type>::zeroed(n);
@@ -118,6 +118,14 @@ class tensor_registry {
       requires detail::raw_pointer_pair<P, G>
     void add(P&&, G&&, std::string = {}, tensor_shape = {}) {
       detail::refuse_raw_pointer<P, G>();
+    }
+
+    /// The name add() gives the next tensor: `name`, or if it is empty the group's next ("group 1.3").
+    /// Throws mpopt::error on a flat group, whose tensors add_flat_group fixed.
+    MPOPT_COLD std::string next_name(std::string name) const {
+      if (flat_) fail(label_, " is a flat group: its tensors are fixed by add_flat_group");
+      if (name.empty()) name = label_ + "." + std::to_string(entries_.size());
+      return name;
     }
 
     std::size_t size() const { return entries_.size(); }
@@ -164,14 +172,8 @@ class tensor_registry {
       tensor_shape shape;  ///< as registered; empty: none given
     };
 
-    /// The name of the tensor about to be added: the one given, or the group's next.
-    MPOPT_COLD std::string checked_name(std::string name) const {
-      if (flat_) fail(label_, " is a flat group: its tensors are fixed by add_flat_group");
-      if (name.empty()) name = label_ + "." + std::to_string(entries_.size());
-      return name;
-    }
     MPOPT_COLD void add_views(view<param_type> p, view<grad_type> g, std::string name, tensor_shape shape) {
-      name = checked_name(std::move(name));
+      name = next_name(std::move(name));
       owner_->check_new_tensor(name, p.size, g.size, p.space, g.space);
       if (p.data == nullptr || g.data == nullptr) fail("tensor '", name, "' has a null data pointer");
       check_shape(name, shape, p.size);
