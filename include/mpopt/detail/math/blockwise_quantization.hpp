@@ -1,0 +1,138 @@
+// mpopt — blockwise quantization of optimizer state (docs/design.md, "State precision"): each block
+// of a state buffer keeps one scale, the largest magnitude in it, and per element the code of a
+// sorted map of 2^bits values in [-1, 1]:
+//   encode  s = max |x| over the block;  y = x / s (0 where s is 0);  code = the map value nearest y
+//           (an exact tie takes the larger)
+//   decode  x' = map[code] * s
+// A block with a NaN or an infinity gets the scale NaN, so all of it decodes to NaN: a non-finite
+// moment is never rounded into a finite one.
+//
+// The maps (codes are indices into the ascending values, as bitsandbytes and torchao number them):
+// - dynamic_map: bitsandbytes' dynamic data type (Dettmers et al., arXiv 2110.02861, 1511.04561),
+//   bitsandbytes.functional.create_dynamic_map and torchao's copy. A code's leading bits say its
+//   decade, 10^(i - (E-1)) for i = 0..E-1, and decade i holds the midpoints of an even split of
+//   [0.1, 1] into 2^i parts (signed) or 2^(i+1) parts (unsigned; bitsandbytes counts the bits alike
+//   for both); with 0 and 1 added. Evaluated here in double and rounded once to float, where
+//   bitsandbytes computes in float32: a value may differ from theirs in its last bit.
+// - linear_map: torchao's 4-bit map for the second moment (after Li et al., arXiv 2309.01507): k/16
+//   for k = 1..16, without 0, so that no element of v decodes to 0 in a block that is not all 0.
+#pragma once
+
+#include <array>
+#include <bit>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <utility>
+
+namespace mpopt::detail {
+
+/// A sorted map of N values and its decision thresholds: code(y) = #{k : y >= thresholds[k]}, where
+/// thresholds[k] is the smallest float at or above the exact midpoint of values k and k+1, so that
+/// comparing floats decides as the exact midpoint would.
+template <std::size_t N>
+struct quantization_map {
+  static_assert(N >= 2 && std::has_single_bit(N), "a map has 2^bits values");
+  static constexpr int bits = std::bit_width(N) - 1;
+  std::array<float, N> values{};
+  std::array<float, N - 1> thresholds{};
+};
+
+/// The smallest float at or above x (x in float range).
+constexpr float float_at_or_above(double x) {
+  const float f = static_cast<float>(x);
+  if (static_cast<double>(f) >= x) return f;
+  const auto b = std::bit_cast<std::uint32_t>(f);
+  return std::bit_cast<float>(b >> 31 ? b - 1 : b + 1);  // one float toward +infinity
+}
+
+/// The map of values v (ascending, distinct), with its thresholds.
+template <std::size_t N>
+constexpr quantization_map<N> map_of(const std::array<double, N>& v) {
+  quantization_map<N> m;
+  for (std::size_t k = 0; k < N; ++k) m.values[k] = static_cast<float>(v[k]);
+  for (std::size_t k = 0; k + 1 < N; ++k)
+    m.thresholds[k] = float_at_or_above((static_cast<double>(m.values[k]) + m.values[k + 1]) / 2);
+  return m;
+}
+
+/// 10^e, correctly rounded for |e| <= 22.
+constexpr double power_of_ten(int e) {
+  double p = 1;
+  for (int i = 0; i < (e < 0 ? -e : e); ++i) p *= 10;
+  return e < 0 ? 1 / p : p;
+}
+
+/// bitsandbytes' dynamic map with N = 2^bits values and every non-sign bit an exponent bit
+/// (create_dynamic_map(signed, max_exponent_bits = bits - 1, total_bits = bits)).
+template <std::size_t N>
+constexpr quantization_map<N> dynamic_map(bool is_signed) {
+  constexpr int exponent_bits = std::bit_width(N) - 2;
+  std::array<double, N> v{};
+  std::size_t n = 0;
+  for (int i = 0; i < exponent_bits; ++i) {
+    const int parts = is_signed ? 1 << i : 1 << (i + 1);
+    const double decade = power_of_ten(i - (exponent_bits - 1));
+    for (int j = 0; j < parts; ++j) {
+      const double mean = 0.1 + 0.9 * (j + 0.5) / parts;
+      v[n++] = decade * mean;
+      if (is_signed) v[n++] = -(decade * mean);
+    }
+  }
+  v[n++] = 0;
+  v[n++] = 1;
+  for (std::size_t a = 1; a < N; ++a)  // insertion sort: constexpr, and run once per map
+    for (std::size_t b = a; b > 0 && v[b - 1] > v[b]; --b) std::swap(v[b - 1], v[b]);
+  return map_of(v);
+}
+
+/// k / N for k = 1..N.
+template <std::size_t N>
+constexpr quantization_map<N> linear_map() {
+  std::array<double, N> v{};
+  for (std::size_t k = 0; k < N; ++k) v[k] = static_cast<double>(k + 1) / N;
+  return map_of(v);
+}
+
+/// The maps of the state precisions: the first moment and other signed state, and the second
+/// moment and other state that is never negative.
+inline constexpr auto signed_map8 = dynamic_map<256>(true);
+inline constexpr auto unsigned_map8 = dynamic_map<256>(false);
+inline constexpr auto signed_map4 = dynamic_map<16>(true);
+inline constexpr auto unsigned_map4 = linear_map<16>();
+
+/// The code of y in map m: a branchless binary search over its thresholds (NaN: code 0).
+template <std::size_t N>
+constexpr std::uint32_t nearest_code(const quantization_map<N>& m, float y) {
+  std::uint32_t code = 0;
+  for (std::uint32_t step = N / 2; step > 0; step /= 2)
+    if (m.thresholds[code + step - 1] <= y) code += step;
+  return code;
+}
+
+/// A block's scale: its largest magnitude, or NaN if it holds a NaN or an infinity.
+inline float block_scale(const float* x, std::size_t n) {
+  float s = 0;
+  bool finite = true;
+  for (std::size_t i = 0; i < n; ++i) {
+    const float a = std::fabs(x[i]);
+    finite = finite && a <= std::numeric_limits<float>::max();
+    s = a > s ? a : s;
+  }
+  return finite ? s : std::numeric_limits<float>::quiet_NaN();
+}
+
+/// The code of x in a block of scale s.
+template <std::size_t N>
+constexpr std::uint32_t encode(const quantization_map<N>& m, float x, float s) {
+  return nearest_code(m, s > 0 ? x / s : 0.0f);
+}
+
+/// The value of a code in a block of scale s.
+template <std::size_t N>
+constexpr float decode(const quantization_map<N>& m, std::uint32_t code, float s) {
+  return m.values[code] * s;
+}
+
+}  // namespace mpopt::detail

@@ -1,0 +1,205 @@
+// Blockwise quantization of optimizer state (detail/math/blockwise_quantization.hpp) against a
+// float64 reference written from the definitions: each map built as bitsandbytes' procedure reads
+// (means of a linspace, decade by decade) or torchao's 4-bit values, and each code found by an
+// exhaustive search for the nearest value, an exact tie taking the larger. Inputs: every map value,
+// the floats on either side of every midpoint, 0 and -0, subnormals, +-1, random values of every
+// magnitude; blocks of 0, 1 and odd sizes, all zero, holding a NaN or an infinity.
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <span>
+#include <vector>
+
+#include <doctest/doctest.h>
+
+#include <mpopt/detail/math/blockwise_quantization.hpp>
+
+namespace {
+
+using mpopt::detail::quantization_map;
+
+/// bitsandbytes' create_dynamic_map(signed, max_exponent_bits = bits - 1, total_bits = bits), in
+/// double: per decade, the means of neighbouring points of linspace(0.1, 1, items).
+std::vector<double> reference_dynamic_map(bool is_signed, int bits) {
+  const int non_sign_bits = bits - 1, exponent_bits = bits - 1;
+  std::vector<double> v;
+  for (int i = 0; i < exponent_bits; ++i) {
+    const int items = is_signed ? (1 << (i + non_sign_bits - exponent_bits)) + 1
+                                : (1 << (i + non_sign_bits - exponent_bits + 1)) + 1;
+    std::vector<double> boundaries(static_cast<std::size_t>(items));
+    for (int k = 0; k < items; ++k) boundaries[std::size_t(k)] = 0.1 + (1.0 - 0.1) * k / (items - 1);
+    const double decade = std::pow(10.0, -(exponent_bits - 1) + i);
+    for (std::size_t k = 0; k + 1 < boundaries.size(); ++k) {
+      const double mean = (boundaries[k] + boundaries[k + 1]) / 2;
+      v.push_back(decade * mean);
+      if (is_signed) v.push_back(-decade * mean);
+    }
+  }
+  v.push_back(0);
+  v.push_back(1);
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+/// Whether a and b are the same float or neighbours.
+bool within_one_ulp(float a, double b) {
+  const auto f = static_cast<float>(b);
+  return a == f || std::nextafter(a, f) == f;
+}
+
+/// The index of the value nearest y, an exact tie taking the larger.
+template <std::size_t N>
+std::uint32_t reference_code(const quantization_map<N>& m, float y) {
+  std::uint32_t best = 0;
+  for (std::uint32_t k = 1; k < N; ++k) {
+    const double d = std::fabs(double(y) - m.values[k]), best_d = std::fabs(double(y) - m.values[best]);
+    if (d <= best_d) best = k;
+  }
+  return best;
+}
+
+/// The inputs that decide a map's codes: every value, the floats beside every exact midpoint (and the
+/// midpoint itself where it is a float), the extremes, and random values of every magnitude.
+template <std::size_t N>
+std::vector<float> probes(const quantization_map<N>& m) {
+  std::vector<float> y = {0.0f, -0.0f, 1.0f, -1.0f, std::numeric_limits<float>::denorm_min(),
+                          -std::numeric_limits<float>::denorm_min(), std::numeric_limits<float>::min(),
+                          -std::numeric_limits<float>::min(), 1e-30f, -1e-30f};
+  for (std::size_t k = 0; k < N; ++k) y.push_back(m.values[k]);
+  for (std::size_t k = 0; k + 1 < N; ++k) {
+    const double mid = (double(m.values[k]) + m.values[k + 1]) / 2;
+    const auto f = static_cast<float>(mid);
+    for (float g : {f, std::nextafter(f, -2.0f), std::nextafter(f, 2.0f)}) y.push_back(g);
+  }
+  std::mt19937_64 rng(45);
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  std::uniform_real_distribution<float> exponent(-30.0f, 0.0f);
+  for (int i = 0; i < 20000; ++i) {
+    y.push_back(unit(rng));
+    y.push_back(std::copysign(std::pow(10.0f, exponent(rng)), unit(rng)));
+  }
+  return y;
+}
+
+template <std::size_t N>
+void check_codes(const quantization_map<N>& m) {
+  for (std::uint32_t k = 0; k < N; ++k) REQUIRE(mpopt::detail::nearest_code(m, m.values[k]) == k);
+  for (float y : probes(m)) {
+    CAPTURE(y);
+    REQUIRE(mpopt::detail::nearest_code(m, y) == reference_code(m, y));
+  }
+}
+
+/// Quantizes a block as the definition reads, in double where it can, and checks each element's
+/// code and decoded value.
+template <std::size_t N>
+void check_block(const quantization_map<N>& m, std::span<const float> x) {
+  double largest = 0;
+  for (float e : x) largest = std::max(largest, std::fabs(double(e)));
+  const float s = mpopt::detail::block_scale(x.data(), x.size());
+  REQUIRE(double(s) == largest);
+  for (float e : x) {
+    const float y = s > 0 ? e / s : 0.0f;
+    const auto code = mpopt::detail::encode(m, e, s);
+    REQUIRE(code == reference_code(m, y));
+    REQUIRE(mpopt::detail::decode(m, code, s) == m.values[reference_code(m, y)] * s);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("the 8-bit dynamic maps are bitsandbytes' dynamic data type") {
+  for (bool is_signed : {true, false}) {
+    CAPTURE(is_signed);
+    const auto& m = is_signed ? mpopt::detail::signed_map8 : mpopt::detail::unsigned_map8;
+    const auto ref = reference_dynamic_map(is_signed, 8);
+    REQUIRE(ref.size() == 256);
+    for (std::size_t k = 0; k < 256; ++k) {
+      CAPTURE(k);
+      CHECK(within_one_ulp(m.values[k], ref[k]));
+      if (k > 0) CHECK(m.values[k - 1] < m.values[k]);
+    }
+    CHECK(m.values[255] == 1.0f);
+    CHECK(std::count(m.values.begin(), m.values.end(), 0.0f) == 1);
+    CHECK(std::count_if(m.values.begin(), m.values.end(), [](float v) { return v < 0; }) == (is_signed ? 127 : 0));
+  }
+  // The smallest magnitudes: the first decade (10^-6) holds one mean (signed) or two (unsigned).
+  CHECK(within_one_ulp(mpopt::detail::signed_map8.values[128], 0.55e-6));
+  CHECK(within_one_ulp(mpopt::detail::unsigned_map8.values[1], 0.325e-6));
+  CHECK(within_one_ulp(mpopt::detail::signed_map8.values[0], -(0.1 + 0.9 * 63.5 / 64)));
+}
+
+TEST_CASE("the 4-bit maps are torchao's: dynamic signed, and k/16 without 0") {
+  // torchao.optim.subclass_4bit: create_dynamic_map(True, 3, 4), worked out by hand.
+  const double signed4[16] = {-0.8875, -0.6625, -0.4375, -0.2125, -0.0775, -0.0325, -0.0055, 0,
+                              0.0055,  0.0325,  0.0775,  0.2125,  0.4375,  0.6625,  0.8875,  1};
+  for (std::size_t k = 0; k < 16; ++k) {
+    CAPTURE(k);
+    CHECK(within_one_ulp(mpopt::detail::signed_map4.values[k], signed4[k]));
+    CHECK(mpopt::detail::unsigned_map4.values[k] == float(k + 1) / 16);
+  }
+  const auto ref = reference_dynamic_map(true, 4);
+  for (std::size_t k = 0; k < 16; ++k) CHECK(within_one_ulp(mpopt::detail::signed_map4.values[k], ref[k]));
+}
+
+TEST_CASE("a code is the nearest map value, an exact tie taking the larger") {
+  check_codes(mpopt::detail::signed_map8);
+  check_codes(mpopt::detail::unsigned_map8);
+  check_codes(mpopt::detail::signed_map4);
+  check_codes(mpopt::detail::unsigned_map4);
+  // An exact midpoint that is a float: 0.5 and 0.5625 are neighbours in the linear map; 0.53125 ties.
+  CHECK(mpopt::detail::nearest_code(mpopt::detail::unsigned_map4, 0.53125f) == 8);
+  CHECK(mpopt::detail::nearest_code(mpopt::detail::unsigned_map4, std::nextafter(0.53125f, 0.0f)) == 7);
+}
+
+TEST_CASE("blocks: the scale is the largest magnitude, every element the nearest code") {
+  std::mt19937_64 rng(256);
+  std::normal_distribution<float> normal;
+  std::uniform_real_distribution<float> exponent(-12.0f, 4.0f);
+  for (std::size_t n : {std::size_t(0), std::size_t(1), std::size_t(2), std::size_t(3), std::size_t(127),
+                        std::size_t(128), std::size_t(255), std::size_t(256)}) {
+    CAPTURE(n);
+    std::vector<float> x(n);
+    for (auto& e : x) e = normal(rng) * std::pow(10.0f, exponent(rng));
+    std::vector<float> v(n);  // a second moment: never negative
+    for (std::size_t i = 0; i < n; ++i) v[i] = x[i] * x[i];
+    check_block(mpopt::detail::signed_map8, x);
+    check_block(mpopt::detail::signed_map4, x);
+    check_block(mpopt::detail::unsigned_map8, v);
+    check_block(mpopt::detail::unsigned_map4, v);
+  }
+  // The element at the block's maximum decodes exactly; its negative to the signed map's least.
+  const std::vector<float> x = {0.25f, -3.0f, 3.0f, 1e-7f};
+  const float s = mpopt::detail::block_scale(x.data(), x.size());
+  const auto& m = mpopt::detail::signed_map8;
+  CHECK(mpopt::detail::decode(m, mpopt::detail::encode(m, 3.0f, s), s) == 3.0f);
+  CHECK(mpopt::detail::decode(m, mpopt::detail::encode(m, -3.0f, s), s) == m.values[0] * 3.0f);
+  // Subnormal blocks: the scale is subnormal, the quotients are not.
+  const std::vector<float> tiny = {std::numeric_limits<float>::denorm_min() * 3, -std::numeric_limits<float>::min() / 4,
+                                   std::numeric_limits<float>::min() / 8};
+  check_block(mpopt::detail::signed_map8, tiny);
+  check_block(mpopt::detail::signed_map4, tiny);
+}
+
+TEST_CASE("blocks: all zero decodes to zero; a NaN or an infinity makes the whole block NaN") {
+  const std::vector<float> zeros(7, 0.0f);
+  const float s0 = mpopt::detail::block_scale(zeros.data(), zeros.size());
+  CHECK(s0 == 0.0f);
+  for (float e : zeros) {
+    CHECK(mpopt::detail::decode(mpopt::detail::signed_map8, mpopt::detail::encode(mpopt::detail::signed_map8, e, s0), s0) == 0.0f);
+    // The linear map has no 0: its least value times a zero scale.
+    CHECK(mpopt::detail::decode(mpopt::detail::unsigned_map4, mpopt::detail::encode(mpopt::detail::unsigned_map4, e, s0), s0) == 0.0f);
+  }
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                    -std::numeric_limits<float>::infinity()}) {
+    CAPTURE(bad);
+    const std::vector<float> x = {1.0f, bad, -2.0f};
+    const float s = mpopt::detail::block_scale(x.data(), x.size());
+    CHECK(std::isnan(s));
+    for (float e : x)
+      CHECK(std::isnan(mpopt::detail::decode(mpopt::detail::signed_map8, mpopt::detail::encode(mpopt::detail::signed_map8, e, s), s)));
+  }
+}
