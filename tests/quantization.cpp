@@ -3,7 +3,8 @@
 // (means of a linspace, decade by decade) or torchao's 4-bit values, and each code found by an
 // exhaustive search for the nearest value, an exact tie taking the larger. Inputs: every map value,
 // the floats on either side of every midpoint, 0 and -0, subnormals, +-1, random values of every
-// magnitude; blocks of 0, 1 and odd sizes, all zero, holding a NaN or an infinity.
+// magnitude; blocks of 0, 1 and odd sizes, all zero, holding a NaN or an infinity. fp8 E4M3FN: every
+// code's value from its fields, and every float's nearest code (ties to even) by exhaustive search.
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -201,5 +202,90 @@ TEST_CASE("blocks: all zero decodes to zero; a NaN or an infinity makes the whol
     CHECK(std::isnan(s));
     for (float e : x)
       CHECK(std::isnan(mpopt::detail::decode(mpopt::detail::signed_map8, mpopt::detail::encode(mpopt::detail::signed_map8, e, s), s)));
+  }
+}
+
+namespace {
+
+/// An E4M3FN code's value from its fields: (1 + m/8) * 2^(e-7), or m * 2^-9 where e is 0.
+double reference_e4m3(std::uint8_t code) {
+  const int e = (code >> 3) & 0xF, m = code & 0x7;
+  if (e == 0xF && m == 0x7) return std::numeric_limits<double>::quiet_NaN();
+  const double magnitude = e == 0 ? m * std::ldexp(1.0, -9) : (1 + m / 8.0) * std::ldexp(1.0, e - 7);
+  return code & 0x80 ? -magnitude : magnitude;
+}
+
+/// The finite code nearest y (beyond 448: 448), an exact tie to the even code.
+std::uint8_t reference_e4m3_code(float y) {
+  if (std::isnan(y)) return std::signbit(y) ? 0xFF : 0x7F;
+  const std::uint8_t sign = std::signbit(y) ? 0x80 : 0;
+  const double a = std::fabs(double(y));
+  std::uint8_t best = 0;
+  for (std::uint8_t c = 1; c <= 0x7E; ++c) {
+    const double d = std::fabs(a - reference_e4m3(c)), best_d = std::fabs(a - reference_e4m3(best));
+    if (d < best_d || (d == best_d && (c & 1) == 0)) best = c;
+  }
+  return sign | best;
+}
+
+}  // namespace
+
+TEST_CASE("fp8 E4M3: every code's value, and each float's nearest code with ties to even") {
+  for (int c = 0; c < 256; ++c) {
+    CAPTURE(c);
+    const double ref = reference_e4m3(std::uint8_t(c));
+    const float v = mpopt::detail::e4m3_value(std::uint8_t(c));
+    if (std::isnan(ref)) {
+      CHECK(std::isnan(v));
+      continue;
+    }
+    CHECK(double(v) == ref);
+    CHECK(std::signbit(v) == bool(c & 0x80));
+    CHECK(mpopt::detail::e4m3_code(v) == c);  // every finite code round-trips, -0 included
+  }
+  CHECK(mpopt::detail::e4m3_value(0x7E) == mpopt::detail::e4m3_max);
+  CHECK(mpopt::detail::e4m3_value(0x08) == std::ldexp(1.0f, -6));
+  CHECK(mpopt::detail::e4m3_value(0x01) == std::ldexp(1.0f, -9));
+  CHECK(mpopt::detail::e4m3_value(0x38) == 1.0f);
+
+  std::vector<float> y = {0.0f, -0.0f, 448.0f, 464.0f, 480.0f, 1e6f, -1e30f, std::numeric_limits<float>::infinity(),
+                          -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN(),
+                          std::numeric_limits<float>::denorm_min(), std::numeric_limits<float>::min()};
+  for (int c = 0; c < 0x7E; ++c) {  // beside every midpoint between neighbouring codes, both signs
+    const float mid = float((reference_e4m3(std::uint8_t(c)) + reference_e4m3(std::uint8_t(c + 1))) / 2);
+    for (float f : {mid, std::nextafter(mid, 0.0f), std::nextafter(mid, 1e9f)}) {
+      y.push_back(f);
+      y.push_back(-f);
+    }
+  }
+  std::mt19937_64 rng(8);
+  std::uniform_real_distribution<float> exponent(-14.0f, 9.5f), sign(-1.0f, 1.0f);
+  for (int i = 0; i < 20000; ++i) y.push_back(std::copysign(std::exp2(exponent(rng)), sign(rng)));
+  for (float f : y) {
+    CAPTURE(f);
+    const auto code = mpopt::detail::e4m3_code(f);
+    if (std::isnan(f)) CHECK((code & 0x7F) == 0x7F);
+    else CHECK(code == reference_e4m3_code(f));
+  }
+}
+
+TEST_CASE("fp8 blocks: the scale is the largest magnitude over 448") {
+  std::mt19937_64 rng(448);
+  std::normal_distribution<float> normal;
+  for (std::size_t n : {std::size_t(1), std::size_t(3), std::size_t(255), std::size_t(256)}) {
+    CAPTURE(n);
+    std::vector<float> x(n);
+    for (auto& e : x) e = normal(rng) * 1e-3f;
+    const float s = mpopt::detail::block_scale(x.data(), n) / mpopt::detail::e4m3_max;
+    float largest = 0;
+    for (float e : x) largest = std::max(largest, std::fabs(e));
+    CHECK(s == largest / 448.0f);
+    for (float e : x) {
+      const auto code = mpopt::detail::e4m3_code(e / s);
+      CHECK(code == reference_e4m3_code(e / s));
+      // Within half a step of E4M3's 3 mantissa bits (relative 1/16), or of its subnormal spacing.
+      CHECK(std::fabs(double(mpopt::detail::e4m3_value(code)) * s - e) <=
+            std::max(std::fabs(double(e)) / 16, std::ldexp(double(s), -10)) * (1 + 1e-6));
+    }
   }
 }

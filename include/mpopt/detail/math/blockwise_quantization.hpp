@@ -16,6 +16,8 @@
 //   bitsandbytes computes in float32: a value may differ from theirs in its last bit.
 // - linear_map: torchao's 4-bit map for the second moment (after Li et al., arXiv 2309.01507): k/16
 //   for k = 1..16, without 0, so that no element of v decodes to 0 in a block that is not all 0.
+// fp8 E4M3 (OCP's E4M3FN: no infinities, largest 448) with a per-block scale, as torchao's
+// AdamWFp8: s = max |x| / 448, code = x / s rounded to nearest even (beyond 448: 448), x' = code * s.
 #pragma once
 
 #include <array>
@@ -133,6 +135,41 @@ constexpr std::uint32_t encode(const quantization_map<N>& m, float x, float s) {
 template <std::size_t N>
 constexpr float decode(const quantization_map<N>& m, std::uint32_t code, float s) {
   return m.values[code] * s;
+}
+
+/// The largest fp8 E4M3 value.
+inline constexpr float e4m3_max = 448.0f;
+
+/// The value of an E4M3FN code: S.EEEE.MMM, exponent bias 7, subnormals below 2^-6, S.1111.111 NaN.
+constexpr float e4m3_value(std::uint8_t code) {
+  const std::uint32_t e = (code >> 3) & 0xFu, m = code & 0x7u;
+  if (e == 0xF && m == 0x7) return std::numeric_limits<float>::quiet_NaN();
+  // the float with the same exponent and the mantissa in its top bits; subnormals as m * 2^-9
+  const float magnitude = e == 0 ? static_cast<float>(m) / 512.0f
+                                 : std::bit_cast<float>(((e + 127 - 7) << 23) | (m << 20));
+  return code & 0x80u ? -magnitude : magnitude;
+}
+
+/// The E4M3FN code nearest y, an exact tie to the even mantissa; beyond 448 in magnitude (infinities
+/// too), 448; NaN to NaN (a block's NaN scale is what marks a non-finite block). Works on y's bits: the three kept mantissa bits, rounded on the bits dropped.
+constexpr std::uint8_t e4m3_code(float y) {
+  const auto bits = std::bit_cast<std::uint32_t>(y);
+  const std::uint8_t sign = static_cast<std::uint8_t>((bits >> 24) & 0x80u);
+  const std::uint32_t a = bits & 0x7FFFFFFFu;  // |y|
+  if (a > 0x7F800000u) return sign | 0x7Fu;
+  if (a >= 0x43E00000u) return sign | 0x7Eu;  // |y| >= 448
+  if (a < 0x3C800000u) {  // below 2^-6: a multiple of 2^-9, rounded to nearest even (exact in float)
+    const float q = std::bit_cast<float>(a) * 512.0f;
+    auto m = static_cast<std::uint32_t>(q);
+    const float rest = q - static_cast<float>(m);
+    if (rest > 0.5f || (rest == 0.5f && (m & 1u))) ++m;
+    return sign | static_cast<std::uint8_t>(m);  // m = 8 is 2^-6, the least normal: the same bits
+  }
+  // normal: re-bias the exponent, keep 3 mantissa bits, round to nearest even on the 20 dropped
+  const std::uint32_t kept = ((a >> 23) - 127 + 7) << 3 | ((a >> 20) & 0x7u);
+  const std::uint32_t dropped = a & 0xFFFFFu;
+  const std::uint32_t rounded = kept + (dropped > 0x80000u || (dropped == 0x80000u && (kept & 1u)));
+  return sign | static_cast<std::uint8_t>(rounded > 0x7Eu ? 0x7Eu : rounded);
 }
 
 }  // namespace mpopt::detail
