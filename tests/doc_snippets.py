@@ -16,6 +16,7 @@ Prints one line per block and exits 1 if any fails.
 """
 
 import argparse
+import concurrent.futures
 import os
 import re
 import subprocess
@@ -108,8 +109,11 @@ def main():
     docs = os.path.join(args.root, "docs")
     pages += sorted(os.path.join(docs, n) for n in os.listdir(docs) if n.endswith(".md"))
     failed = checked = skipped = 0
-    compiled = {}  # snippet file -> its compile result
-    with tempfile.TemporaryDirectory() as scratch:
+    # Each block's check, in page order; compiles run side by side (each is one compiler process).
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1)
+    compiled = {}  # snippet file -> the future of its compile result
+    checks = []    # (where, kind, the result or its future)
+    with tempfile.TemporaryDirectory() as scratch, pool:
         for page in pages:
             name = os.path.relpath(page, args.root)
             for start, lines in blocks(page):
@@ -122,26 +126,30 @@ def main():
                     if not problem and path.startswith(SNIPPET_DIR):  # compiled by no target but this test
                         if path not in compiled:
                             with open(os.path.join(args.root, path), encoding="utf-8") as f:
-                                compiled[path] = compile_unit(f.read(), os.path.join(args.root, path), args)
+                                compiled[path] = pool.submit(compile_unit, f.read(), os.path.join(args.root, path), args)
                         problem = compiled[path]
                         kind = "excerpt of a compiled snippet file"
                 else:
                     text = "\n".join(lines) + "\n"
-                    source = os.path.join(scratch, "snippet.cpp")
+                    source = os.path.join(scratch, "snippet%d.cpp" % len(checks))
                     with open(source, "w", encoding="utf-8") as f:
                         f.write(text)
-                    problem = compile_unit(text, source, args)
+                    problem = pool.submit(compile_unit, text, source, args)
                     kind = "compiled"
-                if problem is SKIPPED:
-                    print("skipped %s: needs a compiler this build has not (CUDA or MPI)" % where)
-                    skipped += 1
-                    continue
-                checked += 1
-                if problem:
-                    failed += 1
-                    print("FAIL %s (%s): %s" % (where, kind, problem))
-                else:
-                    print("ok   %s (%s)" % (where, kind))
+                checks.append((where, kind, problem))
+        for where, kind, problem in checks:
+            if isinstance(problem, concurrent.futures.Future):
+                problem = problem.result()
+            if problem is SKIPPED:
+                print("skipped %s: needs a compiler this build has not (CUDA or MPI)" % where)
+                skipped += 1
+                continue
+            checked += 1
+            if problem:
+                failed += 1
+                print("FAIL %s (%s): %s" % (where, kind, problem))
+            else:
+                print("ok   %s (%s)" % (where, kind))
     print("%d snippets: %d failed, %d skipped" % (checked + skipped, failed, skipped))
     return 1 if failed else 0
 
