@@ -383,6 +383,8 @@ struct config {
   std::string precision = "fp16";  // fp16 | bf16 | fp32
   std::string scaler;              // dynamic | static | none; default: dynamic for fp16, else none
   std::string rounding = "nearest";  // nearest | stochastic (of the master into 16-bit parameters)
+  std::string state = "fp32";      // fp32 | bf16: how the rule's state is stored
+  std::string master = "fp32";     // fp32 | remainder16: how the master is stored
   std::string rule = "adam";       // adam | lamb | onebit_lamb | onebit_adam | zero_one_adam
   std::string layout = "fused";    // fused | unfused
   std::string device = with_device ? "cuda" : "host";  // cuda in train_mlp_device, else host
@@ -425,6 +427,12 @@ run in fp32 without loss scaling for comparison (unless --compare-fp32 off).
                                 seeded by --seed and gives the same bits on any thread count,
                                 SIMD level or number of ranks; it takes --rule adam or lamb,
                                 replicated
+  --state fp32|bf16             how the rule's state is stored (default fp32)
+  --master fp32|remainder16     how the master is stored (default fp32): remainder16 keeps the 16
+                                bits the bf16 parameter lacks of it, so the two are the fp32 master
+                                exactly. Built as the pair --state bf16 --master remainder16 with
+                                --precision bf16 (6 bytes of state a parameter instead of 12),
+                                --rule adam or lamb, replicated (this example's choice)
   --rule adam|lamb|onebit_lamb|onebit_adam|zero_one_adam
                                 update rule (default adam; AdamW-style weight decay). onebit_lamb
                                 (1-bit LAMB) and onebit_adam (1-bit Adam) average the momentum over
@@ -493,7 +501,7 @@ using example::usage_error, example::parse_number, example::check_choice;
 // typed path): stochastic rounding and fp16 without loss scaling, which a configuration cannot
 // say, and every run of train_mlp_device (make_optimizer builds host-backend optimizers).
 bool needs_typed_path(const config& c) {
-  return with_device || c.rounding == "stochastic" || (c.precision == "fp16" && c.scaler == "none");
+  return with_device || c.rounding == "stochastic" || c.state != "fp32" || (c.precision == "fp16" && c.scaler == "none");
 }
 
 // Returns false if --help was given.
@@ -513,6 +521,8 @@ bool parse_args(int argc, char** argv, config& c) {
     if (flag == "--precision") check_choice(flag, c.precision = value, {"fp16", "bf16", "fp32"});
     else if (flag == "--scaler") check_choice(flag, c.scaler = value, {"dynamic", "static", "none"});
     else if (flag == "--rounding") check_choice(flag, c.rounding = value, {"nearest", "stochastic"});
+    else if (flag == "--state") check_choice(flag, c.state = value, {"fp32", "bf16"});
+    else if (flag == "--master") check_choice(flag, c.master = value, {"fp32", "remainder16"});
     else if (flag == "--rule") check_choice(flag, c.rule = value, {"adam", "lamb", "onebit_lamb", "onebit_adam", "zero_one_adam"});
     else if (flag == "--freeze-step") c.freeze_step = parse_number<std::uint64_t>(flag, value, 1);
     else if (flag == "--csv") c.csv = value;
@@ -598,6 +608,10 @@ bool parse_args(int argc, char** argv, config& c) {
   if (c.loss_scale != 0 && c.scaler == "none") throw usage_error{"--loss-scale needs --scaler dynamic or static"};
   if (c.rounding == "stochastic" && c.precision == "fp32")
     throw usage_error{"--rounding stochastic needs --precision bf16 or fp16: fp32 parameters are their own master"};
+  if ((c.state != "fp32" || c.master != "fp32") &&
+      (c.precision != "bf16" || c.state != "bf16" || c.master != "remainder16" || c.rounding != "nearest"))
+    throw usage_error{"--state and --master are built as --precision bf16 --state bf16 --master remainder16 only "
+                      "(this example's choice)"};
   if (c.rounding == "stochastic" && c.precision == "fp16" && c.scaler != "dynamic")
     throw usage_error{"--rounding stochastic with fp16 is built with --scaler dynamic only (this example's choice)"};
   if (c.loss_scale == 0) c.loss_scale = c.scaler == "dynamic" ? 0x1p24 : 1024;
@@ -618,6 +632,7 @@ bool parse_args(int argc, char** argv, config& c) {
   if (needs_typed_path(c)) {
     const std::string what = with_device                  ? "train_mlp_device"
                              : c.rounding == "stochastic" ? "--rounding stochastic"
+                             : c.state != "fp32"          ? "--state bf16"
                                                           : "fp16 with --scaler none";
     if (c.rule != "adam" && c.rule != "lamb")
       throw usage_error{what + " is built with --rule adam or lamb only (this example's choice)"};
@@ -887,6 +902,7 @@ std::string describe(const config& c) {
   std::string s = c.precision;
   if (c.scaler != "none") s += " + " + c.scaler + " scale";
   if (c.rounding == "stochastic") s += " + stochastic rounding";
+  if (c.state != "fp32") s += " + " + c.state + " state, " + c.master + " master";
   return s;
 }
 
@@ -1065,6 +1081,8 @@ int dispatch(const config& c, const task& data) {
     return run_typed<mpopt::fp16_stochastic, mpopt::dynamic_scale>(c, data);
   }
   if (c.precision == "fp16" && c.scaler == "none") return run_typed<mpopt::fp16, mpopt::no_scaling>(c, data);
+  if (c.state == "bf16")
+    return run_typed<mpopt::with_state<mpopt::bf16, mpopt::bf16_state<>, mpopt::remainder16>, mpopt::no_scaling>(c, data);
 #if MPOPT_EXAMPLE_DEVICE
   if (c.precision == "fp32") return run_typed<mpopt::fp32, mpopt::no_scaling>(c, data);
   if (c.precision == "bf16") return run_typed<mpopt::bf16, mpopt::no_scaling>(c, data);

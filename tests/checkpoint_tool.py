@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Tests tools/mpopt_checkpoint.py on checkpoints the C++ side writes and reads: examples/train_mlp
---save (fp16, bf16 with LAMB, fp32; with --zero2, bf16 under ZeRO-2 on two ranks) and --load.
+--save (fp16, bf16 with LAMB, fp32, bf16 state with remainder16 masters; with --zero2, bf16 under
+ZeRO-2 on two ranks) and --load.
 
-  export: the masters (F32) and the parameters (F16, BF16, F32) bit for bit as the file holds them,
-          with the shapes train_mlp registered ([out, in], [out]);
+  export: the masters (F32; remainder16's joined from parameter and remainder) and the parameters
+          (F16, BF16, F32) bit for bit as the file holds them, with the shapes train_mlp registered
+          ([out, in], [out]);
   import: from that export, from the parameters' export, from a sharded zero_to_fp32-style
           directory and from prefixed names, into a template train_mlp saved before its first
           step; the parameters rounded as the C++ optimizer rounds them (equal to the trained
@@ -207,6 +209,8 @@ CONFIGS = [  # name, train_mlp flags, parameter dtype
     ("fp16", ["--precision", "fp16", "--layout", "unfused"], "F16"),
     ("bf16_lamb", ["--precision", "bf16", "--rule", "lamb"], "BF16"),
     ("fp32", ["--precision", "fp32"], "F32"),
+    ("bf16_state_remainder16", ["--precision", "bf16", "--state", "bf16", "--master", "remainder16", "--rule", "lamb"],
+     "BF16"),
 ]
 
 
@@ -222,13 +226,24 @@ def master_key(st, name):
     return "master/" + name if "master/" + name in st[0] else "param/" + name
 
 
+def master_bytes(st, name):
+    """The fp32 masters' bits: saved, joined from a remainder16 master's parameter and remainder
+    (as integers, (param << 16) + remainder), or the fp32 parameters."""
+    if "remainder/" + name not in st[0]:
+        return tensor_bytes(st, master_key(st, name))
+    param, remainder = tensor_bytes(st, "param/" + name), tensor_bytes(st, "remainder/" + name)
+    n = len(param) // 2
+    p, r = struct.unpack("<%dH" % n, param), struct.unpack("<%dh" % n, remainder)
+    return struct.pack("<%dI" % n, *(((a << 16) + b) & 0xFFFFFFFF for a, b in zip(p, r)))
+
+
 def case_config(name, flags, param_dtype):
     d = os.path.join(ARGS.workdir, name)
     trained, template = make_checkpoints(d, flags)
     tr, tp = read_st(trained), read_st(template)
     H.check(registered_names(tr) == NAMES, "the checkpoint registers %s" % NAMES)
     for n in NAMES:  # the C++ side stores the shapes train_mlp registered, for every tensor of a parameter
-        for kind in ("param", "master", "exp_avg", "exp_avg_sq"):
+        for kind in ("param", "master", "remainder", "exp_avg", "exp_avg_sq"):
             key = kind + "/" + n
             if key in tr[0]:
                 H.check(tr[0][key]["shape"] == SHAPES[n], "%s has shape %s" % (key, SHAPES[n]))
@@ -247,7 +262,7 @@ def case_config(name, flags, param_dtype):
     H.check(ms[1].get("format") == "pt", "exports say format 'pt'")
     for n in NAMES:
         H.check(ms[0][n]["dtype"] == "F32" and ms[0][n]["shape"] == SHAPES[n], "masters %s: F32 %s" % (n, SHAPES[n]))
-        H.check(tensor_bytes(ms, n) == tensor_bytes(tr, master_key(tr, n)), "masters %s: the file's bits" % n)
+        H.check(tensor_bytes(ms, n) == master_bytes(tr, n), "masters %s: the file's bits" % n)
         H.check(ps[0][n]["dtype"] == param_dtype and ps[0][n]["shape"] == SHAPES[n], "params %s: %s" % (n, param_dtype))
         H.check(tensor_bytes(ps, n) == tensor_bytes(tr, "param/" + n), "params %s: the file's bits" % n)
         H.check(p32s[0][n]["dtype"] == "F32", "params --float32 %s: F32" % n)
@@ -264,8 +279,8 @@ def case_config(name, flags, param_dtype):
     for key, e in im[0].items():
         kind, _, n = key.partition("/")
         H.check(e["dtype"] == tp[0][key]["dtype"], "%s keeps the template's dtype" % key)
-        if kind in ("param", "master"):
-            # Parameters rounded to nearest even by the tool == rounded by the optimizer.
+        if kind in ("param", "master", "remainder"):
+            # Parameters rounded by the tool (to nearest even; remainder16's, ties away) == by the optimizer.
             H.check(tensor_bytes(im, key) == tensor_bytes(tr, key), "%s: the trained file's bits" % key)
         else:
             H.check(tensor_bytes(im, key) == tensor_bytes(tp, key), "%s: the template's (fresh) bits" % key)
@@ -292,8 +307,7 @@ def case_config(name, flags, param_dtype):
     ip = read_st(imp_p)
     for n in NAMES:
         H.check(tensor_bytes(ip, "param/" + n) == tensor_bytes(tr, "param/" + n), "from params: param/%s bits" % n)
-        H.check(tensor_bytes(ip, master_key(ip, n)) == tensor_bytes(p32s, n),
-                "from params: %s = params widened" % master_key(ip, n))
+        H.check(master_bytes(ip, n) == tensor_bytes(p32s, n), "from params: the masters are the params widened")
     train(flags, "--load", imp_p, "--steps", "0")
 
     # zero_to_fp32's sharded output: a directory with model-0000k-of-00002.safetensors and the index.

@@ -147,6 +147,10 @@ struct rounding_a_value {
   static constexpr std::string_view name = "fp16";
   EITHER(static constexpr int rounding = 0, using rounding = mpopt::round_to_nearest);
 };
+/// A storage declared by hand, not with with_state (whose checks it would skip).
+struct state_by_hand : mpopt::fp16 {
+  using state_storage = mpopt::bf16_state<>;
+};
 
 // ---------------------------------------------------------------- backends
 
@@ -254,6 +258,7 @@ static_assert(sizeof(optimizer<mpopt::fp16, mpopt::dynamic_scale, finish_hidden>
 static_assert(sizeof(optimizer<mpopt::fp16, serves_not_a_template>));  // expect: the loss scaler's member `serves` must be
 static_assert(sizeof(optimizer<mpopt::fp16, iteration_a_number>));  // expect: the loss scaler's member `iteration` must be
 static_assert(sizeof(optimizer<rounding_a_value>));  // expect: the precision's member `rounding` must be
+static_assert(sizeof(optimizer<EITHER(state_by_hand, mpopt::with_state<mpopt::fp16, mpopt::bf16_state<>>)>));  // expect: the precision's members `state_storage` and `master_storage` are mpopt::with_state's
 static_assert(sizeof(optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::adam, tensor_space_a_type>));  // expect: the backend's member `tensor_space` must be
 static_assert(sizeof(optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::adam, tensor_buffer_not_a_template>));  // expect: the backend's member `tensor_buffer` must be
 static_assert(sizeof(optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::adam, list_memory_not_const>));  // expect: the backend's member `list_memory` must be
@@ -268,4 +273,9 @@ static_assert(sizeof(optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::adam, m
 static_assert(sizeof(optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::adam, mpopt::host, all_reduce_without_op>));  // expect: the communicator's member `start_all_reduce` must be | leaves collectives in flight
 static_assert(sizeof(optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::adam, mpopt::host, reduce_scatter_without_counts>));  // expect: the communicator's member `start_reduce_scatter` must be | leaves collectives in flight
 static_assert(sizeof(optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::adam, mpopt::host, all_gather_returning_void>));  // expect: the communicator's member `start_all_gather` must be | leaves collectives in flight
+// State precisions their parameters or rule cannot have.
+static_assert(sizeof(optimizer<mpopt::with_state<EITHER(mpopt::fp16, mpopt::bf16), mpopt::fp32_state, mpopt::remainder16>, mpopt::no_scaling>));  // expect: mpopt::remainder16 completes bf16 parameters
+static_assert(sizeof(optimizer<mpopt::with_state<EITHER(mpopt::fp32, mpopt::bf16), mpopt::fp32_state, mpopt::remainder16>, mpopt::no_scaling>));  // expect: fp32 parameters are their own master | mpopt::remainder16 completes bf16 parameters
+static_assert(sizeof(optimizer<mpopt::with_state<EITHER(mpopt::bf16, mpopt::bf16_stochastic), mpopt::fp32_state, mpopt::no_master>, mpopt::no_scaling>));  // expect: mpopt::no_master rounds every update into the 16-bit parameter
+static_assert(sizeof(optimizer<mpopt::with_state<mpopt::bf16, EITHER(mpopt::bf16_state<>, mpopt::fp32_state)>, mpopt::no_scaling, mpopt::onebit_lamb>));  // expect: a compressing rule's passes read and write its state and master in fp32
 // clang-format on

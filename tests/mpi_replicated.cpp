@@ -550,6 +550,8 @@ TEST_SUITE("mpi") {
     using lamb_opt = mpopt::optimizer<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, mpopt::lamb, mpopt::host, mpopt::mpi>;
     using stochastic_opt =
         mpopt::optimizer<mpopt::fp16_stochastic, mpopt::dynamic_scale, mpopt::replicated, mpopt::adam, mpopt::host, mpopt::mpi>;
+    using bf16_state_opt = mpopt::optimizer<mpopt::with_state<mpopt::fp16, mpopt::bf16_state<>>, mpopt::dynamic_scale,
+                                            mpopt::replicated, mpopt::adam, mpopt::host, mpopt::mpi>;
     struct setup {
       mpopt::mpi_options comm = {};
       mpopt::optimizer_options opt = {};
@@ -620,6 +622,11 @@ TEST_SUITE("mpi") {
     if (odd) msg = finalize(setup{}, stochastic);
     else msg = finalize(setup{}, adam);
     expect(msg, {"rounding (", "rank 1: stochastic", ": nearest"});
+    // Another state precision on one rank: the policies differ, naming it.
+    bf16_state_opt* compact = nullptr;
+    if (odd) msg = finalize(setup{}, compact);
+    else msg = finalize(setup{}, adam);
+    expect(msg, {"policies (", "rank 1: fp16 (state bf16, master fp32) dynamic_scale"});
     // Afterwards the ranks agree again and train.
     CHECK(finalize(setup{}, adam).empty());
   }

@@ -644,6 +644,15 @@ TEST_SUITE("mpi") {
                                                    [](int, auto&, const auto&, const auto&) {});
   }
 
+  TEST_CASE_TEMPLATE("bf16 state rounded stochastically and remainder16 masters give one process's bits on any "
+                     "number of ranks, under every partition", P, mpopt::zero1, mpopt::zero2, mpopt::replicated) {
+    using compact = mpopt::with_state<mpopt::bf16, mpopt::bf16_state<mpopt::stochastic_rounding>, mpopt::remainder16>;
+    const mpopt::optimizer_options o{
+        .clip_grad = 0, .combine = mpopt::accumulation::sum, .bucket_elements = 3000, .rounding_seed = 0xD1CE};
+    step_as_one_process<compact, P>(o, {{{"a", 5000}, {"b", 1}, {"c", 77}}, {{"d", 70001}, {"e", 3}}}, 8,
+                                    [](int, auto&, const auto&, const auto&) {});
+  }
+
   TEST_CASE_TEMPLATE("with nothing to know before the update the norm comes from the update pass, agreed across "
                      "ranks after it: one process's bits, under every partition", P,
                      mpopt::zero1, mpopt::zero2, mpopt::replicated) {

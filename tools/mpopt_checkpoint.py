@@ -8,7 +8,8 @@
                              [--optimizer OPT.pt [--optimizer-class AdamW|Adam]]
 
 export writes the weights of an mpopt checkpoint (opt.save()) as a PyTorch state_dict, tensor name
--> tensor with the shape given to add(): the fp32 master weights (--weights master, the default),
+-> tensor with the shape given to add(): the fp32 master weights (--weights master, the default;
+a remainder16 master joined from the bf16 parameter and its remainder, exactly),
 or the parameters in their own dtype (--weights param: F16, BF16 or F32; --float32 widens 16-bit
 ones exactly, for readers without bfloat16 such as numpy and safetensors.numpy). OUT.safetensors
 needs no PyTorch; OUT.pt (or .bin, .pth) is written with torch.save.
@@ -20,7 +21,8 @@ zero_to_fp32 writes (model.safetensors or pytorch_model.bin, sharded or not). TE
 checkpoint the target optimizer saved before its first step (opt.finalize(); opt.save(path)): it
 gives the policies, groups, options and tensor names, which the C++ side checks on load(). The
 masters get SOURCE's values in fp32, the parameters those values rounded to nearest even into
-their dtype (as the optimizer rounds its masters); everything else is the template's.
+their dtype (as the optimizer rounds its masters; a remainder16 template's, ties away from zero,
+with the remainder that completes them); everything else is the template's.
 
 --optimizer OPT.pt carries Adam's state (rule adam) too, as the state_dict() of torch.optim.AdamW
 (of torch.optim.Adam where the weight decay is L2), written with torch.save. Parameters are numbered
@@ -333,6 +335,13 @@ class MpoptCheckpoint(SafetensorsFile):
             return "master/" + name
         return "param/" + name  # fp32 precision has no masters: its parameters are the fp32 weights
 
+    def has_master(self, name):
+        return "master/" + name in self.entries or "remainder/" + name in self.entries
+
+    def master_bytes(self, name):
+        """A remainder16 parameter's fp32 masters, joined from its parameter and remainder."""
+        return join_master(self.raw("param/" + name), self.raw("remainder/" + name))
+
 
 # --------------------------------------------------------------------------------------------
 # Conversions, bit for bit as include/mpopt/detail/lanes/float_bits.hpp does them (NaNs included).
@@ -355,6 +364,29 @@ def to_float32(dtype, data):
         bits = out.view(np.uint32)
         bits[nan] = ((h[nan] & 0x8000) << 16) | 0x7FC00000 | ((h[nan] & 0x03FF) << 13)
     return out
+
+
+def join_master(param, remainder):
+    """bf16 parameters and their 16-bit remainders (state precision remainder16) -> the fp32 masters'
+    little-endian bytes: (param << 16) + remainder as 32-bit integers
+    (include/mpopt/detail/math/remainder16.hpp)."""
+    if np is None:
+        n = len(param) // 2
+        p, r = struct.unpack("<%dH" % n, param), struct.unpack("<%dh" % n, remainder)
+        return struct.pack("<%dI" % n, *(((a << 16) + b) & 0xFFFFFFFF for a, b in zip(p, r)))
+    p = np.frombuffer(param, dtype="<u2").astype(np.int64)
+    r = np.frombuffer(remainder, dtype="<i2").astype(np.int64)
+    return ((p << 16) + r).astype("<u4").tobytes()
+
+
+def split_master(values):
+    """fp32 masters -> (bf16 parameters, remainders) as bytes: the master rounded to nearest, a tie away
+    from zero, and what its bits lack of the master's; a NaN master a quiet NaN parameter, remainder 0."""
+    u = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32).astype(np.int64)
+    nan = (u & 0x7FFFFFFF) > 0x7F800000
+    param = np.where(nan, (u >> 16) | 0x0040, (u + 0x8000) >> 16)
+    remainder = np.where(nan, 0, u - (param << 16))
+    return param.astype("<u2").tobytes(), remainder.astype("<i2").tobytes()
 
 
 def float32_to(dtype, values):
@@ -875,7 +907,9 @@ def cmd_export(args):
     for name, _ in c.tensors:
         key = c.weight_key(name, args.weights)
         dtype, shape = c.dtype(key), c.shape(key)
-        if args.float32 and dtype != "F32":
+        if args.weights == "master" and "remainder/" + name in c.entries:
+            tensors.append((name, "F32", shape, lambda name=name: c.master_bytes(name)))
+        elif args.float32 and dtype != "F32":
             need_numpy("--float32")
             tensors.append((name, "F32", shape, lambda key=key, dtype=dtype: to_float32(dtype, c.raw(key)).tobytes()))
         else:
@@ -911,7 +945,7 @@ def export_optimizer_checks(args, c, torch):
              % (args.optimizer, ", ".join(TORCH_SUFFIXES)))
     if os.path.abspath(args.optimizer) == os.path.abspath(args.output):
         fail("%s: the weights and the optimizer state need two files" % args.optimizer)
-    if args.weights == "param" and any("master/" + n in c.entries for n, _ in c.tensors):
+    if args.weights == "param" and any(c.has_master(n) for n, _ in c.tensors):
         fail("--optimizer with --weights param: Adam's moments belong to the fp32 masters, which torch must "
              "continue from: export those (--weights master, the default)")
     return torch_optimizer_state(c, torch)
@@ -1003,6 +1037,10 @@ def cmd_import(args):
     for key in t.names:
         kind, _, name = key.partition("/")
         if name in sizes and product(t.shape(key)) == sizes[name]:  # one of the parameter's tensors
+            if "remainder/" + name in t.entries and kind in ("param", "remainder"):  # remainder16
+                dtype = "BF16" if kind == "param" else "I16"
+                tensors.append((key, dtype, shapes[name], lambda n=name, i=int(kind != "param"): split_master(values(n))[i]))
+                continue
             if kind == "param":
                 dtype = t.dtype(key)
                 tensors.append((key, dtype, shapes[name], lambda n=name, d=dtype: float32_to(d, values(n))))

@@ -121,7 +121,8 @@ concept backend_policy =
     // Its memory: buffers for the state, shared arrays for what the host reads too.
     detail::keeps<B, float, double, std::uint8_t, std::uint64_t, std::size_t, std::byte, detail::step_decision,
                   typename Precision::param_type, typename Precision::grad_type,
-                  typename Precision::accumulate_type, typename Precision::communicate_type> &&
+                  typename Precision::accumulate_type, typename Precision::communicate_type,
+                  detail::master_element_t<Precision>, detail::state_element_t<Precision>> &&
     // The buckets' passes; and, where its collectives may run on its tensors' side (offload), there too.
     detail::bucket_passes<B, Precision> &&
     (!requires(B& b) { b.collective_side(); } ||

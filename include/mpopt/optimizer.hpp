@@ -206,11 +206,18 @@ class optimizer : public detail::tensor_registry<Precision, UpdateRule, Backend>
   /// The elements of tensor i whose state this rank holds: all of them unless sharded, else
   /// [first, first + count) of the tensor (zero1/zero2 split each tensor across the ranks).
   owned_elements owned(std::size_t i) const { return state_of(i, "owned").owned(i); }
-  /// fp32 master weights of tensor i, of its owned(i) elements; for fp32 the parameter itself.
-  std::span<const float> master(std::size_t i) const { return state_of(i, "master").master_of(i); }
+  /// fp32 master weights of tensor i, of its owned(i) elements; for fp32 the parameter itself. A
+  /// std::span<const float> where they are stored in fp32, else their values in a std::vector<float>.
+  auto master(std::size_t i) const {
+    state_of(i, "master");
+    return detail::master_values(pipeline_, i);
+  }
   /// State buffer k of the rule (UpdateRule::state[k]: adam's 0 is exp_avg, 1 exp_avg_sq) of
-  /// tensor i, of its owned(i) elements.
-  std::span<const float> moment(std::size_t k, std::size_t i) const { return state_of(i, "moment").moment(k, i); }
+  /// tensor i, of its owned(i) elements: a std::span<const float> in fp32 state, else a std::vector<float>.
+  auto moment(std::size_t k, std::size_t i) const {
+    state_of(i, "moment").moment(k, i);  // checks k
+    return detail::moment_values(pipeline_, k, i);
+  }
 
   /// What a reducing rule keeps per tensor (UpdateRule::tensor_state), from the last applied step,
   /// in registration order: LAMB's trust ratios (1-bit LAMB's compression stage: the frozen

@@ -118,6 +118,7 @@ class checkpointing {
       v.world = std::size_t(p_.comms.comm.size());
       v.has_master = Precision::has_master;
       if constexpr (Precision::has_master) v.master = base(p_.state.master);
+      if constexpr (master_in_remainder<Precision>) v.master_key = "remainder";
       for (std::size_t k = 0; k < UpdateRule::state.size(); ++k)
         v.state.emplace_back(UpdateRule::state[k], base(p_.state.moments[k]));
       driver::for_each_kept(p_.driver, [&](std::string key, const auto* values) {
@@ -134,7 +135,8 @@ class checkpointing {
 
     MPOPT_COLD typed_metadata metadata() override {
       typed_metadata m;
-      m.policies = {Precision::name, LossScaler::name, Partition::name, UpdateRule::name};
+      m.policies = {Precision::name,    state_storage_t<Precision>::name, master_storage_t<Precision>::name,
+                    LossScaler::name, Partition::name,                   UpdateRule::name};
       scaler_state_ = p_.scaler.save();
       m.scaler = field_refs(scaler_state_);
       m.counts = p_.progress.counts;
@@ -142,7 +144,7 @@ class checkpointing {
         m.group_options.push_back(field_refs(g->options_));
         m.group_steps.push_back(g->step_);
       }
-      if constexpr (std::is_same_v<rounding_of_t<Precision>, stochastic_rounding>) m.rounding_seed = p_.options.rounding_seed;
+      if constexpr (rounds_stochastically<Precision>) m.rounding_seed = p_.options.rounding_seed;
       if (p_.progress.guard.on()) m.guard = p_.progress.guard.save();
       m.schedule.schedule = p_.schedule;
       for (const auto& g : p_.groups()) m.schedule.base_lrs.push_back(g->base_lr_);

@@ -24,7 +24,7 @@ MPOPT_DECL std::vector<state_piece> held_pieces(const checkpoint_view& v,
       const saved_range held =
           v.layout ? saved_range{t, e.size, o.first, o.count, v.layout->sharded(), v.state_on_device, e.shape} : whole;
       pieces.push_back({"param/" + *e.name, whole, e.param, {}});
-      if (v.has_master) pieces.push_back({"master/" + *e.name, held, part_of(v.master, o.state), {}});
+      if (v.has_master) pieces.push_back({std::string(v.master_key) + "/" + *e.name, held, part_of(v.master, o.state), {}});
       for (const auto& [name, data] : v.state)
         pieces.push_back({std::string(name) + "/" + *e.name, held, part_of(data, o.state), {}});
       ++t;
@@ -71,7 +71,7 @@ MPOPT_DECL std::vector<state_piece> file_pieces(const checkpoint_view& v, int re
         out.push_back({replica_key(replica, "param/" + name), whole, part_of(entry.param, 0, mine),
                        from(param_sender, entry.size)});
         if (v.has_master)
-          out.push_back({replica_key(replica, "master/" + name), held, part_of(v.master, own.state, mine),
+          out.push_back({replica_key(replica, std::string(v.master_key) + "/" + name), held, part_of(v.master, own.state, mine),
                          state_senders(p, e, t, entry.size)});
         for (const auto& [key, data] : v.state)
           out.push_back({replica_key(replica, std::string(key) + "/" + name), held, part_of(data, own.state, mine),

@@ -85,7 +85,8 @@ struct checkpoint_view {
   const flat_layout* layout = nullptr;  ///< null before finalize(): state pointers are null then
   std::size_t world = 1;
   bool has_master = false;
-  untyped master;                                           ///< fp32 masters, where has_master
+  untyped master;                   ///< fp32 masters, or their remainders (remainder16), where has_master
+  std::string_view master_key = "master";  ///< the file's name for them: master, or remainder
   std::vector<std::pair<std::string_view, untyped>> state;  ///< the rule's buffers, in its order
   std::vector<std::pair<std::string, untyped>> kept;        ///< what the rule's driver keeps per tensor
   bool tensors_on_device = false;  ///< the parameters are in device memory
@@ -102,7 +103,7 @@ struct checkpoint_view {
 /// The policies' names, as the metadata holds them. Any partition loads any file: the file is per
 /// parameter.
 struct saved_policies {
-  std::string_view precision, loss_scaler, partition, rule;
+  std::string_view precision, state, master, loss_scaler, partition, rule;
 };
 
 /// A file's learning-rate schedule (none where it had none) and each group's base rate.

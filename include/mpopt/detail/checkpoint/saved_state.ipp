@@ -56,7 +56,8 @@ MPOPT_DECL nlohmann::json state_metadata(const saved_policies& p, nlohmann::json
                                          const step_counts& counts, nlohmann::json groups,
                                          std::optional<std::uint64_t> rounding_seed, int replicas,
                                          nlohmann::json guard, const nlohmann::json& extra) {
-  nlohmann::json d = {{"precision", p.precision},     {"loss_scaler", p.loss_scaler},
+  nlohmann::json d = {{"precision", p.precision},     {"state", p.state},
+                      {"master", p.master},           {"loss_scaler", p.loss_scaler},
                       {"partition", p.partition},     {"rule", p.rule},
                       {"scaler", std::move(scaler)},  {"applied_steps", counts.applied},
                       {"skipped_steps", counts.skipped}, {"consecutive_skips", counts.consecutive_skips},
@@ -71,9 +72,13 @@ MPOPT_DECL nlohmann::json state_metadata(const saved_policies& p, nlohmann::json
 
 MPOPT_DECL void check_saved_policies(const nlohmann::json& meta, const nlohmann::json& mine,
                                      const std::string& where) {
-  for (const char* key : {"precision", "loss_scaler", "rule"})  // any partition: the file is per parameter
-    if (meta.at(key) != mine.at(key))
-      fail(where, "saved with ", key, " ", meta.at(key).dump(), ", this optimizer has ", mine.at(key).dump());
+  for (const std::string_view key : {"precision", "state", "master", "loss_scaler", "rule"}) {  // any partition: the file is per parameter
+    // A file written before state precisions were saved kept its state and master in fp32.
+    const bool storage = key == "state" || key == "master";
+    const nlohmann::json saved = storage && !meta.contains(key) ? nlohmann::json("fp32") : meta.at(key);
+    if (saved != mine.at(key))
+      fail(where, "saved with ", key, " ", saved.dump(), ", this optimizer has ", mine.at(key).dump());
+  }
 }
 
 MPOPT_DECL void find_experts(std::span<const std::pair<std::string, std::size_t>> mine,

@@ -19,6 +19,7 @@ template <> struct state_dtype<double> { static constexpr std::string_view value
 template <> struct state_dtype<float> { static constexpr std::string_view value = "F32"; };
 template <> struct state_dtype<std::int64_t> { static constexpr std::string_view value = "I64"; };
 template <> struct state_dtype<std::int32_t> { static constexpr std::string_view value = "I32"; };
+template <> struct state_dtype<std::int16_t> { static constexpr std::string_view value = "I16"; };
 template <> struct state_dtype<std::uint8_t> { static constexpr std::string_view value = "U8"; };
 template <> struct state_dtype<half> : dtype_name<half> {};
 template <> struct state_dtype<bfloat16> : dtype_name<bfloat16> {};

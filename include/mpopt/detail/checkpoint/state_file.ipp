@@ -23,8 +23,8 @@
 namespace mpopt::detail {
 
 MPOPT_DECL std::size_t state_dtype_size(std::string_view dtype) {
-  static constexpr std::array<std::pair<std::string_view, std::size_t>, 7> table{{
-      {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8}, {"I32", 4}, {"U8", 1}}};
+  static constexpr std::array<std::pair<std::string_view, std::size_t>, 8> table{{
+      {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8}, {"I32", 4}, {"I16", 2}, {"U8", 1}}};
   for (const auto& [name, size] : table)
     if (name == dtype) return size;
   return 0;

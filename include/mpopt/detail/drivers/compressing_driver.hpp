@@ -42,6 +42,9 @@ class compressing_driver : public staged_driver<Rule, Precision, Backend, Commun
   static_assert(!Partition::layout::sharded,
                 "a compressing rule keeps the whole momentum on every rank (its compressed all-reduce averages it): "
                 "use mpopt::replicated");
+  static_assert(stored_in_fp32<Precision>,
+                "a compressing rule's passes read and write its state and master in fp32: use it with "
+                "mpopt::fp32_state and mpopt::fp32_master (with_state's defaults)");
   static_assert(compression_passes<Backend, Precision>,
                 "a compressing rule runs passes of its own and the 1-bit passes on its backend (compression_passes, "
                 "backend.hpp): derive the backend from detail::backend_passes, which has them");

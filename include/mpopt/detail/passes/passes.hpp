@@ -21,6 +21,7 @@
 #include "../lanes/lanes.hpp"
 #include "../math/sign_compression.hpp"
 #include "step_data.hpp"
+#include "stored_state.hpp"
 #include "work_list.hpp"
 
 namespace mpopt::detail {
@@ -72,10 +73,12 @@ MPOPT_HOST_DEVICE void vstore(padded<T> p, typename L::vec x, Tail tail) {
 /// One chunk's pointers, already offset to its first element.
 template <class P>
 struct chunk_slice {
+  using precision = P;
   typename P::param_type* param;
   typename P::grad_type* grad;
-  std::conditional_t<P::has_master, padded<float>, float*> master;  // the parameter itself for fp32
-  padded<float> state[max_state_buffers];  // the rule's; null past its count
+  /// The fp32 masters or their remainders; where the parameter is its own master, the parameter.
+  std::conditional_t<P::has_master, padded<master_element_t<P>>, typename P::param_type*> master;
+  padded<state_element_t<P>> state[max_state_buffers];  // the rule's; null past its count
   padded<typename P::accumulate_type> accum;
   bool reduced;  // the gradient is accum alone (already summed over ranks)
   std::size_t n;
@@ -114,14 +117,25 @@ MPOPT_HOST_DEVICE typename L::vec true_gradient(const chunk_slice<P>& s, std::si
   return g * scale;
 }
 
+/// The fp32 master, however stored (stored_state.hpp).
+template <class L, class P, class Tail>
+MPOPT_HOST_DEVICE typename L::vec load_master(const chunk_slice<P>& s, std::size_t i, Tail tail) {
+  if constexpr (master_in_remainder<P>) return join_masters<L>(s.param + i, s.master.p + i, tail);
+  else return vload<L>(s.master + i, tail);
+}
+
 /// The new parameter into the master and, when it is a separate 16-bit tensor, the parameter,
-/// rounded as the precision policy says.
+/// rounded as the precision policy says; a remainder16 master into the parameter and its remainder.
 template <class L, class P, class Tail>
 MPOPT_HOST_DEVICE void store_param(const chunk_slice<P>& s, std::size_t i, typename L::vec p, Tail tail) {
-  vstore<L>(s.master + i, p, tail);
-  if constexpr (P::has_master) {
-    using T = typename P::param_type;
+  using T = typename P::param_type;
+  if constexpr (master_in_remainder<P>) {
+    split_masters<L>(p, s.param + i, s.master.p + i, tail);
+  } else if constexpr (P::has_master || !std::is_same_v<T, float>) {
+    if constexpr (P::has_master) vstore<L>(s.master + i, p, tail);
     vstore<L>(s.param + i, rounding_of_t<P>::template round<L, T>(p, s.rounding_key, s.index + i), tail);
+  } else {
+    vstore<L>(s.master + i, p, tail);  // fp32: the parameter is the master
   }
 }
 
@@ -151,7 +165,8 @@ struct initialize_pass : tensor_pass<P> {
   const float* initial;
   template <class L, class S, class Tail, class R>
   MPOPT_HOST_DEVICE void apply(const S& s, std::size_t i, Tail tail, R&) const {
-    if constexpr (P::has_master) vstore<L>(s.master + i, vload<L>(s.param + i, tail), tail);
+    if constexpr (master_in_remainder<P>) split_masters<L>(vload<L>(s.param + i, tail), s.param + i, s.master.p + i, tail);
+    else if constexpr (P::has_master) vstore<L>(s.master + i, vload<L>(s.param + i, tail), tail);
     const std::uint32_t n = this->d.state_count;
     for (std::uint32_t k = 0; k < n; ++k)
       vstore<L>(s.state[k] + i, typename L::vec(initial ? initial[s.group * n + k] : 0.0f), tail);
@@ -214,10 +229,12 @@ struct element {
   Tail tail;
   R& sums;
   MPOPT_HOST_DEVICE vec grad() const { return true_gradient<L>(s, i, tail, vec(s.scale)); }
-  MPOPT_HOST_DEVICE vec param() const { return vload<L>(s.master + i, tail); }
+  MPOPT_HOST_DEVICE vec param() const { return load_master<L>(s, i, tail); }
   MPOPT_HOST_DEVICE void set_param(vec p) const { store_param<L>(s, i, p, tail); }
   MPOPT_HOST_DEVICE vec state(std::size_t k) const { return vload<L>(s.state[k] + i, tail); }
-  MPOPT_HOST_DEVICE void set_state(std::size_t k, vec x) const { vstore<L>(s.state[k] + i, x, tail); }
+  MPOPT_HOST_DEVICE void set_state(std::size_t k, vec x) const {
+    vstore<L>(s.state[k] + i, state_to_store<L, typename S::precision>(x, s.rounding_key, k, s.index + i), tail);
+  }
   MPOPT_HOST_DEVICE void norm(std::size_t j, vec x) const {
     if (j == 0) sums.square(i, x, tail);
     else sums.square2(i, x, tail);

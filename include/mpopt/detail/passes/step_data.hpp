@@ -3,14 +3,33 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
+#include "../../state_precision.hpp"
 #include "../math/step_decision.hpp"
 #include "work_list.hpp"
 
 namespace mpopt::detail {
 
-/// The most fp32 state buffers a rule keeps per element (mpopt::max_rule_state).
+/// The most state buffers a rule keeps per element (mpopt::max_rule_state).
 inline constexpr std::size_t max_state_buffers = 4;
+
+/// The element type of P's state buffers: float or bfloat16.
+template <class P>
+using state_element_t = typename state_storage_t<P>::element;
+
+/// Whether P's master is kept as a remainder beside the bf16 parameter.
+template <class P>
+inline constexpr bool master_in_remainder = P::has_master && std::is_same_v<master_storage_t<P>, remainder16>;
+
+/// The element type of P's master buffer, where it has one (P::has_master): float, or the remainder's.
+template <class P>
+using master_element_t = std::conditional_t<master_in_remainder<P>, std::int16_t, float>;
+
+/// Whether P's state and master are both stored in fp32: what the compressing rules require.
+template <class P>
+inline constexpr bool stored_in_fp32 =
+    std::is_same_v<state_storage_t<P>, fp32_state> && std::is_same_v<master_storage_t<P>, fp32_master>;
 
 template <class Param, class Grad>
 struct tensor_slot {
@@ -35,8 +54,10 @@ struct step_data {
   const tensor_slot<param_type, grad_type>* tensors = nullptr;
   std::size_t tensor_count = 0;
   const work_list* work = nullptr;
-  float* master = nullptr;        ///< null when the parameter is its own master (fp32)
-  float* state[max_state_buffers] = {};  ///< the rule's state buffers, state_count of them
+  /// The fp32 masters or their remainders (master_element_t); null where the parameter is its own
+  /// master (fp32 parameters, no_master).
+  master_element_t<Precision>* master = nullptr;
+  state_element_t<Precision>* state[max_state_buffers] = {};  ///< the rule's state buffers, state_count of them
   std::uint32_t state_count = 0;
   accumulate_type* accum = nullptr;  ///< gradient accumulator, null when not accumulating
   float* chunk_sum = nullptr;     ///< per-chunk partial sums of squares

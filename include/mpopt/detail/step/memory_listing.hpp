@@ -13,6 +13,7 @@
 
 #include "../../memory_report.hpp"
 #include "../config.hpp"
+#include "../passes/step_data.hpp"
 
 namespace mpopt::detail {
 
@@ -29,9 +30,11 @@ MPOPT_DECL void list_held_gradients(mpopt::memory_report& r, const std::string& 
 /// The model's own tensors, where there are any: listed, marked as the user's.
 MPOPT_DECL void list_user_tensors(mpopt::memory_report& r, std::size_t param_bytes, std::size_t grad_bytes);
 
-/// The fp32 masters (where the precision has them) and each of the rule's state buffers.
-MPOPT_DECL void list_state(mpopt::memory_report& r, bool has_master, std::span<const std::string_view> names,
-                           std::string_view rule, std::size_t bytes);
+/// The masters (where the precision has them: fp32, or remainders) and each of the rule's state
+/// buffers (stored as `state`, e.g. "fp32"), `elements` of each.
+MPOPT_DECL void list_state(mpopt::memory_report& r, std::size_t elements, bool has_master, bool remainders,
+                           std::span<const std::string_view> names, std::string_view rule, std::string_view state,
+                           std::size_t state_bytes);
 
 /// The communicators' own buffers, where they have any: the optimizer's, then each expert group's.
 MPOPT_DECL void list_workspaces(mpopt::memory_report& r, std::string_view purpose, std::size_t bytes,
@@ -62,7 +65,9 @@ MPOPT_COLD mpopt::memory_report memory_report_of(const Pipeline& p) {
   mpopt::memory_report r;
   p.list_tensors(r);
   if (!p.finalized()) return r;
-  list_state(r, Pipeline::precision::has_master, rule::state, rule::name, p.state.elements * sizeof(float));
+  using P = typename Pipeline::precision;
+  list_state(r, p.state.elements, P::has_master, master_in_remainder<P>, rule::state, rule::name,
+             state_storage_t<P>::name, sizeof(state_element_t<P>));
   std::size_t bookkeeping = p.state.bookkeeping_bytes();
   bookkeeping += p.driver.list_memory(r);
   bookkeeping += p.exchange.list_memory(r);

@@ -21,11 +21,16 @@ MPOPT_DECL void list_user_tensors(mpopt::memory_report& r, std::size_t param_byt
   if (grad_bytes) r.buffers.push_back({"gradients", "the model's gradient tensors", grad_bytes, false});
 }
 
-MPOPT_DECL void list_state(mpopt::memory_report& r, bool has_master, std::span<const std::string_view> names,
-                           std::string_view rule, std::size_t bytes) {
-  if (has_master) r.buffers.push_back({"master", "fp32 master weights", bytes, true});
+MPOPT_DECL void list_state(mpopt::memory_report& r, std::size_t elements, bool has_master, bool remainders,
+                           std::span<const std::string_view> names, std::string_view rule, std::string_view state,
+                           std::size_t state_bytes) {
+  if (remainders)
+    r.buffers.push_back({"master remainder", "the low 16 bits of the fp32 master weights (remainder16)", elements * 2, true});
+  else if (has_master)
+    r.buffers.push_back({"master", "fp32 master weights", elements * 4, true});
   for (const std::string_view name : names)
-    r.buffers.push_back({std::string(name), std::string(rule) + " state (fp32)", bytes, true});
+    r.buffers.push_back({std::string(name), std::string(rule) + " state (" + std::string(state) + ")",
+                         elements * state_bytes, true});
 }
 
 MPOPT_DECL void list_workspaces(mpopt::memory_report& r, std::string_view purpose, std::size_t bytes,

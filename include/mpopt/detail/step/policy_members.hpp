@@ -14,6 +14,7 @@
 #include "../../loss_scale.hpp"
 #include "../../precision.hpp"
 #include "../../rule.hpp"
+#include "../../state_precision.hpp"
 #include "../exchange/exchange_context.hpp"
 #include "../options/field_refs.hpp"
 #include "memory_listing.hpp"
@@ -43,6 +44,8 @@ MPOPT_DETAIL_MEMBER_PROBE(sums_gradient)
 MPOPT_DETAIL_MEMBER_PROBE(serves)
 MPOPT_DETAIL_MEMBER_PROBE(iteration)
 MPOPT_DETAIL_MEMBER_PROBE(rounding)
+MPOPT_DETAIL_MEMBER_PROBE(state_storage)
+MPOPT_DETAIL_MEMBER_PROBE(master_storage)
 MPOPT_DETAIL_MEMBER_PROBE(tensor_space)
 MPOPT_DETAIL_MEMBER_PROBE(tensor_buffer)
 MPOPT_DETAIL_MEMBER_PROBE(list_memory)
@@ -117,6 +120,9 @@ consteval bool precision_members_checked() {
   static_assert(!declares_rounding<P> || names_rounding<P>,
                 "mpopt: the precision's member `rounding` must be a type: using rounding = "
                 "mpopt::round_to_nearest; (or mpopt::stochastic_rounding)");
+  static_assert(!(declares_state_storage<P> || declares_master_storage<P>) || built_with_state<P>,
+                "mpopt: the precision's members `state_storage` and `master_storage` are mpopt::with_state's: "
+                "choose the storage with mpopt::with_state<Precision, State, Master>");
   return true;
 }
 

@@ -249,8 +249,9 @@ class step_pipeline {
   /// the communicator's) and tensors; otherwise every rank throws, naming what differs on which
   /// ranks, before any gradient moves. What decides the number of settings is compared first.
   MPOPT_COLD void check_same_settings() {
+    const std::string precision = stored_precision_name<Precision>();
     const std::string policies = policies_text(
-        {Precision::name, LossScaler::name, Partition::name, UpdateRule::name, Backend::name, Communicator::name},
+        {precision, LossScaler::name, Partition::name, UpdateRule::name, Backend::name, Communicator::name},
         type_name<typename Precision::accumulate_type>, type_name<typename Precision::communicate_type>);
     require_same_settings(comms.comm, settings_shape(policies, groups().size()), same_settings_advice);
 

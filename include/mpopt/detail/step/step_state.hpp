@@ -44,8 +44,9 @@ struct communicators {
   metered<Communicator>* of_index(std::uint32_t k) { return k ? experts[k - 1].get() : &comm; }
 };
 
-/// What finalize() lays out: the tensors, the elements this rank updates, their fp32 state, the
-/// step's partial sums and decision, and the per-group coefficients of the committed step.
+/// What finalize() lays out: the tensors, the elements this rank updates, their master and state
+/// (stored as the precision says: state_precision.hpp), the step's partial sums and decision, and
+/// the per-group coefficients of the committed step.
 template <class Precision, class UpdateRule, class Backend>
 struct step_state {
   static constexpr std::size_t state_count = UpdateRule::state.size();
@@ -60,8 +61,8 @@ struct step_state {
   std::vector<std::pair<std::size_t, std::size_t>> uncounted;  // chunks of work another rank counts in the norm
   std::size_t elements = 0;                                    // of each state buffer
   std::size_t parameters = 0;                                  // elements of all tensors
-  buffer<float> master;
-  std::array<buffer<float>, state_count> moments;  // the rule's, in the order of UpdateRule::state
+  buffer<master_element_t<Precision>> master;  // fp32, or the remainders; empty where the parameter is the master
+  std::array<buffer<state_element_t<Precision>>, state_count> moments;  // the rule's, in the order of UpdateRule::state
   shared<float> chunk_sums;  // per chunk: the pass's sum, then (at work.size()) its sum2
   shared<std::uint8_t> chunk_nonfinite;
   shared<double> chunk_grad_sums;   // per chunk: the gradient's sum of squares (the norm pass's or the update's)
@@ -81,8 +82,8 @@ struct step_state {
     uncounted = layout->uncounted(work);
     elements = layout->local_elements();
     parameters = layout->parameters();
-    if constexpr (Precision::has_master) master = buffer<float>(elements);
-    for (auto& b : moments) b = buffer<float>(elements);
+    if constexpr (Precision::has_master) master = buffer<master_element_t<Precision>>(elements);
+    for (auto& b : moments) b = buffer<state_element_t<Precision>>(elements);
     chunk_sums.assign(2 * work.size(), 0.0f);
     chunk_nonfinite.assign(work.size(), 0);
     chunk_grad_sums.assign(work.size(), 0.0);
@@ -119,12 +120,20 @@ struct step_state {
     const auto o = layout->owned(i);
     return {o.first, o.count};
   }
-  std::span<const float> master_of(std::size_t i) const {
+  /// Tensor i's masters as stored (fp32, or the remainders of remainder16), of its owned elements;
+  /// where the parameter is its own master, the parameter.
+  auto master_of(std::size_t i) const {
     const auto o = layout->owned(i);
-    if constexpr (Precision::has_master) return {master.data() + o.state, o.count};
-    else return {tensor(i).param + o.first, o.count};  // fp32: the parameter itself
+    if constexpr (Precision::has_master)
+      return std::span<const master_element_t<Precision>>(master.data() + o.state, o.count);
+    else return params_of(i);
   }
-  std::span<const float> moment(std::size_t k, std::size_t i) const {
+  std::span<const typename Precision::param_type> params_of(std::size_t i) const {
+    const auto o = layout->owned(i);
+    return {tensor(i).param + o.first, o.count};
+  }
+  /// State buffer k of tensor i as stored, of its owned elements.
+  std::span<const state_element_t<Precision>> moment(std::size_t k, std::size_t i) const {
     if (k >= state_count)
       fail("moment ", k, ": ", UpdateRule::name, " keeps ",
            state_count ? "moments 0 to " + std::to_string(state_count - 1) : std::string("no moments"));
