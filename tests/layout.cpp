@@ -256,7 +256,9 @@ TEST_SUITE("layout") {
 #ifndef MPOPT_TEST_DEVICE_BACKEND
 TEST_SUITE("simd") {
   TEST_CASE_TEMPLATE("every SIMD level this CPU runs gives the scalar path's bits, with 1, 2 and 3 threads", C,
-                     LAYOUT_COMBOS, combo<mpopt::fp16, mpopt::onebit_lamb>, combo<mpopt::bf16, mpopt::onebit_lamb>) {
+                     LAYOUT_COMBOS, combo<mpopt::fp16, mpopt::onebit_lamb>, combo<mpopt::bf16, mpopt::onebit_lamb>,
+                     combo<mpopt::with_state<mpopt::bf16, mpopt::bf16_state<mpopt::stochastic_rounding>, mpopt::remainder16>,
+                           mpopt::adam>) {
     using opt_t = typename C::opt;
     CAPTURE(std::string(C::precision::name));
     CAPTURE(std::string(mpopt::rounding_of_t<typename C::precision>::name));

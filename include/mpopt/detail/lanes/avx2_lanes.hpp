@@ -82,6 +82,26 @@ struct avx2_lanes {
     _mm256_store_ps(a, x.r);
     return lane_tree<width>(a, [](float u, float v) { return max(u, v); });
   }
+  /// As avx512_lanes::join_remainders and split_remainders.
+  static f32x8 join_remainders(const bfloat16* p, const std::int16_t* r, full_t) {
+    return f32x8(simd::join_remainder8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)),
+                                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(r))));
+  }
+  static f32x8 join_remainders(const bfloat16* p, const std::int16_t* r, avx2_tail t) {
+    return f32x8(simd::join_remainder8(simd::load8_u16(p, t.n), simd::load8_u16(r, t.n)));
+  }
+  template <class Tail>
+  static void split_remainders(f32x8 x, bfloat16* p, std::int16_t* r, Tail t) {
+    __m128i param, remainder;
+    simd::split_remainder8(x.r, param, remainder);
+    if constexpr (std::is_same_v<Tail, full_t>) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(p), param);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(r), remainder);
+    } else {
+      simd::store8_u16(p, param, t.n);
+      simd::store8_u16(r, remainder, t.n);
+    }
+  }
   /// As avx512_lanes::round_stochastic.
   template <class T>
   static f32x8 round_stochastic(f32x8 x, std::uint32_t key, std::uint64_t index) {

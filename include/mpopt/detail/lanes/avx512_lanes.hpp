@@ -62,6 +62,26 @@ struct avx512_lanes {
   static f32x16 keep(f32x16 x, f32x16, full_t) { return x; }
   static f32x16 keep(f32x16 x, f32x16 fallback, tail m) { return f32x16(_mm512_mask_blend_ps(m, fallback.r, x.r)); }
   static float max_lane(f32x16 x) { return _mm512_reduce_max_ps(x.r); }
+  /// remainder16 masters (passes/stored_state.hpp): joined from bf16 parameters and their
+  /// remainders, and split back into them.
+  static f32x16 join_remainders(const bfloat16* p, const std::int16_t* r, full_t) {
+    return f32x16(simd::join_remainder16(simd::u16_load16(p), simd::u16_load16(r)));
+  }
+  static f32x16 join_remainders(const bfloat16* p, const std::int16_t* r, tail m) {
+    return f32x16(simd::join_remainder16(simd::u16_load16(p, m), simd::u16_load16(r, m)));
+  }
+  template <class Tail>
+  static void split_remainders(f32x16 x, bfloat16* p, std::int16_t* r, Tail t) {
+    __m512i param, remainder;
+    simd::split_remainder16(x.r, param, remainder);
+    if constexpr (std::is_same_v<Tail, full_t>) {
+      simd::u16_store16(p, param);
+      simd::u16_store16(r, remainder);
+    } else {
+      simd::u16_store16(p, param, t);
+      simd::u16_store16(r, remainder, t);
+    }
+  }
   /// x stochastically rounded to T values, lane j as element index + j. Lanes that cross a multiple
   /// of 2^32 (the noise's block) go one at a time.
   template <class T>

@@ -126,6 +126,25 @@ inline __m512 stochastic_half16(__m512 v, __m512i noise) {
   return _mm512_castsi512_ps(_mm512_mask_blend_epi32(is_nan16(a), r, u));
 }
 
+// remainder16 (math/remainder16.hpp), lane for lane its bits: 16 masters joined from their bf16
+// parameters and int16 remainders (16-bit values in a __m256i), and split back into them.
+inline __m256i u16_load16(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+inline __m256i u16_load16(const void* p, __mmask16 m) { return _mm512_castsi512_si256(_mm512_maskz_loadu_epi16(m, p)); }
+inline __m512 join_remainder16(__m256i param, __m256i remainder) {
+  return _mm512_castsi512_ps(
+      _mm512_add_epi32(_mm512_slli_epi32(_mm512_cvtepu16_epi32(param), 16), _mm512_cvtepi16_epi32(remainder)));
+}
+/// The parameters' and remainders' bits, each in the low half of its 32-bit lane.
+inline void split_remainder16(__m512 master, __m512i& param, __m512i& remainder) {
+  const __m512i u = _mm512_castps_si512(master);
+  const __mmask16 nan = is_nan16(_mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)));
+  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x8000)), 16);
+  param = _mm512_mask_blend_epi32(nan, rounded, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x0040)));
+  remainder = _mm512_maskz_sub_epi32(static_cast<__mmask16>(~nan), u, _mm512_slli_epi32(param, 16));
+}
+inline void u16_store16(void* p, __m512i v) { _mm256_storeu_si256(static_cast<__m256i*>(p), _mm512_cvtepi32_epi16(v)); }
+inline void u16_store16(void* p, __m512i v, __mmask16 m) { _mm512_mask_cvtepi32_storeu_epi16(p, m, v); }
+
 MPOPT_TARGET_END
 
 MPOPT_TARGET_BEGIN(MPOPT_ISA_AVX2)
@@ -218,6 +237,23 @@ inline __m256 stochastic_half8(__m256 v, __m256i noise) {
   const __m256i below = _mm256_cmpgt_epi32(_mm256_set1_epi32(0x38800000), a);
   const __m256i r = _mm256_blendv_epi8(carry_round8(u, noise, 0x1FFFu), small, below);
   return _mm256_castsi256_ps(_mm256_blendv_epi8(r, u, is_nan8(a)));
+}
+
+// remainder16, as the 16-lane forms above; 16-bit values in a __m128i.
+inline __m256 join_remainder8(__m128i param, __m128i remainder) {
+  return _mm256_castsi256_ps(
+      _mm256_add_epi32(_mm256_slli_epi32(_mm256_cvtepu16_epi32(param), 16), _mm256_cvtepi16_epi32(remainder)));
+}
+inline void split_remainder8(__m256 master, __m128i& param, __m128i& remainder) {
+  const __m256i u = _mm256_castps_si256(master);
+  const __m256i nan = is_nan8(_mm256_and_si256(u, _mm256_set1_epi32(0x7FFFFFFF)));
+  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x8000)), 16);
+  const __m256i p = _mm256_blendv_epi8(rounded, _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x0040)), nan);
+  const __m256i r = _mm256_andnot_si256(nan, _mm256_sub_epi32(u, _mm256_slli_epi32(p, 16)));
+  // Both fit their 16 bits (p unsigned, r signed): the saturating packs are exact; they pack per
+  // 128-bit lane, hence the qword permute.
+  param = _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(p, p), _MM_SHUFFLE(3, 1, 2, 0)));
+  remainder = _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packs_epi32(r, r), _MM_SHUFFLE(3, 1, 2, 0)));
 }
 
 MPOPT_TARGET_END

@@ -31,28 +31,37 @@ MPOPT_HOST_DEVICE typename L::vec state_to_store(typename L::vec x, std::uint32_
   else return x;
 }
 
-/// The masters of a vector, joined from the bf16 parameters and their remainders.
+/// The masters of a vector, joined from the bf16 parameters and their remainders: in L's own
+/// instructions where it has them (the host's SIMD lanes), else lane by lane.
 template <class L, class Tail>
 MPOPT_HOST_DEVICE typename L::vec join_masters(const bfloat16* param, const std::int16_t* remainder, Tail tail) {
-  alignas(64) float v[L::width];
-  const std::uint32_t lanes = L::bits_of(tail);
-  for (std::size_t j = 0; j < L::width; ++j)
-    v[j] = (lanes >> j) & 1u ? join_master(param[j].bits, remainder[j]) : 0.0f;
-  return L::load(v, full_t{});
+  if constexpr (requires { L::join_remainders(param, remainder, tail); }) {
+    return L::join_remainders(param, remainder, tail);
+  } else {
+    alignas(64) float v[L::width];
+    const std::uint32_t lanes = L::bits_of(tail);
+    for (std::size_t j = 0; j < L::width; ++j)
+      v[j] = (lanes >> j) & 1u ? join_master(param[j].bits, remainder[j]) : 0.0f;
+    return L::load(v, full_t{});
+  }
 }
 
 /// The masters of a vector split into the bf16 parameters and their remainders.
 template <class L, class Tail>
 MPOPT_HOST_DEVICE void split_masters(typename L::vec master, bfloat16* param, std::int16_t* remainder, Tail tail) {
-  alignas(64) float v[L::width];
-  L::store(v, master, full_t{});
-  const std::uint32_t lanes = L::bits_of(tail);
-  for (std::size_t j = 0; j < L::width; ++j)
-    if ((lanes >> j) & 1u) {
-      const remainder_split s = split_master(v[j]);
-      param[j] = bfloat16::from_bits(s.param);
-      remainder[j] = s.remainder;
-    }
+  if constexpr (requires { L::split_remainders(master, param, remainder, tail); }) {
+    L::split_remainders(master, param, remainder, tail);
+  } else {
+    alignas(64) float v[L::width];
+    L::store(v, master, full_t{});
+    const std::uint32_t lanes = L::bits_of(tail);
+    for (std::size_t j = 0; j < L::width; ++j)
+      if ((lanes >> j) & 1u) {
+        const remainder_split s = split_master(v[j]);
+        param[j] = bfloat16::from_bits(s.param);
+        remainder[j] = s.remainder;
+      }
+  }
 }
 
 }  // namespace mpopt::detail
