@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# mpopt as its users consume it, each building and running examples/quickstart.cpp: installed, found
-# (1) with pkg-config, (2) with CMake's find_package, (3) as an installed Meson dependency; and
-# (4) as a Meson subproject, whose tests, examples and benchmarks stay off; (5) with CMake's
-# add_subdirectory. A zero2 optimizer over MPI builds and runs on 2 ranks through mpopt::mpi, found
-# (2) as a COMPONENT of the installed package and (6) with FetchContent. Also: the package carries
-# LICENSE, below C++20 the headers stop with a clear #error, and mpopt::version matches the package's
-# version.
+# mpopt as its users consume it, each building and running a program: installed, found (1) with
+# pkg-config (examples/quickstart.cpp), (2) with CMake's find_package, (3) as an installed Meson
+# dependency; and (4) as a Meson subproject, whose tests, examples and benchmarks stay off; (5) with
+# CMake's add_subdirectory. 2-5 build app.cpp (below: one optimizer's step, half quickstart's compile
+# time; what they check is the package's flags). A zero2 optimizer over MPI builds and runs on 2 ranks
+# through mpopt::mpi, found (2) as a COMPONENT of the installed package and (6) with FetchContent.
+# Also: the package carries LICENSE, below C++20 the headers stop with a clear #error, and
+# mpopt::version matches the package's version.
 set -euo pipefail
 src=$1
 build=$2
@@ -25,10 +26,27 @@ prefix=$(dirname "$(dirname "$(dirname "$(dirname "$config")")")")  # <prefix>/l
 [ -d "$prefix/include/mpopt" ] || prefix=$(dirname "$prefix")
 export PKG_CONFIG_PATH=$(dirname "$pc") PKG_CONFIG_SYSROOT_DIR="$work/root"
 
-# What each consumer prints last must be quickstart's (the check that it ran). Each builds without
-# optimization: what is checked is that the package's flags find and link everything, which no
-# optimization level changes, and the compiler's time is most of this test's.
+# Each consumer shows what its program printed last (a program that fails fails the test). Each builds
+# without optimization: what is checked is that the package's flags find and link everything, which
+# no optimization level changes, and the compiler's time is most of this test's.
 run() { (cd "$work" && "$1" | tail -2); }
+
+# One replicated optimizer that steps: what consumers 2-5 build.
+cat > "$work/app.cpp" <<'CPP'
+#include <mpopt/adam.hpp>
+#include <mpopt/optimizer.hpp>
+
+#include <cstdio>
+#include <vector>
+
+int main() {
+  mpopt::optimizer<mpopt::fp32, mpopt::no_scaling, mpopt::replicated, mpopt::adam> opt;
+  std::vector<float> w(100, 1.0f), g(100, 0.5f);
+  opt.add_group({.lr = 0.1}).add(w, g, "w");
+  opt.step();
+  std::printf("app: one step, w[0] %g\n", w[0]);
+}
+CPP
 
 # One ZeRO-2 optimizer over MPI that steps and saves, run on 2 ranks (where mpirun is).
 cat > "$work/zero2.cpp" <<'CPP'
@@ -78,20 +96,19 @@ run ./quickstart_pkgconfig
 
 echo "== 2. CMake find_package"
 mkdir -p "$work/cmake_app"
-cp "$src/examples/quickstart.cpp" "$work/cmake_app/"
-cp "$work/zero2.cpp" "$work/cmake_app/"
+cp "$work/app.cpp" "$work/zero2.cpp" "$work/cmake_app/"
 cat > "$work/cmake_app/CMakeLists.txt" <<CMAKE
 cmake_minimum_required(VERSION 3.16)
 project(app CXX)
 find_package(mpopt $version EXACT REQUIRED COMPONENTS mpi)
-add_executable(quickstart quickstart.cpp)
-target_link_libraries(quickstart PRIVATE mpopt::mpopt)
+add_executable(app app.cpp)
+target_link_libraries(app PRIVATE mpopt::mpopt)
 add_executable(zero2 zero2.cpp)
 target_link_libraries(zero2 PRIVATE mpopt::mpi)
 CMAKE
 cmake -S "$work/cmake_app" -B "$work/cmake_app/build" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE= >/dev/null
 cmake --build "$work/cmake_app/build" >/dev/null
-run ./cmake_app/build/quickstart
+run ./cmake_app/build/app
 run_ranks ./cmake_app/build/zero2
 # A part the package does not have stops find_package.
 mkdir -p "$work/cmake_bad"
@@ -108,44 +125,44 @@ grep -o "mpopt has no part 'tpu'[^)]*)" "$work/cmake_bad.log"
 
 echo "== 3. installed Meson dependency"
 mkdir -p "$work/meson_app"
-cp "$src/examples/quickstart.cpp" "$work/meson_app/"
+cp "$work/app.cpp" "$work/meson_app/"
 cat > "$work/meson_app/meson.build" <<MESON
 project('app', 'cpp', default_options : ['cpp_std=c++20'])
-executable('quickstart', 'quickstart.cpp', dependencies : dependency('mpopt', version : '$version'))
+executable('app', 'app.cpp', dependencies : dependency('mpopt', version : '$version'))
 MESON
 meson setup --buildtype=plain "$work/meson_app/build" "$work/meson_app" >/dev/null
 ninja -C "$work/meson_app/build" >/dev/null
-run ./meson_app/build/quickstart
+run ./meson_app/build/app
 
 echo "== 4. Meson subproject (no -Dmpopt: options: its own targets are off)"
 mkdir -p "$work/app/subprojects"
 ln -s "$src" "$work/app/subprojects/mpopt"
-cp "$src/examples/quickstart.cpp" "$work/app/"
+cp "$work/app.cpp" "$work/app/"
 cat > "$work/app/meson.build" <<'MESON'
 project('app', 'cpp', default_options : ['cpp_std=c++20'])
 mpopt_dep = dependency('mpopt', fallback : ['mpopt', 'mpopt_dep'])
-executable('quickstart', 'quickstart.cpp', dependencies : mpopt_dep)
+executable('app', 'app.cpp', dependencies : mpopt_dep)
 MESON
 env -u PKG_CONFIG_PATH -u PKG_CONFIG_SYSROOT_DIR meson setup --buildtype=plain "$work/app/build" "$work/app" --wrap-mode=forcefallback >/dev/null
 targets=$(ninja -C "$work/app/build" -t targets all | grep -c ': \(cpp_LINKER\|cuda_LINKER\)' || true)
 [ "$targets" -eq 1 ] || { echo "the subproject added $((targets - 1)) executables of its own"; exit 1; }
 ninja -C "$work/app/build" >/dev/null
-run ./app/build/quickstart
+run ./app/build/app
 
 echo "== 5. CMake add_subdirectory (the source tree; builds nothing of its own)"
 mkdir -p "$work/cmake_sub"
-cp "$src/examples/quickstart.cpp" "$work/cmake_sub/"
+cp "$work/app.cpp" "$work/cmake_sub/"
 cat > "$work/cmake_sub/CMakeLists.txt" <<CMAKE
 cmake_minimum_required(VERSION 3.16)
 project(app CXX)
 add_subdirectory("$src" mpopt)
-add_executable(quickstart quickstart.cpp)
-target_link_libraries(quickstart PRIVATE mpopt::mpopt)
+add_executable(app app.cpp)
+target_link_libraries(app PRIVATE mpopt::mpopt)
 CMAKE
 cmake -S "$work/cmake_sub" -B "$work/cmake_sub/build" -DCMAKE_BUILD_TYPE= >/dev/null
 cmake --build "$work/cmake_sub/build" >/dev/null
 only_app_objects "$work/cmake_sub/build" 1
-run ./cmake_sub/build/quickstart
+run ./cmake_sub/build/app
 
 echo "== 6. CMake FetchContent, mpopt::mpi"
 mkdir -p "$work/cmake_fetch"

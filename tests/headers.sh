@@ -5,7 +5,7 @@
 # compiler, with and without -march=native; every other public header with the first compiler.
 # The separately compiled mode (src.hpp): mpopt.hpp declares without defining, src.hpp includes every
 # .ipp file, and src_optimizers.hpp compiles with every compiler; header-only, two units that include
-# everything link (each definition there is inline).
+# everything link (each definition there is inline). MPOPT_X86_SIMD=0 keeps to the scalar lanes.
 set -u
 include_dir="$1"
 shift
@@ -61,6 +61,16 @@ echo "${#jobs[@]} header compilations checked with: $*"
 for f in $(cd "$include_dir/mpopt" && find . -name '*.ipp' | sed 's|^\./||' | sort); do
   grep -q "^#include \"$f\"" "$include_dir/mpopt/src.hpp" || { echo "FAIL: src.hpp does not include $f"; status=1; }
 done
+# MPOPT_X86_SIMD=0 keeps an optimized build to the scalar lanes (no vector entry point is declared);
+# any other value stops with a message.
+printf '#include <mpopt/host_passes.hpp>\n#ifdef MPOPT_TARGET_ENTRY\n#error vector lanes\n#endif\n' |
+  "$1" -std=c++20 -O2 -DMPOPT_X86_SIMD=0 -fsyntax-only -I"$include_dir" -x c++ - ||
+  { echo "FAIL: MPOPT_X86_SIMD=0 did not keep to the scalar lanes"; status=1; }
+echo '#include <mpopt/host_passes.hpp>' | "$1" -std=c++20 -O2 -DMPOPT_X86_SIMD=1 -fsyntax-only -I"$include_dir" -x c++ - 2>&1 |
+  grep -q 'MPOPT_X86_SIMD may be defined only as 0' ||
+  { echo "FAIL: MPOPT_X86_SIMD=1 compiled or stopped without its message"; status=1; }
+echo "MPOPT_X86_SIMD=0 keeps to the scalar lanes; =1 is refused"
+
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 unit='#include <mpopt/mpopt.hpp>

@@ -64,8 +64,13 @@
 // formulas' default-target copies are never called; g++ still notes once per file that they take
 // AVX vectors by value (-Wpsabi; only -Wno-psabi silences it). Their calls must be inlined (an AVX
 // function and a default one disagree on how a vector argument travels), which takes optimization:
-// unoptimized builds (-O0), like nvcc's host pass, keep to the scalar lanes.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__CUDACC__) && defined(__OPTIMIZE__)
+// unoptimized builds (-O0), like nvcc's host pass, keep to the scalar lanes. A program may define
+// MPOPT_X86_SIMD=0 in every unit to keep to them too: a sanitizer build compiles a fifth faster.
+#if defined(MPOPT_X86_SIMD)
+#if MPOPT_X86_SIMD
+#error "mpopt: MPOPT_X86_SIMD may be defined only as 0 (the scalar lanes alone)"
+#endif
+#elif defined(__x86_64__) && defined(__GNUC__) && !defined(__CUDACC__) && defined(__OPTIMIZE__)
 #define MPOPT_X86_SIMD 1
 #define MPOPT_ISA_AVX2 "avx2,fma,f16c"
 #define MPOPT_ISA_AVX512 "avx2,fma,f16c,avx512f,avx512bw"
