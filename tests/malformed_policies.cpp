@@ -93,6 +93,10 @@ struct state_not_a_name : trust_sgd {
 struct initial_state_without_options : mpopt::adam {
   static float initial_state(EITHER(std::size_t, const options&, std::size_t)) { return 0.1f; }
 };
+/// One flag for Adam's two state buffers.
+struct nonnegative_state_too_short : mpopt::adam {
+  static constexpr std::array<bool, EITHER(1, 2)> nonnegative_state = {};
+};
 struct direction_alone : mpopt::adam {
   template <class E>
   static void EITHER(direction, direction_of_mine)(const scalars&, E&) {}
@@ -251,6 +255,7 @@ static_assert(sizeof(optimizer<mpopt::fp16, mpopt::dynamic_scale, scale_returns_
 static_assert(sizeof(optimizer<mpopt::fp16, mpopt::dynamic_scale, direction_without_scalars>));  // expect: the rule's member `direction` must be
 static_assert(sizeof(optimizer<mpopt::fp16, mpopt::dynamic_scale, state_not_a_name>));  // expect: the rule's member `tensor_state` must be
 static_assert(sizeof(optimizer<mpopt::fp16, mpopt::dynamic_scale, initial_state_without_options>));  // expect: the rule's member `initial_state` must be
+static_assert(sizeof(optimizer<mpopt::fp16, mpopt::dynamic_scale, nonnegative_state_too_short>));  // expect: the rule's member `nonnegative_state` must be
 static_assert(sizeof(optimizer<mpopt::fp16, mpopt::dynamic_scale, direction_alone>));  // expect: declares all three of `direction`, `tensor_scale` and `tensor_state`
 static_assert(sizeof(optimizer<mpopt::fp16, mpopt::dynamic_scale, driver_not_a_template>));  // expect: the rule's member `driver` must be
 static_assert(sizeof(optimizer<mpopt::fp16, mpopt::dynamic_scale, sums_gradient_function>));  // expect: the driver's member `sums_gradient` must be

@@ -653,6 +653,19 @@ TEST_SUITE("mpi") {
                                     [](int, auto&, const auto&, const auto&) {});
   }
 
+  template <class State, class Partition>
+  struct quantized_on {
+    using precision = mpopt::with_state<mpopt::bf16, State, mpopt::remainder16>;
+    using partition = Partition;
+  };
+  TEST_CASE_TEMPLATE("state quantized in blocks (8-bit, 4-bit, fp8) gives one process's bits on any number of ranks: "
+                     "no block crosses a shard", Q, quantized_on<mpopt::blockwise8_state, mpopt::zero1>,
+                     quantized_on<mpopt::blockwise4_state, mpopt::zero2>, quantized_on<mpopt::fp8_state, mpopt::replicated>) {
+    const mpopt::optimizer_options o{.clip_grad = 0, .combine = mpopt::accumulation::sum, .bucket_elements = 3000};
+    step_as_one_process<typename Q::precision, typename Q::partition>(
+        o, {{{"a", 5000}, {"b", 1}, {"c", 77}}, {{"d", 70001}, {"e", 3}}}, 8, [](int, auto&, const auto&, const auto&) {});
+  }
+
   TEST_CASE_TEMPLATE("with nothing to know before the update the norm comes from the update pass, agreed across "
                      "ranks after it: one process's bits, under every partition", P,
                      mpopt::zero1, mpopt::zero2, mpopt::replicated) {

@@ -34,6 +34,7 @@ struct adam {
 
   static constexpr std::string_view name = "adam";
   static constexpr std::array<std::string_view, 2> state = {"exp_avg", "exp_avg_sq"};
+  static constexpr std::array<bool, 2> nonnegative_state = {false, true};
   using scalars = detail::adam_coefficients;
 
   /// Scalars of step t (1-based: the t-th applied step of the group).

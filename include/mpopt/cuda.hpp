@@ -124,7 +124,7 @@ MPOPT_HOST_DEVICE device_sums chunk_share(const Pass& pass, std::size_t ci, unsi
   const auto s = pass.at(ci);
   const unsigned n = unsigned(pass.size(ci));
   device_sums sums;
-  if constexpr (requires { Pass::granule; }) {
+  if constexpr (granule_of<Pass>() > 0) {
     constexpr unsigned G = Pass::granule;
     for (unsigned g = t * G; g < n; g += T * G) pass.template apply_granule<L>(s, g, n - g < G ? n - g : G, sums);
   } else {

@@ -35,7 +35,7 @@ void run_host_chunk(const Pass& pass, std::size_t ci) {
   const auto s = pass.at(ci);
   const std::size_t n = pass.size(ci);
   host_sums<L> sums;
-  if constexpr (requires { Pass::granule; }) {
+  if constexpr (granule_of<Pass>() > 0) {
     for (std::size_t g = 0; g < n; g += Pass::granule)
       pass.template apply_granule<L>(s, g, std::min(Pass::granule, n - g), sums);
   } else {

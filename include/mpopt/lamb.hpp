@@ -52,6 +52,7 @@ struct lamb {
 
   static constexpr std::string_view name = "lamb";
   static constexpr std::array<std::string_view, 2> state = {"exp_avg", "exp_avg_sq"};
+  static constexpr std::array<bool, 2> nonnegative_state = {false, true};
   /// The trust ratio of each tensor's last applied step (DeepSpeed's get_lamb_coeffs()).
   static constexpr std::string_view tensor_state = "lamb_coeffs";
   using scalars = detail::lamb_coefficients;

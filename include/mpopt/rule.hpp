@@ -127,6 +127,21 @@ template <class R>
 concept rule_initial_state = requires(const typename R::options& o) {
   { R::initial_state(o, std::size_t{0}) } -> std::same_as<float>;
 };
+/// Which state buffers never hold a negative value (Adam's exp_avg_sq): `static constexpr
+/// std::array<bool, N> nonnegative_state`, N the number of buffers. Quantized state stores those with
+/// an unsigned map (state_precision.hpp), twice as fine; without the member, every buffer is signed.
+template <class R>
+concept rule_nonnegative_state =
+    std::is_same_v<std::remove_cv_t<decltype(R::nonnegative_state)>, std::array<bool, R::state.size()>>;
+
+/// Bit k: state buffer k of rule R is non-negative (rule_nonnegative_state).
+template <class R>
+constexpr std::uint32_t nonnegative_state_bits() {
+  std::uint32_t bits = 0;
+  if constexpr (rule_nonnegative_state<R>)
+    for (std::size_t k = 0; k < R::state.size(); ++k) bits |= std::uint32_t(R::nonnegative_state[k]) << k;
+  return bits;
+}
 }  // namespace detail
 
 /// A rule whose update needs per-tensor sums first (LAMB's ||w|| and ||u||): `direction` runs over

@@ -6,6 +6,8 @@
 
 #include "version.hpp"  // first: C++20, or a clear error
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -35,6 +37,36 @@ struct bf16_state {
       std::is_same_v<Rounding, round_to_nearest> ? std::string_view("bf16") : std::string_view("bf16_stochastic");
 };
 
+namespace detail {
+/// What the quantized storages share: `bits`-bit codes in bytes, and a scale per `block` elements.
+template <int Bits, std::size_t Block>
+struct block_codes {
+  using element = std::uint8_t;
+  static constexpr int bits = Bits;
+  static constexpr std::size_t block = Block;
+};
+}  // namespace detail
+
+/// The rule's state quantized in blocks (detail/math/blockwise_quantization.hpp): per block of
+/// `block` elements one fp32 scale, per element a code of `bits` bits (two 4-bit codes a byte). A
+/// buffer the rule declares non-negative (its `nonnegative_state`) takes the unsigned map. Blocks
+/// start at each tensor's start and never cross a chunk or a ZeRO shard, so every partition gives
+/// the same bits.
+/// - blockwise8_state: bitsandbytes' 8-bit blockwise Adam and torchao's AdamW8bit: the dynamic map
+///   (signed, or unsigned for non-negative state), blocks of 256.
+/// - blockwise4_state: torchao's AdamW4bit: the 4-bit signed dynamic map, and k/16 without 0 for
+///   non-negative state (no element of a non-zero block decodes to 0), blocks of 128.
+/// - fp8_state: torchao's AdamWFp8: fp8 E4M3 codes of x / s with s = max |x| / 448, blocks of 256.
+struct blockwise8_state : detail::block_codes<8, 256> {
+  static constexpr std::string_view name = "blockwise8";
+};
+struct blockwise4_state : detail::block_codes<4, 128> {
+  static constexpr std::string_view name = "blockwise4";
+};
+struct fp8_state : detail::block_codes<8, 256> {
+  static constexpr std::string_view name = "fp8";
+};
+
 /// The master in fp32, where the precision keeps one (the default).
 struct fp32_master {
   static constexpr std::string_view name = "fp32";
@@ -57,8 +89,11 @@ struct no_master {
 template <precision_policy Precision, class State = fp32_state, class Master = fp32_master>
 struct with_state : Precision {
   static_assert(std::is_same_v<State, fp32_state> || std::is_same_v<State, bf16_state<round_to_nearest>> ||
-                    std::is_same_v<State, bf16_state<stochastic_rounding>>,
-                "with_state's State is mpopt::fp32_state or mpopt::bf16_state<Rounding>");
+                    std::is_same_v<State, bf16_state<stochastic_rounding>> ||
+                    std::is_same_v<State, blockwise8_state> || std::is_same_v<State, blockwise4_state> ||
+                    std::is_same_v<State, fp8_state>,
+                "with_state's State is mpopt::fp32_state, mpopt::bf16_state<Rounding>, mpopt::blockwise8_state, "
+                "mpopt::blockwise4_state or mpopt::fp8_state");
   static_assert(std::is_same_v<Master, fp32_master> || std::is_same_v<Master, remainder16> ||
                     std::is_same_v<Master, no_master>,
                 "with_state's Master is mpopt::fp32_master, mpopt::remainder16 or mpopt::no_master");
@@ -92,6 +127,12 @@ std::false_type with_state_base(const void*);
 /// Whether P is a with_state (or derives from one): the one way to choose a storage.
 template <class P>
 inline constexpr bool built_with_state = decltype(with_state_base(static_cast<const P*>(nullptr)))::value;
+}  // namespace detail
+
+namespace detail {
+/// Whether state storage S is quantized in blocks (S::block elements share a scale).
+template <class S>
+concept quantized_in_blocks = requires { S::block; };
 }  // namespace detail
 
 /// How P stores the rule's state and the master: its with_state choices, else fp32.

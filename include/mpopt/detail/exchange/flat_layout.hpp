@@ -1,6 +1,6 @@
 // mpopt — where every element lives. Each group's tensors lie end to end in one flat space (each
-// start 64-byte aligned), padded so that it splits into `parts` equal shards whose starts are 64-byte
-// aligned too; the groups' spaces follow each other. A group's shards are those of its data-parallel
+// start at a multiple of `align` elements: 16, 64 bytes of fp32, or a quantized state's block),
+// padded so that it splits into `parts` equal shards whose starts are such multiples too; the groups' spaces follow each other. A group's shards are those of its data-parallel
 // communicator (the optimizer's, or an expert group's own: shard_plan). A sharded rank keeps state
 // for its shard of every group, back to back; a replicated rank keeps all of it, in flat order.
 // Either way, work is cut at the shard boundaries, so that partial sums are formed, and combined in
@@ -53,13 +53,15 @@ MPOPT_DECL std::size_t heap_bytes(const std::vector<bucket>& buckets);
 
 class flat_layout {
  public:
-  static constexpr std::size_t align = 16;  // floats per 64 bytes
+  /// Elements per 64 bytes of fp32: where tensors and shards start unless told otherwise.
+  static constexpr std::size_t default_align = 16;
 
   /// tensor_groups[t] is the group of tensor t (ascending), tensor_sizes[t] its elements; plans[g]
   /// how group g splits. `summed`: the ranks' partial sums of squares (of counted groups) add up to
-  /// the global ones (sharded, or groups replicated over different communicators).
+  /// the global ones (sharded, or groups replicated over different communicators). Tensors and
+  /// shards start at multiples of `align` elements (a multiple of 16).
   MPOPT_DECL flat_layout(const std::vector<std::uint32_t>& tensor_groups, const std::vector<std::size_t>& tensor_sizes,
-                         std::vector<shard_plan> plans, bool sharded, bool summed);
+                         std::vector<shard_plan> plans, bool sharded, bool summed, std::size_t align = default_align);
   /// Every group split alike: `parts` shards, this rank's `part`, shard s held by shard_ranks[s].
   flat_layout(const std::vector<std::uint32_t>& tensor_groups, const std::vector<std::size_t>& tensor_sizes,
               std::size_t groups, int parts, int part, bool sharded, std::vector<std::size_t> shard_ranks = {})

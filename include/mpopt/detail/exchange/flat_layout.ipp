@@ -18,7 +18,7 @@ MPOPT_DECL std::size_t heap_bytes(const std::vector<bucket>& buckets) {
 
 MPOPT_DECL flat_layout::flat_layout(const std::vector<std::uint32_t>& tensor_groups,
                                     const std::vector<std::size_t>& tensor_sizes, std::vector<shard_plan> plans,
-                                    bool sharded, bool summed)
+                                    bool sharded, bool summed, std::size_t align)
     : sharded_(sharded), summed_(summed) {
   std::size_t flat = 0, local = 0;
   const std::size_t groups = plans.size();

@@ -21,9 +21,10 @@ MPOPT_DECL shard_plan sharded_plan(std::vector<std::size_t> rank_of, std::size_t
 /// communicator (c.comm_of(g)). Replicated: every element mine; with sum_by_shard the work is still
 /// cut at the would-be shards; where groups are replicated over different ranks (expert groups) the
 /// global norm is a sum over every rank, in which the first replica of each element counts it.
+/// Tensors and shards start at multiples of `align` elements (flat_layout).
 template <class Layout, class Context>
 flat_layout lay_out(std::string_view partition, const std::vector<std::uint32_t>& tensor_groups,
-                    const std::vector<std::size_t>& sizes, std::size_t groups, const Context& c) {
+                    const std::vector<std::size_t>& sizes, std::size_t groups, const Context& c, std::size_t align) {
   std::vector<shard_plan> plans;
   if constexpr (Layout::sharded) {
     for (std::size_t g = 0; g < groups; ++g) {
@@ -33,14 +34,14 @@ flat_layout lay_out(std::string_view partition, const std::vector<std::uint32_t>
       for (std::size_t s = 0; s < world; ++s) rank_of.push_back(std::size_t(Layout::owner(s, world)));
       plans.push_back(sharded_plan(std::move(rank_of), std::size_t(comm.rank()), partition));
     }
-    return flat_layout(tensor_groups, sizes, std::move(plans), true, true);
+    return flat_layout(tensor_groups, sizes, std::move(plans), true, true, align);
   } else {
     const bool summed = c.comm.size() > 1 && c.has_expert_groups();
     for (std::size_t g = 0; g < groups; ++g) {
       const auto& comm = c.comm_of(g);
       plans.push_back({c.options.sum_by_shard ? std::size_t(comm.size()) : 1, 0, {}, !summed || comm.rank() == 0});
     }
-    return flat_layout(tensor_groups, sizes, std::move(plans), false, summed);
+    return flat_layout(tensor_groups, sizes, std::move(plans), false, summed, align);
   }
 }
 

@@ -20,6 +20,7 @@
 #include "../lanes/float_bits.hpp"
 #include "../lanes/lanes.hpp"
 #include "../math/sign_compression.hpp"
+#include "block_state.hpp"
 #include "step_data.hpp"
 #include "stored_state.hpp"
 #include "work_list.hpp"
@@ -70,9 +71,10 @@ MPOPT_HOST_DEVICE void vstore(padded<T> p, typename L::vec x, Tail tail) {
   L::store(p.p, x, tail);
 }
 
-/// One chunk's pointers, already offset to its first element.
+/// One chunk's pointers, already offset to its first element (quantized state: its first code and
+/// its first block's scale).
 template <class P>
-struct chunk_slice {
+struct chunk_slice : block_scales<P> {
   using precision = P;
   typename P::param_type* param;
   typename P::grad_type* grad;
@@ -97,7 +99,16 @@ MPOPT_HOST_DEVICE chunk_slice<P> slice_of(const step_data<P>& d, const chunk& c)
   s.grad = t.grad + c.begin;
   if constexpr (P::has_master) s.master = at(d.master);
   else s.master = t.param + c.begin;
-  for (std::size_t k = 0; k < max_state_buffers; ++k) s.state[k] = at(d.state[k]);
+  if constexpr (state_in_blocks<P>) {
+    using S = state_storage_t<P>;
+    for (std::size_t k = 0; k < max_state_buffers; ++k) {
+      s.state[k] = {d.state[k] ? d.state[k] + code_bytes<S>(o) : nullptr};
+      s.block_scales[k] = d.block_scales[k] ? d.block_scales[k] + o / S::block : nullptr;
+    }
+    s.nonnegative = d.nonnegative;
+  } else {
+    for (std::size_t k = 0; k < max_state_buffers; ++k) s.state[k] = at(d.state[k]);
+  }
   s.accum = at(d.accum);
   s.reduced = d.grads_reduced;
   s.n = c.size;
@@ -159,17 +170,39 @@ struct coefficient_slice : chunk_slice<P> {
 };
 
 /// The state's start: masters from the parameters, each state buffer k at initial[g * state_count + k]
-/// in group g (zero where `initial` is null).
+/// in group g (zero where `initial` is null); quantized state a block at a time.
 template <class P>
 struct initialize_pass : tensor_pass<P> {
+  static constexpr std::size_t granule = state_granule<P>();
   const float* initial;
   template <class L, class S, class Tail, class R>
   MPOPT_HOST_DEVICE void apply(const S& s, std::size_t i, Tail tail, R&) const {
+    master_from_param<L>(s, i, tail);
+    const std::uint32_t n = this->d.state_count;
+    for (std::uint32_t k = 0; k < n; ++k) vstore<L>(s.state[k] + i, typename L::vec(start(s, k)), tail);
+  }
+  template <class L, class S, class R>
+  MPOPT_HOST_DEVICE void apply_granule(const S& s, std::size_t g, std::size_t count, R&) const {
+    using St = state_storage_t<P>;
+    std::size_t j = 0;
+    for (; j + L::width <= count; j += L::width) master_from_param<L>(s, g + j, full_t{});
+    if constexpr (L::width > 1)
+      if (j < count) master_from_param<L>(s, g + j, L::first(count - j));
+    alignas(64) float values[St::block];
+    for (std::uint32_t k = 0; k < this->d.state_count; ++k) {
+      for (j = 0; j < count; ++j) values[j] = start(s, k);
+      quantize_block<St>(values, count, (s.nonnegative >> k) & 1u, s.state[k].p + code_bytes<St>(g),
+                         s.block_scales[k] + g / St::block);
+    }
+  }
+  template <class S>
+  MPOPT_HOST_DEVICE float start(const S& s, std::uint32_t k) const {
+    return initial ? initial[s.group * this->d.state_count + k] : 0.0f;
+  }
+  template <class L, class S, class Tail>
+  MPOPT_HOST_DEVICE void master_from_param(const S& s, std::size_t i, Tail tail) const {
     if constexpr (master_in_remainder<P>) split_masters<L>(vload<L>(s.param + i, tail), s.param + i, s.master.p + i, tail);
     else if constexpr (P::has_master) vstore<L>(s.master + i, vload<L>(s.param + i, tail), tail);
-    const std::uint32_t n = this->d.state_count;
-    for (std::uint32_t k = 0; k < n; ++k)
-      vstore<L>(s.state[k] + i, typename L::vec(initial ? initial[s.group * n + k] : 0.0f), tail);
   }
 };
 
@@ -242,6 +275,33 @@ struct element {
   MPOPT_HOST_DEVICE float tensor_scale() const { return s.tensor_scale; }
 };
 
+/// The element view over quantized state (state_precision.hpp): vector j of the block at chunk
+/// offset i - j. It reads each buffer decoded from the block's codes and scale, or as this stage
+/// wrote it; what it writes stays in fp32 (`block`) until the whole block is quantized.
+template <class L, class S, class Tail, class R, class Block>
+struct block_element : element<L, S, Tail, R> {
+  using vec = typename L::vec;
+  using storage = state_storage_t<typename S::precision>;
+  Block& block;
+  std::size_t j;
+  MPOPT_HOST_DEVICE vec state(std::size_t k) const {
+    if (j < block.written[k]) return L::load(block.values[k] + j, this->tail);
+    const std::size_t i = this->i;
+    const float scale = this->s.block_scales[k][(i - j) / storage::block];
+    const bool nonnegative = (this->s.nonnegative >> k) & 1u;
+    const std::uint32_t lanes = L::bits_of(this->tail);
+    alignas(64) float v[L::width];
+    for (std::size_t t = 0; t < L::width; ++t)
+      v[t] = (lanes >> t) & 1u ? decode_state<storage>(code_at<storage>(this->s.state[k].p, i + t), scale, nonnegative)
+                               : 0.0f;
+    return L::load(v, full_t{});
+  }
+  MPOPT_HOST_DEVICE void set_state(std::size_t k, vec x) const {
+    L::store(block.values[k] + j, x, this->tail);
+    block.written[k] = j + L::width;
+  }
+};
+
 /// Which of a rule's stages a pass runs: `update`, or `direction` before a reduction (feeding the
 /// per-chunk sums of squares, square and square2).
 struct update_stage {
@@ -270,6 +330,7 @@ struct rule_slice : coefficient_slice<P, K> {
 /// the vector it loads anyway, so the status's norm costs no pass of its own.
 template <class P, class Rule, class Stage>
 struct rule_pass : coefficient_pass<P, typename Rule::scalars> {
+  static constexpr std::size_t granule = state_granule<P>();
   using slice = rule_slice<P, typename Rule::scalars>;
   const float* tensor_scale = nullptr;
   bool sums_gradient = false;
@@ -281,6 +342,27 @@ struct rule_pass : coefficient_pass<P, typename Rule::scalars> {
   MPOPT_HOST_DEVICE void apply(const slice& s, std::size_t i, Tail tail, R& r) const {
     element<L, slice, Tail, R> e{s, i, tail, r};
     if (sums_gradient) r.square64(i, e.grad(), tail);
+    Stage::template run<Rule>(s.c, e);
+  }
+  /// Over quantized state: the block at chunk offset g (count elements), vector by vector, then each
+  /// buffer the stage wrote quantized.
+  template <class L, class R>
+  MPOPT_HOST_DEVICE void apply_granule(const slice& s, std::size_t g, std::size_t count, R& r) const {
+    using St = state_storage_t<P>;
+    written_block<St, Rule::state.size()> block;
+    std::size_t j = 0;
+    for (; j + L::width <= count; j += L::width) apply_in_block<L>(s, block, g, j, full_t{}, r);
+    if constexpr (L::width > 1)
+      if (j < count) apply_in_block<L>(s, block, g, j, L::first(count - j), r);
+    for (std::size_t k = 0; k < Rule::state.size(); ++k)
+      if (block.written[k])
+        quantize_block<St>(block.values[k], count, (s.nonnegative >> k) & 1u, s.state[k].p + code_bytes<St>(g),
+                           s.block_scales[k] + g / St::block);
+  }
+  template <class L, class Block, class Tail, class R>
+  MPOPT_HOST_DEVICE void apply_in_block(const slice& s, Block& block, std::size_t g, std::size_t j, Tail tail, R& r) const {
+    block_element<L, slice, Tail, R, Block> e{{s, g + j, tail, r}, block, j};
+    if (sums_gradient) r.square64(g + j, e.grad(), tail);
     Stage::template run<Rule>(s.c, e);
   }
 };

@@ -14,7 +14,7 @@ namespace mpopt::detail {
 /// The most state buffers a rule keeps per element (mpopt::max_rule_state).
 inline constexpr std::size_t max_state_buffers = 4;
 
-/// The element type of P's state buffers: float or bfloat16.
+/// The element type of P's state buffers: float, bfloat16, or the bytes of quantized codes.
 template <class P>
 using state_element_t = typename state_storage_t<P>::element;
 
@@ -26,10 +26,49 @@ inline constexpr bool master_in_remainder = P::has_master && std::is_same_v<mast
 template <class P>
 using master_element_t = std::conditional_t<master_in_remainder<P>, std::int16_t, float>;
 
+/// Whether P's state is quantized in blocks.
+template <class P>
+inline constexpr bool state_in_blocks = quantized_in_blocks<state_storage_t<P>>;
+
+/// The bits state storage S keeps an element, and its block (0: not quantized in blocks).
+template <class S>
+constexpr std::size_t stored_bits() {
+  if constexpr (quantized_in_blocks<S>) return S::bits;
+  else return 8 * sizeof(typename S::element);
+}
+template <class S>
+constexpr std::size_t stored_block() {
+  if constexpr (quantized_in_blocks<S>) return S::block;
+  else return 0;
+}
+
+/// Where P's layout starts tensors and shards: multiples of 16 elements (64 bytes of fp32), and of
+/// a block where the state is quantized, so that no block crosses a tensor or a shard.
+template <class P>
+constexpr std::size_t state_alignment() {
+  if constexpr (state_in_blocks<P>) {
+    static_assert(state_storage_t<P>::block % 16 == 0);
+    return state_storage_t<P>::block;
+  } else {
+    return 16;
+  }
+}
+
 /// Whether P's state and master are both stored in fp32: what the compressing rules require.
 template <class P>
 inline constexpr bool stored_in_fp32 =
     std::is_same_v<state_storage_t<P>, fp32_state> && std::is_same_v<master_storage_t<P>, fp32_master>;
+
+/// Where quantized state (state_precision.hpp) keeps each buffer's block scales, and which buffers
+/// are non-negative (their map the unsigned one): members of step_data and of a chunk's slice, empty
+/// for other storages.
+template <class P, bool = quantized_in_blocks<state_storage_t<P>>>
+struct block_scales {};
+template <class P>
+struct block_scales<P, true> {
+  float* block_scales[max_state_buffers] = {};
+  std::uint32_t nonnegative = 0;  ///< bit k: buffer k
+};
 
 template <class Param, class Grad>
 struct tensor_slot {
@@ -45,7 +84,7 @@ struct tensor_slot {
 /// have been reduced across ranks into accum (grads_reduced). The scale is grad_scale in the
 /// overflow-and-norm pass and the decision's grad_scale in the update passes.
 template <class Precision>
-struct step_data {
+struct step_data : block_scales<Precision> {
   using param_type = typename Precision::param_type;
   using grad_type = typename Precision::grad_type;
   using accumulate_type = typename Precision::accumulate_type;

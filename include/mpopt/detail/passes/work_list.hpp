@@ -24,6 +24,14 @@ struct chunk {
   std::size_t state;     ///< index of element `begin` in the buffer the list addresses
 };
 
+/// The elements a pass takes at once in its apply_granule (compressed signs: 16; quantized state: a
+/// block), or 0 where it takes a vector at a time in its apply.
+template <class Pass>
+constexpr MPOPT_HOST_DEVICE std::size_t granule_of() {
+  if constexpr (requires { Pass::granule; }) return Pass::granule;
+  else return 0;
+}
+
 class work_list {
  public:
   /// Adds elements [first, last) of a tensor, element `first` at index `state` of the addressed

@@ -23,14 +23,19 @@ MPOPT_DECL void list_user_tensors(mpopt::memory_report& r, std::size_t param_byt
 
 MPOPT_DECL void list_state(mpopt::memory_report& r, std::size_t elements, bool has_master, bool remainders,
                            std::span<const std::string_view> names, std::string_view rule, std::string_view state,
-                           std::size_t state_bytes) {
+                           std::size_t state_bits, std::size_t block) {
   if (remainders)
     r.buffers.push_back({"master remainder", "the low 16 bits of the fp32 master weights (remainder16)", elements * 2, true});
   else if (has_master)
     r.buffers.push_back({"master", "fp32 master weights", elements * 4, true});
-  for (const std::string_view name : names)
-    r.buffers.push_back({std::string(name), std::string(rule) + " state (" + std::string(state) + ")",
-                         elements * state_bytes, true});
+  const std::string of = std::string(rule) + " state (" + std::string(state) + ")";
+  for (const std::string_view name : names) {
+    r.buffers.push_back({std::string(name), block ? of + ": " + std::to_string(state_bits) + "-bit codes" : of,
+                         (elements * state_bits + 7) / 8, true});
+    if (block)
+      r.buffers.push_back({std::string(name) + " scales", of + ": an fp32 scale per block of " + std::to_string(block),
+                           elements / block * 4, true});
+  }
 }
 
 MPOPT_DECL void list_workspaces(mpopt::memory_report& r, std::string_view purpose, std::size_t bytes,

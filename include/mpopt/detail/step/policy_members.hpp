@@ -39,6 +39,7 @@ MPOPT_DETAIL_MEMBER_PROBE(direction)
 MPOPT_DETAIL_MEMBER_PROBE(tensor_scale)
 MPOPT_DETAIL_MEMBER_PROBE(tensor_state)
 MPOPT_DETAIL_MEMBER_PROBE(initial_state)
+MPOPT_DETAIL_MEMBER_PROBE(nonnegative_state)
 MPOPT_DETAIL_MEMBER_PROBE(driver)
 MPOPT_DETAIL_MEMBER_PROBE(sums_gradient)
 MPOPT_DETAIL_MEMBER_PROBE(serves)
@@ -88,6 +89,9 @@ consteval bool rule_members_checked() {
   static_assert(!declares_initial_state<R> || rule_initial_state<R>,
                 "mpopt: the rule's member `initial_state` must be: "
                 "static float initial_state(const options& o, std::size_t k) (what state buffer k starts at)");
+  static_assert(!declares_nonnegative_state<R> || rule_nonnegative_state<R>,
+                "mpopt: the rule's member `nonnegative_state` must be: static constexpr std::array<bool, N> "
+                "nonnegative_state = {...}; one flag per state buffer (whether it never holds a negative value)");
   static_assert(declares_direction<R> == declares_tensor_scale<R> && declares_direction<R> == declares_tensor_state<R>,
                 "mpopt: a rule with a per-tensor reduction declares all three of `direction`, `tensor_scale` and "
                 "`tensor_state` (rule.hpp, reducing_rule); this one declares only some of them");

@@ -15,6 +15,8 @@
 #include "../config.hpp"
 #include "../math/remainder16.hpp"
 #include "../options/validate.hpp"
+#include "../../rule.hpp"
+#include "../passes/block_state.hpp"
 #include "../passes/step_data.hpp"
 
 namespace mpopt::detail {
@@ -63,10 +65,26 @@ auto master_values(const Pipeline& p, std::size_t i) {
   }
 }
 
-/// optimizer::moment: state buffer k of tensor i as fp32, of its owned elements.
+/// optimizer::moment: state buffer k of tensor i as fp32, of its owned elements (quantized state
+/// decoded from its codes and block scales).
 template <class Pipeline>
 auto moment_values(const Pipeline& p, std::size_t k, std::size_t i) {
-  return fp32_values<decltype(p.backend)::space>(p.backend, p.state.moment(k, i));
+  using P = typename Pipeline::precision;
+  constexpr auto space = decltype(p.backend)::space;
+  if constexpr (state_in_blocks<P>) {
+    using S = state_storage_t<P>;
+    const auto o = p.state.layout->owned(i);  // its state starts a block
+    const auto codes = host_copy<space>(p.backend, p.state.moment(k, i));
+    const auto scales = host_copy<space>(
+        p.backend, std::span<const float>(p.state.scales[k].data() + o.state / S::block, (o.count + S::block - 1) / S::block));
+    const bool nonnegative = (nonnegative_state_bits<typename Pipeline::rule>() >> k) & 1u;
+    std::vector<float> values(o.count);
+    for (std::size_t j = 0; j < values.size(); ++j)
+      values[j] = decode_state<S>(code_at<S>(codes.data(), j), scales[j / S::block], nonnegative);
+    return values;
+  } else {
+    return fp32_values<space>(p.backend, p.state.moment(k, i));
+  }
 }
 
 /// optimizer::set_exp_avg_mask, over the step pipeline p (step_pipeline.hpp): collective.

@@ -218,7 +218,8 @@ class step_pipeline {
       tensor_groups.push_back(t.group);
       sizes.push_back(t.size);
     }
-    state.allocate(lay_out<typename Partition::layout>(Partition::name, tensor_groups, sizes, groups().size(), context()),
+    state.allocate(lay_out<typename Partition::layout>(Partition::name, tensor_groups, sizes, groups().size(), context(),
+                                                       state_alignment<Precision>()),
                    std::move(table), groups().size());
     exchange.allocate(*state.layout, context());
     if (options.leave_param_gather_in_flight) progress.unwaited.reserve(state.tensors.size());

@@ -21,6 +21,8 @@
 #include "../comm/metered.hpp"
 #include "spike_guard.hpp"
 #include "step_counts.hpp"
+#include "../../rule.hpp"
+#include "../passes/block_state.hpp"
 #include "../passes/step_data.hpp"
 #include "../math/step_decision.hpp"
 #include "../options/validate.hpp"
@@ -63,6 +65,7 @@ struct step_state {
   std::size_t parameters = 0;                                  // elements of all tensors
   buffer<master_element_t<Precision>> master;  // fp32, or the remainders; empty where the parameter is the master
   std::array<buffer<state_element_t<Precision>>, state_count> moments;  // the rule's, in the order of UpdateRule::state
+  std::array<buffer<float>, state_count> scales;  // quantized state: each moment's block scales
   shared<float> chunk_sums;  // per chunk: the pass's sum, then (at work.size()) its sum2
   shared<std::uint8_t> chunk_nonfinite;
   shared<double> chunk_grad_sums;   // per chunk: the gradient's sum of squares (the norm pass's or the update's)
@@ -83,7 +86,13 @@ struct step_state {
     elements = layout->local_elements();
     parameters = layout->parameters();
     if constexpr (Precision::has_master) master = buffer<master_element_t<Precision>>(elements);
-    for (auto& b : moments) b = buffer<state_element_t<Precision>>(elements);
+    if constexpr (state_in_blocks<Precision>) {
+      using S = state_storage_t<Precision>;
+      for (auto& b : moments) b = buffer<std::uint8_t>::zeroed(code_bytes<S>(elements));
+      for (auto& b : scales) b = buffer<float>::zeroed(elements / S::block);
+    } else {
+      for (auto& b : moments) b = buffer<state_element_t<Precision>>(elements);
+    }
     chunk_sums.assign(2 * work.size(), 0.0f);
     chunk_nonfinite.assign(work.size(), 0);
     chunk_grad_sums.assign(work.size(), 0.0);
@@ -102,6 +111,10 @@ struct step_state {
     d.work = &work;
     d.master = master.data();
     for (std::size_t k = 0; k < state_count; ++k) d.state[k] = moments[k].data();
+    if constexpr (state_in_blocks<Precision>) {
+      for (std::size_t k = 0; k < state_count; ++k) d.block_scales[k] = scales[k].data();
+      d.nonnegative = nonnegative_state_bits<UpdateRule>();
+    }
     d.state_count = std::uint32_t(state_count);
     d.chunk_sum = chunk_sums.data();
     d.chunk_sum2 = chunk_sums.data() + work.size();
@@ -132,13 +145,18 @@ struct step_state {
     const auto o = layout->owned(i);
     return {tensor(i).param + o.first, o.count};
   }
-  /// State buffer k of tensor i as stored, of its owned elements.
+  /// State buffer k of tensor i as stored, of its owned elements (quantized: their codes).
   std::span<const state_element_t<Precision>> moment(std::size_t k, std::size_t i) const {
     if (k >= state_count)
       fail("moment ", k, ": ", UpdateRule::name, " keeps ",
            state_count ? "moments 0 to " + std::to_string(state_count - 1) : std::string("no moments"));
     const auto o = layout->owned(i);
-    return {moments[k].data() + o.state, o.count};
+    if constexpr (state_in_blocks<Precision>) {
+      using S = state_storage_t<Precision>;
+      return {moments[k].data() + code_bytes<S>(o.state), code_bytes<S>(o.count)};
+    } else {
+      return {moments[k].data() + o.state, o.count};
+    }
   }
 
   /// The bytes of the tables and sums above (the memory report's bookkeeping; the state apart).
