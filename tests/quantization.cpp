@@ -98,7 +98,7 @@ void check_block(const quantization_map<N>& m, std::span<const float> x) {
 TEST_CASE("the 8-bit dynamic maps are bitsandbytes' dynamic data type") {
   for (bool is_signed : {true, false}) {
     CAPTURE(is_signed);
-    const auto& m = is_signed ? mpopt::detail::signed_map8 : mpopt::detail::unsigned_map8;
+    const auto& m = is_signed ? mpopt::detail::map8<true> : mpopt::detail::map8<false>;
     const auto ref = reference_dynamic_map(is_signed, 8);
     REQUIRE(ref.size() == 256);
     for (std::size_t k = 0; k < 256; ++k) {
@@ -111,9 +111,9 @@ TEST_CASE("the 8-bit dynamic maps are bitsandbytes' dynamic data type") {
     CHECK(std::count_if(m.values.begin(), m.values.end(), [](float v) { return v < 0; }) == (is_signed ? 127 : 0));
   }
   // The smallest magnitudes: the first decade (10^-6) holds one mean (signed) or two (unsigned).
-  CHECK(within_one_ulp(mpopt::detail::signed_map8.values[128], 0.55e-6));
-  CHECK(within_one_ulp(mpopt::detail::unsigned_map8.values[1], 0.325e-6));
-  CHECK(within_one_ulp(mpopt::detail::signed_map8.values[0], -(0.1 + 0.9 * 63.5 / 64)));
+  CHECK(within_one_ulp(mpopt::detail::map8<true>.values[128], 0.55e-6));
+  CHECK(within_one_ulp(mpopt::detail::map8<false>.values[1], 0.325e-6));
+  CHECK(within_one_ulp(mpopt::detail::map8<true>.values[0], -(0.1 + 0.9 * 63.5 / 64)));
 }
 
 TEST_CASE("the 4-bit maps are torchao's: dynamic signed, and k/16 without 0") {
@@ -122,21 +122,21 @@ TEST_CASE("the 4-bit maps are torchao's: dynamic signed, and k/16 without 0") {
                               0.0055,  0.0325,  0.0775,  0.2125,  0.4375,  0.6625,  0.8875,  1};
   for (std::size_t k = 0; k < 16; ++k) {
     CAPTURE(k);
-    CHECK(within_one_ulp(mpopt::detail::signed_map4.values[k], signed4[k]));
-    CHECK(mpopt::detail::unsigned_map4.values[k] == float(k + 1) / 16);
+    CHECK(within_one_ulp(mpopt::detail::map4<true>.values[k], signed4[k]));
+    CHECK(mpopt::detail::map4<false>.values[k] == float(k + 1) / 16);
   }
   const auto ref = reference_dynamic_map(true, 4);
-  for (std::size_t k = 0; k < 16; ++k) CHECK(within_one_ulp(mpopt::detail::signed_map4.values[k], ref[k]));
+  for (std::size_t k = 0; k < 16; ++k) CHECK(within_one_ulp(mpopt::detail::map4<true>.values[k], ref[k]));
 }
 
 TEST_CASE("a code is the nearest map value, an exact tie taking the larger") {
-  check_codes(mpopt::detail::signed_map8);
-  check_codes(mpopt::detail::unsigned_map8);
-  check_codes(mpopt::detail::signed_map4);
-  check_codes(mpopt::detail::unsigned_map4);
+  check_codes(mpopt::detail::map8<true>);
+  check_codes(mpopt::detail::map8<false>);
+  check_codes(mpopt::detail::map4<true>);
+  check_codes(mpopt::detail::map4<false>);
   // An exact midpoint that is a float: 0.5 and 0.5625 are neighbours in the linear map; 0.53125 ties.
-  CHECK(mpopt::detail::nearest_code(mpopt::detail::unsigned_map4, 0.53125f) == 8);
-  CHECK(mpopt::detail::nearest_code(mpopt::detail::unsigned_map4, std::nextafter(0.53125f, 0.0f)) == 7);
+  CHECK(mpopt::detail::nearest_code(mpopt::detail::map4<false>, 0.53125f) == 8);
+  CHECK(mpopt::detail::nearest_code(mpopt::detail::map4<false>, std::nextafter(0.53125f, 0.0f)) == 7);
 }
 
 TEST_CASE("blocks: the scale is the largest magnitude, every element the nearest code") {
@@ -150,22 +150,22 @@ TEST_CASE("blocks: the scale is the largest magnitude, every element the nearest
     for (auto& e : x) e = normal(rng) * std::pow(10.0f, exponent(rng));
     std::vector<float> v(n);  // a second moment: never negative
     for (std::size_t i = 0; i < n; ++i) v[i] = x[i] * x[i];
-    check_block(mpopt::detail::signed_map8, x);
-    check_block(mpopt::detail::signed_map4, x);
-    check_block(mpopt::detail::unsigned_map8, v);
-    check_block(mpopt::detail::unsigned_map4, v);
+    check_block(mpopt::detail::map8<true>, x);
+    check_block(mpopt::detail::map4<true>, x);
+    check_block(mpopt::detail::map8<false>, v);
+    check_block(mpopt::detail::map4<false>, v);
   }
   // The element at the block's maximum decodes exactly; its negative to the signed map's least.
   const std::vector<float> x = {0.25f, -3.0f, 3.0f, 1e-7f};
   const float s = mpopt::detail::block_scale(x.data(), x.size());
-  const auto& m = mpopt::detail::signed_map8;
+  const auto& m = mpopt::detail::map8<true>;
   CHECK(mpopt::detail::decode(m, mpopt::detail::encode(m, 3.0f, s), s) == 3.0f);
   CHECK(mpopt::detail::decode(m, mpopt::detail::encode(m, -3.0f, s), s) == m.values[0] * 3.0f);
   // Subnormal blocks: the scale is subnormal, the quotients are not.
   const std::vector<float> tiny = {std::numeric_limits<float>::denorm_min() * 3, -std::numeric_limits<float>::min() / 4,
                                    std::numeric_limits<float>::min() / 8};
-  check_block(mpopt::detail::signed_map8, tiny);
-  check_block(mpopt::detail::signed_map4, tiny);
+  check_block(mpopt::detail::map8<true>, tiny);
+  check_block(mpopt::detail::map4<true>, tiny);
 }
 
 TEST_CASE("blocks: all zero decodes to zero; a NaN or an infinity makes the whole block NaN") {
@@ -173,9 +173,9 @@ TEST_CASE("blocks: all zero decodes to zero; a NaN or an infinity makes the whol
   const float s0 = mpopt::detail::block_scale(zeros.data(), zeros.size());
   CHECK(s0 == 0.0f);
   for (float e : zeros) {
-    CHECK(mpopt::detail::decode(mpopt::detail::signed_map8, mpopt::detail::encode(mpopt::detail::signed_map8, e, s0), s0) == 0.0f);
+    CHECK(mpopt::detail::decode(mpopt::detail::map8<true>, mpopt::detail::encode(mpopt::detail::map8<true>, e, s0), s0) == 0.0f);
     // The linear map has no 0: its least value times a zero scale.
-    CHECK(mpopt::detail::decode(mpopt::detail::unsigned_map4, mpopt::detail::encode(mpopt::detail::unsigned_map4, e, s0), s0) == 0.0f);
+    CHECK(mpopt::detail::decode(mpopt::detail::map4<false>, mpopt::detail::encode(mpopt::detail::map4<false>, e, s0), s0) == 0.0f);
   }
   for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
                     -std::numeric_limits<float>::infinity()}) {
@@ -184,7 +184,7 @@ TEST_CASE("blocks: all zero decodes to zero; a NaN or an infinity makes the whol
     const float s = mpopt::detail::block_scale(x.data(), x.size());
     CHECK(std::isnan(s));
     for (float e : x)
-      CHECK(std::isnan(mpopt::detail::decode(mpopt::detail::signed_map8, mpopt::detail::encode(mpopt::detail::signed_map8, e, s), s)));
+      CHECK(std::isnan(mpopt::detail::decode(mpopt::detail::map8<true>, mpopt::detail::encode(mpopt::detail::map8<true>, e, s), s)));
   }
 }
 

@@ -97,12 +97,12 @@ constexpr quantization_map<N> linear_map() {
   return map_of(v);
 }
 
-/// The maps of the state precisions: the first moment and other signed state, and the second
-/// moment and other state that is never negative.
-inline constexpr auto signed_map8 = dynamic_map<256>(true);
-inline constexpr auto unsigned_map8 = dynamic_map<256>(false);
-inline constexpr auto signed_map4 = dynamic_map<16>(true);
-inline constexpr auto unsigned_map4 = linear_map<16>();
+/// The maps of the state precisions, for signed state (the first moment) and state that is never
+/// negative (the second): variable templates, so that only a unit that uses a map evaluates it.
+template <bool Signed>
+inline constexpr auto map8 = dynamic_map<256>(Signed);
+template <bool Signed>
+inline constexpr auto map4 = Signed ? dynamic_map<16>(true) : linear_map<16>();
 
 /// The code of y in map m: a branchless binary search over its thresholds (NaN: code 0).
 template <std::size_t N>

@@ -32,8 +32,8 @@ constexpr MPOPT_HOST_DEVICE std::size_t code_bytes(std::size_t n) {
 template <class S>
 MPOPT_HOST_DEVICE float decode_state(std::uint32_t c, float s, bool nonnegative) {
   if constexpr (std::is_same_v<S, fp8_state>) return e4m3_value(std::uint8_t(c)) * s;
-  else if constexpr (S::bits == 8) return decode(nonnegative ? unsigned_map8 : signed_map8, c, s);
-  else return decode(nonnegative ? unsigned_map4 : signed_map4, c, s);
+  else if constexpr (S::bits == 8) return decode(nonnegative ? map8<false> : map8<true>, c, s);
+  else return decode(nonnegative ? map4<false> : map4<true>, c, s);
 }
 
 /// A block's scale from its largest magnitude m (NaN where it holds a NaN or an infinity).
@@ -47,8 +47,8 @@ MPOPT_HOST_DEVICE float scale_of_block(float m) {
 template <class S>
 MPOPT_HOST_DEVICE std::uint32_t encode_state(float x, float s, bool nonnegative) {
   if constexpr (std::is_same_v<S, fp8_state>) return e4m3_code(s > 0 ? x / s : 0.0f);
-  else if constexpr (S::bits == 8) return encode(nonnegative ? unsigned_map8 : signed_map8, x, s);
-  else return encode(nonnegative ? unsigned_map4 : signed_map4, x, s);
+  else if constexpr (S::bits == 8) return encode(nonnegative ? map8<false> : map8<true>, x, s);
+  else return encode(nonnegative ? map4<false> : map4<true>, x, s);
 }
 
 /// Quantizes the n values of one block (n <= S::block): its scale to *scale, its codes to `codes`
