@@ -139,6 +139,44 @@ TEST_CASE("a code is the nearest map value, an exact tie taking the larger") {
   CHECK(mpopt::detail::nearest_code(mpopt::detail::map4<false>, std::nextafter(0.53125f, 0.0f)) == 7);
 }
 
+namespace {
+
+/// Every bucket of m holds at most one threshold (so bucket_code is exact), and bucket_code agrees
+/// with nearest_code at both ends of every bucket and on the probes.
+template <std::size_t N>
+void check_buckets(const quantization_map<N>& m) {
+  using namespace mpopt::detail;
+  for (std::size_t i = 0; i < 2 * buckets_per_sign; ++i) {
+    CAPTURE(i);
+    const auto [least, greatest] = bucket_ends(i);
+    REQUIRE(least <= greatest);
+    REQUIRE(bucket_of(least) == i);
+    REQUIRE(bucket_of(greatest) == i);
+    REQUIRE(nearest_code(m, greatest) - nearest_code(m, least) <= 1);
+    REQUIRE(bucket_code(m, least) == nearest_code(m, least));
+    REQUIRE(bucket_code(m, greatest) == nearest_code(m, greatest));
+  }
+  // Consecutive buckets meet: every float of [-1, 1] has one.
+  for (std::size_t i = 1; i < buckets_per_sign; ++i) {
+    CHECK(std::nextafter(bucket_ends(i - 1).second, 2.0f) == bucket_ends(i).first);
+    CHECK(std::nextafter(bucket_ends(buckets_per_sign + i - 1).first, -2.0f) == bucket_ends(buckets_per_sign + i).second);
+  }
+  for (float y : probes(m)) {
+    CAPTURE(y);
+    REQUIRE(bucket_code(m, y) == nearest_code(m, y));
+  }
+  CHECK(bucket_code(m, std::numeric_limits<float>::quiet_NaN()) == nearest_code(m, std::numeric_limits<float>::quiet_NaN()));
+}
+
+}  // namespace
+
+TEST_CASE("a code by bucket, one lookup and one comparison, is the nearest code") {
+  check_buckets(mpopt::detail::map8<true>);
+  check_buckets(mpopt::detail::map8<false>);
+  check_buckets(mpopt::detail::map4<true>);
+  check_buckets(mpopt::detail::map4<false>);
+}
+
 TEST_CASE("blocks: the scale is the largest magnitude, every element the nearest code") {
   std::mt19937_64 rng(256);
   std::normal_distribution<float> normal;

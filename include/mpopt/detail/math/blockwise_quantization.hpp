@@ -30,16 +30,56 @@
 
 namespace mpopt::detail {
 
+/// The buckets that find a code with one table lookup and one comparison (bucket_code): magnitudes
+/// below 2^-23 in bucket 0, then per binade up to 1 one bucket per value of the mantissa's first
+/// `bucket_bits` bits; negative values in buckets of their own, after the positive ones. A bucket
+/// spans 2^-8 of its values, less than any map's relative spacing, so it holds at most one threshold
+/// (tests/quantization.cpp checks every bucket of every map).
+inline constexpr int bucket_bits = 8;
+inline constexpr std::uint32_t bucket_low_exponent = 127 - 23;  // biased: 2^-23
+inline constexpr std::size_t buckets_per_sign = (std::size_t(127 - bucket_low_exponent) << bucket_bits) + 2;
+
+/// The bucket of y, for |y| <= 1 (larger magnitudes and NaN share the last bucket of their sign).
+constexpr std::uint32_t bucket_of(float y) {
+  const auto b = std::bit_cast<std::uint32_t>(y);
+  const std::uint32_t a = b & 0x7FFFFFFFu, e = a >> 23, top = (a >> (23 - bucket_bits)) & ((1u << bucket_bits) - 1);
+  std::uint32_t i = e < bucket_low_exponent ? 0u : ((e - bucket_low_exponent) << bucket_bits | top) + 1;
+  if (i >= buckets_per_sign) i = std::uint32_t(buckets_per_sign - 1);
+  return i + (b >> 31) * std::uint32_t(buckets_per_sign);
+}
+
+/// The least and the greatest float of bucket i.
+constexpr std::pair<float, float> bucket_ends(std::size_t i) {
+  const bool negative = i >= buckets_per_sign;
+  const std::size_t k = negative ? i - buckets_per_sign : i;
+  const std::uint32_t lo = k == 0 ? 0u
+                                  : std::uint32_t(bucket_low_exponent + (k - 1) / (1u << bucket_bits)) << 23 |
+                                        std::uint32_t((k - 1) % (1u << bucket_bits)) << (23 - bucket_bits);
+  const std::uint32_t last = (k == 0 ? bucket_low_exponent << 23 : lo + (1u << (23 - bucket_bits))) - 1;
+  if (negative) return {-std::bit_cast<float>(last), -std::bit_cast<float>(lo)};
+  return {std::bit_cast<float>(lo), std::bit_cast<float>(last)};
+}
+
 /// A sorted map of N values and its decision thresholds: code(y) = #{k : y >= thresholds[k]}, where
 /// thresholds[k] is the smallest float at or above the exact midpoint of values k and k+1, so that
-/// comparing floats decides as the exact midpoint would.
+/// comparing floats decides as the exact midpoint would; and the code of each bucket's least float.
 template <std::size_t N>
 struct quantization_map {
-  static_assert(N >= 2 && std::has_single_bit(N), "a map has 2^bits values");
-  static constexpr int bits = std::bit_width(N) - 1;
+  static_assert(N >= 2 && N <= 256 && std::has_single_bit(N), "a map has 2^bits values, 8 bits at most");
   std::array<float, N> values{};
   std::array<float, N - 1> thresholds{};
+  std::array<std::uint8_t, 2 * buckets_per_sign> bucket_codes{};
 };
+
+/// The code of y in map m, by definition: a binary search over its thresholds (NaN: code 0). The
+/// passes use bucket_code, which gives the same.
+template <std::size_t N>
+constexpr std::uint32_t nearest_code(const quantization_map<N>& m, float y) {
+  std::uint32_t code = 0;
+  for (std::uint32_t step = N / 2; step > 0; step /= 2)
+    if (m.thresholds[code + step - 1] <= y) code += step;
+  return code;
+}
 
 /// The smallest float at or above x (x in float range).
 constexpr float float_at_or_above(double x) {
@@ -56,6 +96,17 @@ constexpr quantization_map<N> map_of(const std::array<double, N>& v) {
   for (std::size_t k = 0; k < N; ++k) m.values[k] = static_cast<float>(v[k]);
   for (std::size_t k = 0; k + 1 < N; ++k)
     m.thresholds[k] = float_at_or_above((static_cast<double>(m.values[k]) + m.values[k + 1]) / 2);
+  // Each bucket's least float has nearest_code's answer: walked in y's order (the positive buckets
+  // up, the negative ones from -1 up), the code only grows.
+  std::uint32_t c = 0;
+  for (std::size_t i = 2 * buckets_per_sign; i-- > buckets_per_sign;) {
+    while (c + 1 < N && m.thresholds[c] <= bucket_ends(i).first) ++c;
+    m.bucket_codes[i] = static_cast<std::uint8_t>(c);
+  }
+  for (std::size_t i = 0; i < buckets_per_sign; ++i) {
+    while (c + 1 < N && m.thresholds[c] <= bucket_ends(i).first) ++c;
+    m.bucket_codes[i] = static_cast<std::uint8_t>(c);
+  }
   return m;
 }
 
@@ -104,15 +155,6 @@ inline constexpr auto map8 = dynamic_map<256>(Signed);
 template <bool Signed>
 inline constexpr auto map4 = Signed ? dynamic_map<16>(true) : linear_map<16>();
 
-/// The code of y in map m: a branchless binary search over its thresholds (NaN: code 0).
-template <std::size_t N>
-constexpr std::uint32_t nearest_code(const quantization_map<N>& m, float y) {
-  std::uint32_t code = 0;
-  for (std::uint32_t step = N / 2; step > 0; step /= 2)
-    if (m.thresholds[code + step - 1] <= y) code += step;
-  return code;
-}
-
 /// A block's scale: its largest magnitude, or NaN if it holds a NaN or an infinity.
 inline float block_scale(const float* x, std::size_t n) {
   float s = 0;
@@ -125,10 +167,19 @@ inline float block_scale(const float* x, std::size_t n) {
   return finite ? s : std::numeric_limits<float>::quiet_NaN();
 }
 
-/// The code of x in a block of scale s.
+/// nearest_code(m, y), by y's bucket: the code of its least float, or the next where y reaches the
+/// threshold between them.
+template <std::size_t N>
+constexpr std::uint32_t bucket_code(const quantization_map<N>& m, float y) {
+  if (y != y) return 0;  // NaN, as nearest_code
+  const std::uint32_t c = m.bucket_codes[bucket_of(y)];
+  return c + (c + 1 < N && m.thresholds[c] <= y);
+}
+
+/// The code of x in a block of scale s: nearest_code(m, x / s), or of 0 where s is 0.
 template <std::size_t N>
 constexpr std::uint32_t encode(const quantization_map<N>& m, float x, float s) {
-  return nearest_code(m, s > 0 ? x / s : 0.0f);
+  return bucket_code(m, s > 0 ? x / s : 0.0f);
 }
 
 /// The value of a code in a block of scale s.

@@ -28,12 +28,18 @@ constexpr MPOPT_HOST_DEVICE std::size_t code_bytes(std::size_t n) {
   return (n * S::bits + 7) / 8;
 }
 
+/// S's map for signed state or non-negative state (a dependent name: evaluated only where used).
+template <class S, bool Signed>
+constexpr const auto& storage_map() {
+  if constexpr (S::bits == 8) return map8<Signed>;
+  else return map4<Signed>;
+}
+
 /// The value of code c in a block of scale s; the unsigned map where the buffer is non-negative.
 template <class S>
 MPOPT_HOST_DEVICE float decode_state(std::uint32_t c, float s, bool nonnegative) {
   if constexpr (std::is_same_v<S, fp8_state>) return e4m3_value(std::uint8_t(c)) * s;
-  else if constexpr (S::bits == 8) return decode(nonnegative ? map8<false> : map8<true>, c, s);
-  else return decode(nonnegative ? map4<false> : map4<true>, c, s);
+  else return decode(nonnegative ? storage_map<S, false>() : storage_map<S, true>(), c, s);
 }
 
 /// A block's scale from its largest magnitude m (NaN where it holds a NaN or an infinity).
@@ -47,8 +53,7 @@ MPOPT_HOST_DEVICE float scale_of_block(float m) {
 template <class S>
 MPOPT_HOST_DEVICE std::uint32_t encode_state(float x, float s, bool nonnegative) {
   if constexpr (std::is_same_v<S, fp8_state>) return e4m3_code(s > 0 ? x / s : 0.0f);
-  else if constexpr (S::bits == 8) return encode(nonnegative ? map8<false> : map8<true>, x, s);
-  else return encode(nonnegative ? map4<false> : map4<true>, x, s);
+  else return encode(nonnegative ? storage_map<S, false>() : storage_map<S, true>(), x, s);
 }
 
 /// Quantizes the n values of one block (n <= S::block): its scale to *scale, its codes to `codes`
