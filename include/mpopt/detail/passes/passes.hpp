@@ -74,7 +74,7 @@ MPOPT_HOST_DEVICE void vstore(padded<T> p, typename L::vec x, Tail tail) {
 /// One chunk's pointers, already offset to its first element (quantized state: its first code and
 /// its first block's scale).
 template <class P>
-struct chunk_slice : block_scales<P> {
+struct chunk_slice : block_scale_slots<P> {
   using precision = P;
   typename P::param_type* param;
   typename P::grad_type* grad;

@@ -63,9 +63,9 @@ inline constexpr bool stored_in_fp32 =
 /// are non-negative (their map the unsigned one): members of step_data and of a chunk's slice, empty
 /// for other storages.
 template <class P, bool = quantized_in_blocks<state_storage_t<P>>>
-struct block_scales {};
+struct block_scale_slots {};
 template <class P>
-struct block_scales<P, true> {
+struct block_scale_slots<P, true> {
   float* block_scales[max_state_buffers] = {};
   std::uint32_t nonnegative = 0;  ///< bit k: buffer k
 };
@@ -84,7 +84,7 @@ struct tensor_slot {
 /// have been reduced across ranks into accum (grads_reduced). The scale is grad_scale in the
 /// overflow-and-norm pass and the decision's grad_scale in the update passes.
 template <class Precision>
-struct step_data : block_scales<Precision> {
+struct step_data : block_scale_slots<Precision> {
   using param_type = typename Precision::param_type;
   using grad_type = typename Precision::grad_type;
   using accumulate_type = typename Precision::accumulate_type;
