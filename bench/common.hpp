@@ -174,17 +174,23 @@ void for_each_case(Run&& run) {
   }
 }
 
-/// for_each_case(run) as a benchmark's main ends with it: exit status 0, or 1 after printing the
-/// mpopt::error that stopped it.
-template <class Run>
-int run_every_case(const char* bench, Run&& run) {
+/// f() as a benchmark's main ends with it: exit status 0, or 1 after printing the mpopt::error that
+/// stopped it.
+template <class F>
+int guarded(const char* bench, F&& f) {
   try {
-    for_each_case(run);
+    f();
   } catch (const mpopt::error& e) {
     std::fprintf(stderr, "%s: mpopt::error: %s\n", bench, e.what());
     return 1;
   }
   return 0;
+}
+
+/// for_each_case(run), guarded.
+template <class Run>
+int run_every_case(const char* bench, Run&& run) {
+  return guarded(bench, [&] { for_each_case(run); });
 }
 
 #if defined(MPOPT_DEVICE_IS_GPU) && MPOPT_DEVICE_IS_GPU

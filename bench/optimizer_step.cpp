@@ -15,6 +15,7 @@
 // reference), then R rounds of (memcpy, same-traffic kernel, minimal-traffic kernel, step, naive
 // baseline), each timed alone. One JSON line per case on stdout; progress and errors go to stderr.
 #include "small_step.hpp"
+#include "stored_state.hpp"
 #include "traffic.hpp"
 
 #include <algorithm>
@@ -262,9 +263,10 @@ int main(int argc, char** argv) {
   // memcpy buffers for the largest case (LAMB fp32 with its pre-pass: 44 B/param), first-touched once.
   aligned_bytes src(cfg.params * largest_bytes_per_param / 2 + 64), dst(cfg.params * largest_bytes_per_param / 2 + 64);
 
-  return run_every_case("optimizer_step", [&]<class P, class S, class R>(std::string_view precision,
-                                                                         std::string_view rule, bool fused,
-                                                                         bool clipped) {
-    run_case<P, S, R>(cfg, precision, rule, fused, clipped, src, dst);
+  return guarded("optimizer_step", [&] {
+    for_each_case([&]<class P, class S, class R>(std::string_view precision, std::string_view rule, bool fused, bool clipped) {
+      run_case<P, S, R>(cfg, precision, rule, fused, clipped, src, dst);
+    });
+    run_stored_cases(cfg);
   });
 }

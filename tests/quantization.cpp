@@ -5,18 +5,25 @@
 // the floats on either side of every midpoint, 0 and -0, subnormals, +-1, random values of every
 // magnitude; blocks of 0, 1 and odd sizes, all zero, holding a NaN or an infinity. fp8 E4M3FN: every
 // code's value from its fields, and every float's nearest code (ties to even) by exhaustive search.
+// The vector lanes (AVX2, AVX-512) code and decode whole blocks as the scalar formulas do, bit for
+// bit, on the same inputs and every size up to a block.
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include <doctest/doctest.h>
 
 #include <mpopt/detail/math/blockwise_quantization.hpp>
+#include <mpopt/detail/passes/block_state.hpp>
+#include <mpopt/host_passes.hpp>
+#include <mpopt/simd.hpp>
 
 #include "quantization_reference.hpp"
 
@@ -284,4 +291,129 @@ TEST_CASE("fp8 blocks: the scale is the largest magnitude over 448") {
             std::max(std::fabs(double(e)) / 16, std::ldexp(double(s), -10)) * (1 + 1e-6));
     }
   }
+}
+
+namespace {
+
+/// A block coded and decoded by one lane type: its codes (and a byte past them that must keep its
+/// value), its scale, and its values decoded (and a value past them, likewise).
+struct coded_block {
+  std::vector<std::uint8_t> codes;
+  float scale = 0;
+  std::vector<float> decoded;
+};
+
+constexpr std::uint8_t untouched_byte = 0xA5;
+constexpr float untouched_value = 1234.5f;
+
+template <class S, class L>
+void code_and_decode(const float* x, std::size_t n, bool nonnegative, std::uint8_t* codes, float* scale, float* decoded) {
+  mpopt::detail::quantize_block<S, L>(x, n, nonnegative, codes, scale);
+  mpopt::detail::dequantize_block<S, L>(codes, n, *scale, nonnegative, decoded);
+}
+
+#if MPOPT_X86_SIMD
+template <class S>
+MPOPT_TARGET_ENTRY(MPOPT_ISA_AVX512)
+void code_and_decode_avx512(const float* x, std::size_t n, bool nonnegative, std::uint8_t* codes, float* scale, float* decoded) {
+  code_and_decode<S, mpopt::detail::avx512_lanes>(x, n, nonnegative, codes, scale, decoded);
+}
+template <class S>
+MPOPT_TARGET_ENTRY(MPOPT_ISA_AVX2)
+void code_and_decode_avx2(const float* x, std::size_t n, bool nonnegative, std::uint8_t* codes, float* scale, float* decoded) {
+  code_and_decode<S, mpopt::detail::avx2_lanes>(x, n, nonnegative, codes, scale, decoded);
+}
+#endif
+
+/// Block x coded and decoded at SIMD level `level`.
+template <class S>
+coded_block code_block(const std::vector<float>& x, bool nonnegative, [[maybe_unused]] mpopt::simd_level level) {
+  auto run = code_and_decode<S, mpopt::detail::scalar_lanes>;
+#if MPOPT_X86_SIMD
+  if (level == mpopt::simd_level::avx512) run = code_and_decode_avx512<S>;
+  if (level == mpopt::simd_level::avx2) run = code_and_decode_avx2<S>;
+#endif
+  coded_block b;
+  b.codes.assign(mpopt::detail::code_bytes<S>(x.size()) + 1, untouched_byte);
+  b.decoded.assign(x.size() + 1, untouched_value);
+  run(x.data(), x.size(), nonnegative, b.codes.data(), &b.scale, b.decoded.data());
+  return b;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+/// The blocks of every size up to S::block from a pool of inputs: each map's thresholds and their
+/// neighbours under a scale of 1 (or 448 for fp8: the quotients are the inputs themselves), values of
+/// every magnitude, zeros and subnormals, and blocks holding a NaN or an infinity.
+template <class S>
+std::vector<std::vector<float>> test_blocks(bool nonnegative) {
+  std::vector<float> pool;
+  if constexpr (std::is_same_v<S, mpopt::fp8_state>) {
+    for (int c = 0; c < 0x7F; ++c) {
+      const float v = mpopt::detail::e4m3_value(std::uint8_t(c)), next = mpopt::detail::e4m3_value(std::uint8_t(c + 1));
+      const auto mid = static_cast<float>((double(v) + next) / 2);
+      for (float y : {v, mid, std::nextafter(mid, 0.0f), std::nextafter(mid, 1e9f)}) {
+        pool.push_back(y);
+        pool.push_back(-y);
+      }
+    }
+  } else {
+    const auto& m = nonnegative ? mpopt::detail::storage_map<S, false>() : mpopt::detail::storage_map<S, true>();
+    pool = probes(m);
+    pool.resize(std::min<std::size_t>(pool.size(), 4000));
+  }
+  pool.push_back(std::numeric_limits<float>::denorm_min());
+  pool.push_back(-0.0f);
+  if (nonnegative)
+    for (auto& y : pool) y = std::fabs(y);
+  const float top = std::is_same_v<S, mpopt::fp8_state> ? mpopt::detail::e4m3_max : 1.0f;
+  std::mt19937_64 rng(S::bits * 2 + nonnegative);
+  std::uniform_int_distribution<std::size_t> pick(0, pool.size() - 1);
+  std::vector<std::vector<float>> blocks;
+  for (std::size_t n = 1; n <= S::block; ++n) {
+    std::vector<float> x(n);
+    for (auto& y : x) y = pool[pick(rng)];
+    x[pick(rng) % n] = top;  // the scale is 1: each quotient is the input
+    blocks.push_back(x);
+  }
+  blocks.push_back(std::vector<float>(S::block - 3, 0.0f));
+  std::vector<float> tiny(37, std::numeric_limits<float>::denorm_min() * 5);
+  tiny[4] = std::numeric_limits<float>::min();
+  blocks.push_back(tiny);
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    std::vector<float> x(S::block / 2 + 1, 0.25f);
+    x[7] = bad;
+    blocks.push_back(x);
+  }
+  return blocks;
+}
+
+template <class S>
+void check_lanes_code_as_scalar() {
+  for (bool nonnegative : {false, true}) {
+    for (const auto& x : test_blocks<S>(nonnegative)) {
+      CAPTURE(nonnegative);
+      CAPTURE(x.size());
+      const coded_block scalar = code_block<S>(x, nonnegative, mpopt::simd_level::scalar);
+      REQUIRE(scalar.codes.back() == untouched_byte);
+      REQUIRE(std::memcmp(&scalar.decoded.back(), &untouched_value, sizeof(float)) == 0);
+      for (const auto level : {mpopt::simd_level::avx2, mpopt::simd_level::avx512}) {
+        if (!MPOPT_X86_SIMD || !mpopt::cpu_supports(level)) continue;
+        CAPTURE(mpopt::to_string(level));
+        const coded_block vector = code_block<S>(x, nonnegative, level);
+        REQUIRE(vector.codes == scalar.codes);
+        REQUIRE(std::memcmp(&vector.scale, &scalar.scale, sizeof(float)) == 0);
+        REQUIRE(same_bits(vector.decoded, scalar.decoded));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("every SIMD level codes and decodes a block of any size as the scalar formulas do, bit for bit",
+                   S, mpopt::blockwise8_state, mpopt::blockwise4_state, mpopt::fp8_state) {
+  check_lanes_code_as_scalar<S>();
 }

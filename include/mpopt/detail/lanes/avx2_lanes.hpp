@@ -8,11 +8,13 @@
 #if MPOPT_X86_SIMD
 #include <immintrin.h>
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
 #include "lanes.hpp"
+#include "simd_codes.hpp"
 #include "simd_convert.hpp"
 #include "../passes/square_sum.hpp"
 
@@ -101,6 +103,24 @@ struct avx2_lanes {
       simd::store8_u16(p, param, t.n);
       simd::store8_u16(r, remainder, t.n);
     }
+  }
+  /// As avx512_lanes' blocks of quantized state; 8-bit tables, too large for registers, are gathered
+  /// from.
+  static constexpr bool vector_codes = true;
+  static float largest_magnitude(const float* x, std::size_t n) { return simd::largest_magnitude8(x, n); }
+  template <int Bits>
+  static void decode_block(const float* table, const std::uint8_t* codes, std::size_t n, float scale, float* out) {
+    if constexpr (Bits == 4) simd::decode_block8<Bits>(simd::register_table8<16>(table), codes, n, scale, out);
+    else simd::decode_block8<Bits>(simd::table_gather8{table}, codes, n, scale, out);
+  }
+  template <std::size_t N>
+  static void encode_block(const quantization_map<N>& m, const float* x, std::size_t n, float s, std::uint8_t* codes) {
+    constexpr int bits = std::bit_width(N) - 1;
+    if constexpr (N <= 16) simd::encode_block8<bits>(x, n, s, simd::map_search8<N>(m), codes);
+    else simd::encode_block8<bits>(x, n, s, simd::map_buckets8<N>{m}, codes);
+  }
+  static void encode_block_e4m3(const float* x, std::size_t n, float s, std::uint8_t* codes) {
+    simd::encode_block8<8>(x, n, s, simd::e4m3_codes8, codes);
   }
   /// As avx512_lanes::round_stochastic.
   template <class T>

@@ -8,11 +8,13 @@
 #if MPOPT_X86_SIMD
 #include <immintrin.h>
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
 #include "lanes.hpp"
+#include "simd_codes.hpp"
 #include "simd_convert.hpp"
 #include "../passes/square_sum.hpp"
 
@@ -81,6 +83,22 @@ struct avx512_lanes {
       simd::u16_store16(p, param, t);
       simd::u16_store16(r, remainder, t);
     }
+  }
+  /// Blocks of quantized state (passes/block_state.hpp, simd_codes.hpp): n values from their codes of
+  /// Bits each (table[code] * scale), and the codes of n values over their scale s: of map m's
+  /// values, or of fp8 E4M3.
+  static constexpr bool vector_codes = true;
+  static float largest_magnitude(const float* x, std::size_t n) { return simd::largest_magnitude16(x, n); }
+  template <int Bits>
+  static void decode_block(const float* table, const std::uint8_t* codes, std::size_t n, float scale, float* out) {
+    simd::decode_block16<Bits>(simd::register_table16<(1 << Bits)>(table), codes, n, scale, out);
+  }
+  template <std::size_t N>
+  static void encode_block(const quantization_map<N>& m, const float* x, std::size_t n, float s, std::uint8_t* codes) {
+    simd::encode_block16<std::bit_width(N) - 1>(x, n, s, simd::map_search16<N>(m), codes);
+  }
+  static void encode_block_e4m3(const float* x, std::size_t n, float s, std::uint8_t* codes) {
+    simd::encode_block16<8>(x, n, s, simd::e4m3_codes16, codes);
   }
   /// x stochastically rounded to T values, lane j as element index + j. Lanes that cross a multiple
   /// of 2^32 (the noise's block) go one at a time.

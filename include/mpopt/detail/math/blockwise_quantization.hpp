@@ -62,13 +62,17 @@ constexpr std::pair<float, float> bucket_ends(std::size_t i) {
 
 /// A sorted map of N values and its decision thresholds: code(y) = #{k : y >= thresholds[k]}, where
 /// thresholds[k] is the smallest float at or above the exact midpoint of values k and k+1, so that
-/// comparing floats decides as the exact midpoint would; and the code of each bucket's least float.
+/// comparing floats decides as the exact midpoint would; the thresholds again in the order a binary
+/// search meets them (`search`: level l's 2^l candidates from offset 2^l - 1, candidate k being
+/// thresholds[(2k + 1) * N / 2^(l+1) - 1]); and the code of each bucket's least float.
 template <std::size_t N>
 struct quantization_map {
   static_assert(N >= 2 && N <= 256 && std::has_single_bit(N), "a map has 2^bits values, 8 bits at most");
   std::array<float, N> values{};
   std::array<float, N - 1> thresholds{};
-  std::array<std::uint8_t, 2 * buckets_per_sign> bucket_codes{};
+  std::array<float, N - 1> search{};
+  // (3 spare bytes: AVX2's gather reads the last bucket's code as the first of 4 bytes)
+  std::array<std::uint8_t, 2 * buckets_per_sign + 3> bucket_codes{};
 };
 
 /// The code of y in map m, by definition: a binary search over its thresholds (NaN: code 0). The
@@ -96,6 +100,9 @@ constexpr quantization_map<N> map_of(const std::array<double, N>& v) {
   for (std::size_t k = 0; k < N; ++k) m.values[k] = static_cast<float>(v[k]);
   for (std::size_t k = 0; k + 1 < N; ++k)
     m.thresholds[k] = float_at_or_above((static_cast<double>(m.values[k]) + m.values[k + 1]) / 2);
+  for (std::size_t level = 0, first = 0; (std::size_t{1} << level) < N; first += std::size_t{1} << level, ++level)
+    for (std::size_t k = 0; k < (std::size_t{1} << level); ++k)
+      m.search[first + k] = m.thresholds[(2 * k + 1) * (N >> (level + 1)) - 1];
   // Each bucket's least float has nearest_code's answer: walked in y's order (the positive buckets
   // up, the negative ones from -1 up), the code only grows.
   std::uint32_t c = 0;
@@ -200,6 +207,13 @@ constexpr float e4m3_value(std::uint8_t code) {
                                  : std::bit_cast<float>(((e + 127 - 7) << 23) | (m << 20));
   return code & 0x80u ? -magnitude : magnitude;
 }
+
+/// Every E4M3FN code's value, for decoding by table.
+inline constexpr std::array<float, 256> e4m3_values = [] {
+  std::array<float, 256> v{};
+  for (std::size_t c = 0; c < v.size(); ++c) v[c] = e4m3_value(static_cast<std::uint8_t>(c));
+  return v;
+}();
 
 /// The E4M3FN code nearest y, an exact tie to the even mantissa; beyond 448 in magnitude (infinities
 /// too), 448; NaN to NaN (a block's NaN scale is what marks a non-finite block). Works on y's bits: the three kept mantissa bits, rounded on the bits dropped.

@@ -1,8 +1,9 @@
 // mpopt — state quantized in blocks (state_precision.hpp: blockwise8_state, blockwise4_state,
 // fp8_state) as the passes read and write it. A pass over such state works a block at a time (its
-// granule): a stage's element view decodes what it reads, keeps what it writes in fp32 until the
-// block is done, and the block is then quantized at once, its scale found in the same pass
-// (detail/math/blockwise_quantization.hpp has the formulas).
+// granule): a stage's element view decodes each buffer's block into fp32 at its first access, the
+// stage works on that, and the block is then quantized at once, its scale found in the same pass
+// (detail/math/blockwise_quantization.hpp has the formulas; the vector lanes code and decode a
+// block in their own instructions, detail/lanes/simd_codes.hpp).
 #pragma once
 
 #include <cstddef>
@@ -35,11 +36,18 @@ constexpr const auto& storage_map() {
   else return map4<Signed>;
 }
 
-/// The value of code c in a block of scale s; the unsigned map where the buffer is non-negative.
+/// The values of S's codes by code: its map's (the unsigned map where the buffer is non-negative),
+/// or every E4M3 value.
+template <class S>
+MPOPT_HOST_DEVICE const float* code_table(bool nonnegative) {
+  if constexpr (std::is_same_v<S, fp8_state>) return e4m3_values.data();
+  else return nonnegative ? storage_map<S, false>().values.data() : storage_map<S, true>().values.data();
+}
+
+/// The value of code c in a block of scale s.
 template <class S>
 MPOPT_HOST_DEVICE float decode_state(std::uint32_t c, float s, bool nonnegative) {
-  if constexpr (std::is_same_v<S, fp8_state>) return e4m3_value(std::uint8_t(c)) * s;
-  else return decode(nonnegative ? storage_map<S, false>() : storage_map<S, true>(), c, s);
+  return code_table<S>(nonnegative)[c] * s;
 }
 
 /// A block's scale from its largest magnitude m (NaN where it holds a NaN or an infinity).
@@ -56,14 +64,29 @@ MPOPT_HOST_DEVICE std::uint32_t encode_state(float x, float s, bool nonnegative)
   else return encode(nonnegative ? storage_map<S, false>() : storage_map<S, true>(), x, s);
 }
 
-/// Quantizes the n values of one block (n <= S::block): its scale to *scale, its codes to `codes`
-/// (the block's first byte).
-template <class S>
+/// Whether lane type L finds, stores and reads codes a vector at a time (the AVX2 and AVX-512 lanes).
+template <class L>
+concept codes_in_vectors = requires { L::vector_codes; };
+
+/// block_scale over n values, a vector at a time where L has vector codes.
+template <class L>
+MPOPT_HOST_DEVICE float block_scale_in(const float* x, std::size_t n) {
+  if constexpr (codes_in_vectors<L>) return L::largest_magnitude(x, n);
+  else return block_scale(x, n);
+}
+
+/// Quantizes the n values of one block (n <= S::block), a vector at a time where L has vector codes:
+/// its scale to *scale, its codes to `codes` (the block's first byte).
+template <class S, class L>
 MPOPT_HOST_DEVICE void quantize_block(const float* x, std::size_t n, bool nonnegative, std::uint8_t* codes,
                                       float* scale) {
-  const float s = scale_of_block<S>(block_scale(x, n));
+  const float s = scale_of_block<S>(block_scale_in<L>(x, n));
   *scale = s;
-  if constexpr (S::bits == 8) {
+  if constexpr (codes_in_vectors<L>) {
+    if constexpr (std::is_same_v<S, fp8_state>) L::encode_block_e4m3(x, n, s, codes);
+    else if (nonnegative) L::encode_block(storage_map<S, false>(), x, n, s, codes);
+    else L::encode_block(storage_map<S, true>(), x, n, s, codes);
+  } else if constexpr (S::bits == 8) {
     for (std::size_t j = 0; j < n; ++j) codes[j] = std::uint8_t(encode_state<S>(x[j], s, nonnegative));
   } else {
     for (std::size_t j = 0; j < n; j += 2) {
@@ -73,12 +96,25 @@ MPOPT_HOST_DEVICE void quantize_block(const float* x, std::size_t n, bool nonneg
   }
 }
 
-/// The fp32 values a stage writes into the quantized state buffers of one block, kept until the
-/// block is done: buffer k's first written[k] elements.
+/// The n values of one block from its codes and scale, into `out`.
+template <class S, class L>
+MPOPT_HOST_DEVICE void dequantize_block(const std::uint8_t* codes, std::size_t n, float scale, bool nonnegative,
+                                        float* out) {
+  if constexpr (codes_in_vectors<L>) {
+    L::template decode_block<S::bits>(code_table<S>(nonnegative), codes, n, scale, out);
+  } else {
+    for (std::size_t j = 0; j < n; ++j) out[j] = decode_state<S>(code_at<S>(codes, j), scale, nonnegative);
+  }
+}
+
+/// One block of the N quantized state buffers a stage works on, in fp32: buffer k decoded whole at
+/// the stage's first access, and quantized again once the block is done if the stage wrote it.
 template <class S, std::size_t N>
-struct written_block {
+struct block_values {
   alignas(64) float values[N ? N : 1][S::block];
-  std::size_t written[N ? N : 1] = {};
+  std::size_t count;  // the block's elements
+  bool decoded[N ? N : 1] = {};
+  bool written[N ? N : 1] = {};
 };
 
 /// The granule of a pass over P's state: a block where the state is quantized (the backends then run

@@ -191,8 +191,8 @@ struct initialize_pass : tensor_pass<P> {
     alignas(64) float values[St::block];
     for (std::uint32_t k = 0; k < this->d.state_count; ++k) {
       for (j = 0; j < count; ++j) values[j] = start(s, k);
-      quantize_block<St>(values, count, (s.nonnegative >> k) & 1u, s.state[k].p + code_bytes<St>(g),
-                         s.block_scales[k] + g / St::block);
+      quantize_block<St, L>(values, count, (s.nonnegative >> k) & 1u, s.state[k].p + code_bytes<St>(g),
+                            s.block_scales[k] + g / St::block);
     }
   }
   template <class S>
@@ -276,29 +276,28 @@ struct element {
 };
 
 /// The element view over quantized state (state_precision.hpp): vector j of the block at chunk
-/// offset i - j. It reads each buffer decoded from the block's codes and scale, or as this stage
-/// wrote it; what it writes stays in fp32 (`block`) until the whole block is quantized.
+/// offset i - j, whose buffers it reads and writes in fp32 (block_values), each decoded whole at its
+/// first access (a stage that writes a buffer in some lanes keeps the others).
 template <class L, class S, class Tail, class R, class Block>
 struct block_element : element<L, S, Tail, R> {
   using vec = typename L::vec;
   using storage = state_storage_t<typename S::precision>;
   Block& block;
   std::size_t j;
-  MPOPT_HOST_DEVICE vec state(std::size_t k) const {
-    if (j < block.written[k]) return L::load(block.values[k] + j, this->tail);
-    const std::size_t i = this->i;
-    const float scale = this->s.block_scales[k][(i - j) / storage::block];
-    const bool nonnegative = (this->s.nonnegative >> k) & 1u;
-    const std::uint32_t lanes = L::bits_of(this->tail);
-    alignas(64) float v[L::width];
-    for (std::size_t t = 0; t < L::width; ++t)
-      v[t] = (lanes >> t) & 1u ? decode_state<storage>(code_at<storage>(this->s.state[k].p, i + t), scale, nonnegative)
-                               : 0.0f;
-    return L::load(v, full_t{});
-  }
+  MPOPT_HOST_DEVICE vec state(std::size_t k) const { return L::load(values(k) + j, this->tail); }
   MPOPT_HOST_DEVICE void set_state(std::size_t k, vec x) const {
-    L::store(block.values[k] + j, x, this->tail);
-    block.written[k] = j + L::width;
+    L::store(values(k) + j, x, this->tail);
+    block.written[k] = true;
+  }
+  MPOPT_HOST_DEVICE float* values(std::size_t k) const {
+    if (!block.decoded[k]) {
+      const std::size_t g = this->i - j;
+      dequantize_block<storage, L>(this->s.state[k].p + code_bytes<storage>(g), block.count,
+                                   this->s.block_scales[k][g / storage::block], (this->s.nonnegative >> k) & 1u,
+                                   block.values[k]);
+      block.decoded[k] = true;
+    }
+    return block.values[k];
   }
 };
 
@@ -349,15 +348,16 @@ struct rule_pass : coefficient_pass<P, typename Rule::scalars> {
   template <class L, class R>
   MPOPT_HOST_DEVICE void apply_granule(const slice& s, std::size_t g, std::size_t count, R& r) const {
     using St = state_storage_t<P>;
-    written_block<St, Rule::state.size()> block;
+    block_values<St, Rule::state.size()> block;
+    block.count = count;
     std::size_t j = 0;
     for (; j + L::width <= count; j += L::width) apply_in_block<L>(s, block, g, j, full_t{}, r);
     if constexpr (L::width > 1)
       if (j < count) apply_in_block<L>(s, block, g, j, L::first(count - j), r);
     for (std::size_t k = 0; k < Rule::state.size(); ++k)
       if (block.written[k])
-        quantize_block<St>(block.values[k], count, (s.nonnegative >> k) & 1u, s.state[k].p + code_bytes<St>(g),
-                           s.block_scales[k] + g / St::block);
+        quantize_block<St, L>(block.values[k], count, (s.nonnegative >> k) & 1u, s.state[k].p + code_bytes<St>(g),
+                              s.block_scales[k] + g / St::block);
   }
   template <class L, class Block, class Tail, class R>
   MPOPT_HOST_DEVICE void apply_in_block(const slice& s, Block& block, std::size_t g, std::size_t j, Tail tail, R& r) const {
