@@ -4,7 +4,8 @@
 # for its Thrust-OMP build, nothing more): mpopt.hpp with every given
 # compiler, with and without -march=native; every other public header with the first compiler.
 # The separately compiled mode (src.hpp): mpopt.hpp declares without defining, src.hpp includes every
-# .ipp file, and src_optimizers.hpp compiles with every compiler; header-only, two units that include
+# .ipp file, and src_optimizers.hpp compiles with every other compiler (with the first, the build's
+# libmpopt compiles both, warnings as errors: src/*.cpp); header-only, two units that include
 # everything link (each definition there is inline). MPOPT_X86_SIMD=0 keeps to the scalar lanes.
 set -u
 include_dir="$1"
@@ -15,8 +16,7 @@ for cxx in "$@"; do
 done
 for h in "$include_dir"/mpopt/*.hpp; do
   case "$(basename "$h")" in
-    mpopt.hpp) ;;
-    src.hpp | src_optimizers.hpp) jobs+=("$1 compiled $(basename "$h")") ;;
+    mpopt.hpp | src.hpp | src_optimizers.hpp) ;;
     *) jobs+=("$1 portable $(basename "$h")") ;;
   esac
 done
