@@ -10,12 +10,16 @@
 #include "error_of.hpp"
 #include "mpi_harness.hpp"
 
+#include <mpopt/detail/checkpoint/state_file.hpp>
+
 #include <sys/resource.h>
 
 #include <csignal>
+#include <cstddef>
 #include <cstdint>
 #include <fstream>
 #include <iterator>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -75,9 +79,29 @@ static_assert(mpopt::communicator<failing_mpi>);
 /// sides' gradients ({dist, local}); after it, edit(-1 - s, ..., dist status, local status) checks the
 /// statuses. Every step must be applied, the same on every rank, and leave the parameters of both
 /// the same bits.
+/// The one-process optimizer l's checkpoint, loaded by every rank of d (each its shard, where the
+/// state is sharded), which held the same state; saved again by d, its tensors are the file's bytes
+/// for bytes.
+template <class Dist, class Local>
+void load_one_process_file(Dist& d, Local& l, int rank) {
+  std::vector<std::byte> one, again;
+  l.save(one);
+  d.load(one);
+  d.save(again);
+  if (rank != 0) return;
+  const mpopt::detail::state_reader a(mpopt::detail::state_source{"one process's", std::span<const std::byte>(one)});
+  const mpopt::detail::state_reader b(mpopt::detail::state_source{"the ranks'", std::span<const std::byte>(again)});
+  REQUIRE(a.names() == b.names());
+  for (const auto& name : a.names()) {
+    CAPTURE(name);
+    CHECK(a.dtype(name) == b.dtype(name));
+    CHECK(a.bytes(name) == b.bytes(name));
+  }
+}
+
 template <class Precision, class P, class Edit>
 void step_as_one_process(const mpopt::optimizer_options& o, const std::vector<std::vector<mpopt::tensor_spec>>& groups,
-                         int steps, Edit&& edit) {
+                         int steps, Edit&& edit, int checkpoint_at = -1) {
   using T = typename Precision::param_type;
   using dist_t = mpopt::optimizer<Precision, mpopt::no_scaling, P, mpopt::adam, test_backend, mpopt::mpi>;
   using local_t = mpopt::optimizer<Precision, mpopt::no_scaling, mpopt::replicated, mpopt::adam, test_backend>;
@@ -105,6 +129,7 @@ void step_as_one_process(const mpopt::optimizer_options& o, const std::vector<st
         dg[t][k] = rank == 0 ? lg[t][k] : T(0.0f);
       }
     edit(s, grads, mpopt::step_status{}, mpopt::step_status{});
+    if (s == checkpoint_at) load_one_process_file(d, l, rank);
     const auto ds = d.step(), ls = l.step();
     check_status_same_on_every_rank(ds);
     REQUIRE(ds.applied);
@@ -661,9 +686,11 @@ TEST_SUITE("mpi") {
   TEST_CASE_TEMPLATE("state quantized in blocks (8-bit, 4-bit, fp8) gives one process's bits on any number of ranks: "
                      "no block crosses a shard", Q, quantized_on<mpopt::blockwise8_state, mpopt::zero1>,
                      quantized_on<mpopt::blockwise4_state, mpopt::zero2>, quantized_on<mpopt::fp8_state, mpopt::replicated>) {
+    // At step 4, each rank loads the one-process checkpoint of codes and scales and goes on.
     const mpopt::optimizer_options o{.clip_grad = 0, .combine = mpopt::accumulation::sum, .bucket_elements = 3000};
     step_as_one_process<typename Q::precision, typename Q::partition>(
-        o, {{{"a", 5000}, {"b", 1}, {"c", 77}}, {{"d", 70001}, {"e", 3}}}, 8, [](int, auto&, const auto&, const auto&) {});
+        o, {{{"a", 5000}, {"b", 1}, {"c", 77}}, {{"d", 70001}, {"e", 3}}}, 8, [](int, auto&, const auto&, const auto&) {},
+        4);
   }
 
   TEST_CASE_TEMPLATE("with nothing to know before the update the norm comes from the update pass, agreed across "

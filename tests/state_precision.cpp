@@ -19,12 +19,14 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <doctest/doctest.h>
 
 #include <mpopt/adam.hpp>
 #include <mpopt/checkpoint.hpp>
+#include <mpopt/detail/checkpoint/state_file.hpp>
 #include <mpopt/host_passes.hpp>  // the compiled mode has no passes for these precisions: this unit's own
 #include <mpopt/lamb.hpp>
 #include <mpopt/optimizer.hpp>
@@ -305,11 +307,13 @@ TEST_CASE("no master: the bf16 parameter is the master, each update rounded into
   CHECK_FALSE(listed);
 }
 
-TEST_CASE("a checkpoint of bf16 state and remainder16 masters resumes bit for bit, and names its storage to an "
-          "optimizer that stores otherwise") {
+/// Three steps, save(), then three more steps both by the saver and by a second optimizer that
+/// load()ed the file: parameters, masters and moments the same bits. Returns the file and the model.
+template <class P>
+std::pair<std::vector<std::byte>, model> check_resumes() {
   const auto h = adam_options();
   model a;
-  opt<stochastic_moments_remainder, mpopt::adam> first(no_clipping());
+  opt<P, mpopt::adam> first(no_clipping());
   a.attach(first, h);
   for (int t = 0; t < 3; ++t) {
     a.backward();
@@ -318,7 +322,7 @@ TEST_CASE("a checkpoint of bf16 state and remainder16 masters resumes bit for bi
   std::vector<std::byte> file;
   first.save(file);
   model b = a;
-  opt<stochastic_moments_remainder, mpopt::adam> second(no_clipping());
+  opt<P, mpopt::adam> second(no_clipping());
   b.attach(second, h);
   second.load(file);
   for (int t = 0; t < 3; ++t) {
@@ -336,6 +340,13 @@ TEST_CASE("a checkpoint of bf16 state and remainder16 masters resumes bit for bi
       REQUIRE(std::equal(x.begin(), x.end(), y.begin(), y.end()));
     }
   }
+  return {file, a};
+}
+
+TEST_CASE("a checkpoint of bf16 state and remainder16 masters resumes bit for bit, and names its storage to an "
+          "optimizer that stores otherwise") {
+  const auto h = adam_options();
+  auto [file, a] = check_resumes<stochastic_moments_remainder>();
   // In fp32 state, or with an fp32 master, the file is refused, naming what differs.
   model c = a;
   opt<mpopt::bf16, mpopt::adam> fp32_state(no_clipping());
@@ -479,7 +490,7 @@ TEST_CASE_TEMPLATE("state quantized in blocks, remainder16 master, Adam: each bl
 }
 
 TEST_CASE_TEMPLATE("state quantized in blocks: every SIMD level and 1, 2 or 3 threads give the same bits, LAMB "
-                   "included; save() and load() refuse the storage and change nothing",
+                   "included",
                    State, mpopt::blockwise8_state, mpopt::blockwise4_state, mpopt::fp8_state) {
   using P = blocks_remainder<State>;
   const threads_restored restore_threads;
@@ -510,19 +521,38 @@ TEST_CASE_TEMPLATE("state quantized in blocks: every SIMD level and 1, 2 or 3 th
     }
   }
   mpopt::host::use_simd(restore_simd);
+}
 
-  model a;
-  opt<P, mpopt::adam> o(no_clipping());
-  a.attach(o, adam_options());
-  a.backward();
+TEST_CASE_TEMPLATE("state quantized in blocks: a checkpoint holds each moment's codes and scales, resumes bit for "
+                   "bit, and an optimizer storing otherwise refuses it, changing nothing",
+                   State, mpopt::blockwise8_state, mpopt::blockwise4_state, mpopt::fp8_state) {
+  auto [file, a] = check_resumes<blocks_remainder<State>>();
+  const mpopt::detail::state_reader f(mpopt::detail::state_source{"the checkpoint", std::span<const std::byte>(file)});
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    const std::string name = "w" + std::to_string(i);
+    CHECK(f.dtype("exp_avg/" + name) == "U8");
+    CHECK(f.shape("exp_avg_sq/" + name) == std::vector<std::int64_t>{std::int64_t((sizes[i] * State::bits + 7) / 8)});
+    CHECK(f.dtype("exp_avg_scale/" + name) == "F32");
+    CHECK(f.shape("exp_avg_sq_scale/" + name) ==
+          std::vector<std::int64_t>{std::int64_t((sizes[i] + State::block - 1) / State::block)});
+  }
+  // Another quantized storage, or fp32 state: refused, naming both; nothing changes.
+  using other = std::conditional_t<std::is_same_v<State, mpopt::blockwise4_state>, mpopt::blockwise8_state,
+                                   mpopt::blockwise4_state>;
+  model b = a;
+  opt<blocks_remainder<other>, mpopt::adam> o(no_clipping());
+  b.attach(o, adam_options());
+  b.backward();
   o.step();
-  const stored before(o, a);
-  std::vector<std::byte> file;
-  CHECK(error_of([&] { o.save(file); }).find("save(): checkpoints of state quantized in blocks (state " +
-                                             std::string(State::name) + ") are not supported yet") != std::string::npos);
-  CHECK(file.empty());
-  CHECK(error_of([&] { o.load(file); }).find("load(): checkpoints of state quantized in blocks") != std::string::npos);
-  const stored after(o, a);
+  const stored before(o, b);
+  CHECK(error_of([&] { o.load(file); }).find("saved with state \"" + std::string(State::name) + "\", this optimizer has \"" +
+                                             std::string(other::name) + "\"") != std::string::npos);
+  const stored after(o, b);
   CHECK(after.p == before.p);
   CHECK(after.m == before.m);
+  CHECK(after.v == before.v);
+  CHECK(after.param == before.param);
+  opt<mpopt::with_state<mpopt::bf16, mpopt::fp32_state, mpopt::remainder16>, mpopt::adam> fp32_state(no_clipping());
+  b.attach(fp32_state, adam_options());
+  CHECK(error_of([&] { fp32_state.load(file); }).find("this optimizer has \"fp32\"") != std::string::npos);
 }

@@ -658,6 +658,15 @@ def require_adam(cfg, where):
              "AdamW hold" % (where, cfg.get("rule")))
 
 
+QUANTIZED_STATES = ("blockwise8", "blockwise4", "fp8")
+
+
+def require_unquantized(cfg, where):
+    if cfg.get("state") in QUANTIZED_STATES:
+        fail("%s: state %r is quantized in blocks (codes and scales): --optimizer does not convert it yet; "
+             "the weights export alone" % (where, cfg.get("state")))
+
+
 def torch_adam_class(cfg, where):
     """'AdamW' where the groups with weight decay decouple it, 'Adam' where they add it to the gradient
     (L2); refuses options torch.optim cannot run."""
@@ -682,6 +691,7 @@ def torch_optimizer_state(c, torch):
     """The checkpoint's Adam state as torch.optim's state_dict(), and the class to load it into."""
     cfg = c.config
     require_adam(cfg, c.path)
+    require_unquantized(cfg, c.path)
     cls = torch_adam_class(cfg, c.path)
     scheduled = bool(cfg.get("lr_schedule"))
     state, groups, index = {}, [], 0
@@ -726,6 +736,7 @@ class TorchAdamState:
         self.torch = torch = import_torch("reading " + path)
         cfg = json.loads(template.mpopt_text)
         require_adam(cfg, template.path)
+        require_unquantized(cfg, template.path)
         floats_refused = torch.__version__.split(".")[0] in ("0", "1")  # by torch.load(weights_only=True)
         sd = torch_load(torch, path, trust_pickle, hint=" (PyTorch %s's weights_only loader reads no Python floats, "
                         "which every optimizer state_dict holds: --trust-pickle loads it, for files you trust)"

@@ -57,24 +57,16 @@ class checkpointing {
   /// or a stream (target_of, source_of).
   template <class Where>
   static void save(Pipeline& p, Where& where) {
-    refuse_blocks("save()");
     subject s(p);
     save_state(s, target_of(where));
   }
   template <class From>
   static void load(Pipeline& p, From& from, const load_options& lo) {
-    refuse_blocks("load()");
     subject s(p);
     load_state(s, source_of(from), lo);
   }
 
  private:
-  /// State quantized in blocks has no checkpoint format yet: refused before anything is touched.
-  static void refuse_blocks(const char* call) {
-    if constexpr (state_in_blocks<Precision>)
-      fail(call, ": checkpoints of state quantized in blocks (state ", state_storage_t<Precision>::name,
-           ") are not supported yet");
-  }
 
   /// The optimizer's parts (step_state.hpp) as checkpoint_flow.hpp sees them; on load, the file's
   /// typed parts until restore().
@@ -128,8 +120,16 @@ class checkpointing {
       v.has_master = Precision::has_master;
       if constexpr (Precision::has_master) v.master = base(p_.state.master);
       if constexpr (master_in_remainder<Precision>) v.master_key = "remainder";
-      for (std::size_t k = 0; k < UpdateRule::state.size(); ++k)
-        v.state.emplace_back(UpdateRule::state[k], base(p_.state.moments[k]));
+      for (std::size_t k = 0; k < UpdateRule::state.size(); ++k) {
+        const std::string key(UpdateRule::state[k]);
+        if constexpr (state_in_blocks<Precision>) {  // the codes, then the blocks' scales
+          using S = state_storage_t<Precision>;
+          v.state.push_back({key, base(p_.state.moments[k]), std::size_t(S::bits), 8});
+          v.state.push_back({key + "_scale", base(p_.state.scales[k]), 1, S::block});
+        } else {
+          v.state.push_back({key, base(p_.state.moments[k])});
+        }
+      }
       driver::for_each_kept(p_.driver, [&](std::string key, const auto* values) {
         v.kept.emplace_back(std::move(key), untyped::of(p_.finalized() ? values : nullptr));
       });

@@ -12,6 +12,28 @@ MPOPT_DECL untyped part_of(const untyped& u, std::size_t i, bool mine) {
   return mine && u.data ? u.at(i) : untyped{nullptr, u.dtype, u.element_bytes, u.floats};
 }
 
+/// A range of a tensor's elements as the entries of state buffer b: a flat [entries] in the file.
+MPOPT_DECL saved_range entries_of(saved_range r, const checkpoint_view::state_entry& b) {
+  if (b.num == b.den) return r;
+  const std::size_t first = r.first * b.num / b.den;
+  r.count = b.entries(r.first + r.count) - first;
+  r.first = first;
+  r.elements = b.entries(r.elements);
+  r.shape = nullptr;
+  return r;
+}
+
+MPOPT_DECL flat_layout::owned_range entries_of(const flat_layout::owned_range& o, const checkpoint_view::state_entry& b) {
+  const std::size_t first = o.first * b.num / b.den;
+  return {first, b.entries(o.first + o.count) - first, o.state * b.num / b.den};
+}
+
+MPOPT_DECL std::vector<flat_layout::owned_range> entries_of(std::vector<flat_layout::owned_range> ranges,
+                                                            const checkpoint_view::state_entry& b) {
+  for (auto& o : ranges) o = entries_of(o, b);
+  return ranges;
+}
+
 MPOPT_DECL std::vector<state_piece> held_pieces(const checkpoint_view& v,
                                                 const std::vector<std::size_t>& kept_at,
                                                 std::size_t file_tensors) {
@@ -25,8 +47,8 @@ MPOPT_DECL std::vector<state_piece> held_pieces(const checkpoint_view& v,
           v.layout ? saved_range{t, e.size, o.first, o.count, v.layout->sharded(), v.state_on_device, e.shape} : whole;
       pieces.push_back({"param/" + *e.name, whole, e.param, {}});
       if (v.has_master) pieces.push_back({std::string(v.master_key) + "/" + *e.name, held, part_of(v.master, o.state), {}});
-      for (const auto& [name, data] : v.state)
-        pieces.push_back({std::string(name) + "/" + *e.name, held, part_of(data, o.state), {}});
+      for (const auto& b : v.state)
+        pieces.push_back({b.key + "/" + *e.name, entries_of(held, b), part_of(b.data, entries_of(o, b).state), {}});
       ++t;
     }
   const saved_range per_tensor{t, file_tensors, 0, t, false, false, nullptr, &kept_at};
@@ -73,9 +95,9 @@ MPOPT_DECL std::vector<state_piece> file_pieces(const checkpoint_view& v, int re
         if (v.has_master)
           out.push_back({replica_key(replica, std::string(v.master_key) + "/" + name), held, part_of(v.master, own.state, mine),
                          state_senders(p, e, t, entry.size)});
-        for (const auto& [key, data] : v.state)
-          out.push_back({replica_key(replica, std::string(key) + "/" + name), held, part_of(data, own.state, mine),
-                         state_senders(p, e, t, entry.size)});
+        for (const auto& b : v.state)
+          out.push_back({replica_key(replica, b.key + "/" + name), entries_of(held, b),
+                         part_of(b.data, entries_of(own, b).state, mine), entries_of(state_senders(p, e, t, entry.size), b)});
       }
     first += g.tensors.size();
   }

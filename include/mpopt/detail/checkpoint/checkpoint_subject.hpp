@@ -87,7 +87,17 @@ struct checkpoint_view {
   bool has_master = false;
   untyped master;                   ///< fp32 masters, or their remainders (remainder16), where has_master
   std::string_view master_key = "master";  ///< the file's name for them: master, or remainder
-  std::vector<std::pair<std::string_view, untyped>> state;  ///< the rule's buffers, in its order
+  /// A state buffer under its file name, with `num / den` of its entries per tensor element: 1 for
+  /// one per element; for state quantized in blocks, its codes (4-bit: 1/2, two a byte) and its
+  /// scales (1/block). Shards and their state start at multiples of den elements.
+  struct state_entry {
+    std::string key;
+    untyped data;
+    std::size_t num = 1, den = 1;
+    /// The entries of elements [0, n): n * num / den, rounded up.
+    std::size_t entries(std::size_t n) const { return (n * num + den - 1) / den; }
+  };
+  std::vector<state_entry> state;  ///< the rule's buffers, in its order (each quantized one's scales after it)
   std::vector<std::pair<std::string, untyped>> kept;        ///< what the rule's driver keeps per tensor
   bool tensors_on_device = false;  ///< the parameters are in device memory
   bool state_on_device = false;    ///< masters and state are
