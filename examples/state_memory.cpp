@@ -1,7 +1,7 @@
 // The optimizer's memory per parameter, as memory_report() lists it, for fp16 and bf16 AdamW under
 // each state precision (docs/concepts.md, "State precision"): today's fp32 master and moments, bf16
 // moments, masters kept as 16-bit remainders, and moments quantized in blocks (8-bit, 4-bit, fp8).
-// The tensors are a small GPT's (6 layers of width 384, a 4,096-token vocabulary: 11.4M
+// The tensors are a small GPT's (4 layers of width 256, a 2,048-token vocabulary: 3.7M
 // parameters); the state is allocated (finalize()) and nothing is stepped. Exits nonzero if a
 // report's bytes are not what its storage takes: 2 bytes a parameter for the 16-bit parameter, and
 // per parameter 4 (fp32 master) or 2 (remainder16) plus, for each of the two moments, 4 (fp32),
@@ -37,7 +37,7 @@ double expected_state(double master, double moment) { return master + 2 * moment
 template <class Precision, class Scaler>
 bool report(std::string_view what, double master, double moment) {
   using P = typename Precision::param_type;
-  const auto sizes = gpt_tensors(6, 384, 4096, 256);
+  const auto sizes = gpt_tensors(4, 256, 2048, 128);
   std::vector<std::vector<P>> params, grads;
   mpopt::optimizer<Precision, Scaler, mpopt::replicated, mpopt::adam> opt;
   auto& group = opt.add_group({.lr = 3e-4, .weight_decay = 0.1});
@@ -65,7 +65,7 @@ bool report(std::string_view what, double master, double moment) {
 
 int main() {
   std::printf("AdamW over %zu tensors of a small GPT; optimizer state per parameter (master and moments):\n",
-              gpt_tensors(6, 384, 4096, 256).size());
+              gpt_tensors(4, 256, 2048, 128).size());
   bool ok = true;
   ok &= report<mpopt::fp16, mpopt::dynamic_scale>("fp16, fp32 master, fp32 moments (today)", 4, 4);
   ok &= report<mpopt::with_state<mpopt::fp16, mpopt::blockwise8_state>, mpopt::dynamic_scale>(

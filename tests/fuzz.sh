@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Suite 'fuzz' (tests/meson.build). Writes the seed files into WORKDIR/seeds with FUZZ_SEEDS, then
 #   regressions: runs FUZZ_LOAD once on each file of seeds/regressions and names every one that fails;
-#   run:         fuzzes for MPOPT_FUZZ_SECONDS (default 60) from a fresh corpus of the seeds.
+#   run:         fuzzes for MPOPT_FUZZ_SECONDS (default 30) from a fresh corpus of the seeds.
 # Usage: fuzz.sh regressions|run FUZZ_SEEDS FUZZ_LOAD WORKDIR
 set -euo pipefail
 if [[ $# != 4 || ! $1 =~ ^(regressions|run)$ ]]; then
@@ -50,7 +50,7 @@ case $mode in
     mkdir "$work/corpus"
     cp "$work"/seeds/*.safetensors "$work/corpus/"
     # A crashing input is written next to the log as crash-<sha1>: run FUZZ_LOAD on it to reproduce.
-    if ! "$fuzzer" -max_total_time="${MPOPT_FUZZ_SECONDS:-60}" -dict="$(dirname "$0")/fuzz_load.dict" \
+    if ! "$fuzzer" -max_total_time="${MPOPT_FUZZ_SECONDS:-30}" -dict="$(dirname "$0")/fuzz_load.dict" \
         -max_len=16384 -len_control=0 \
         -print_final_stats=1 -artifact_prefix="$work/" "$work/corpus" >"$work/log" 2>&1; then
       report "$work/log"
