@@ -3,8 +3,9 @@
 # pkg-config (examples/quickstart.cpp), (2) with CMake's find_package, (3) as an installed Meson
 # dependency; and (4) as a Meson subproject, whose tests, examples and benchmarks stay off; (5) with
 # CMake's add_subdirectory. 2-5 build app.cpp (below: one optimizer's step, half quickstart's compile
-# time; what they check is the package's flags). A zero2 optimizer over MPI builds and runs on 2 ranks
-# through mpopt::mpi, found (2) as a COMPONENT of the installed package and (6) with FetchContent.
+# time; what they check is the package's flags). Over MPI, on 2 ranks through mpopt::mpi: a zero2
+# optimizer that steps and saves, found (2) as a COMPONENT of the installed package, and a replicated
+# one that steps, (6) with FetchContent.
 # Also: the package carries LICENSE, below C++20 the headers stop with a clear #error, and
 # mpopt::version matches the package's version.
 set -euo pipefail
@@ -69,6 +70,30 @@ int main(int argc, char** argv) {
     opt.save("zero2.safetensors");
     if (opt.communicator().rank() == 0)
       std::printf("zero2 over %d ranks: w[0] %g\n", opt.communicator().size(), float(w[0]));
+  }
+  MPI_Finalize();
+}
+CPP
+# One step of replicated data parallelism over MPI (consumer 6: the MPI target, in less compile time
+# than zero2.cpp's ZeRO-2 and checkpoint).
+cat > "$work/mpi_app.cpp" <<'CPP'
+#include <cstdio>
+#include <vector>
+
+#include <mpi.h>
+#include <mpopt/mpi.hpp>
+#include <mpopt/mpopt.hpp>
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  {
+    mpopt::optimizer<mpopt::fp32, mpopt::no_scaling, mpopt::replicated, mpopt::adam, mpopt::host, mpopt::mpi> opt{
+        mpopt::mpi{MPI_COMM_WORLD}};
+    std::vector<float> w(100, 1.0f), g(100, 0.5f);
+    opt.add_group({.lr = 0.1}).add(w, g, "w");
+    opt.step();
+    if (opt.communicator().rank() == 0)
+      std::printf("mpi_app over %d ranks: one step, w[0] %g\n", opt.communicator().size(), w[0]);
   }
   MPI_Finalize();
 }
@@ -166,20 +191,20 @@ run ./cmake_sub/build/app
 
 echo "== 6. CMake FetchContent, mpopt::mpi"
 mkdir -p "$work/cmake_fetch"
-cp "$work/zero2.cpp" "$work/cmake_fetch/"
+cp "$work/mpi_app.cpp" "$work/cmake_fetch/"
 cat > "$work/cmake_fetch/CMakeLists.txt" <<CMAKE
 cmake_minimum_required(VERSION 3.16)
 project(app CXX)
 include(FetchContent)
 FetchContent_Declare(mpopt SOURCE_DIR "$src")
 FetchContent_MakeAvailable(mpopt)
-add_executable(zero2 zero2.cpp)
-target_link_libraries(zero2 PRIVATE mpopt::mpi)
+add_executable(mpi_app mpi_app.cpp)
+target_link_libraries(mpi_app PRIVATE mpopt::mpi)
 CMAKE
 cmake -S "$work/cmake_fetch" -B "$work/cmake_fetch/build" -DCMAKE_BUILD_TYPE= >/dev/null
 cmake --build "$work/cmake_fetch/build" >/dev/null
 only_app_objects "$work/cmake_fetch/build" 1
-run_ranks ./cmake_fetch/build/zero2
+run_ranks ./cmake_fetch/build/mpi_app
 
 echo "== below C++20: a clear #error"
 if echo '#include <mpopt/mpopt.hpp>' | g++ -std=c++17 -fsyntax-only -I"$src/include" -x c++ - 2>"$work/cxx17.err"; then
