@@ -122,6 +122,19 @@ inline stats gbps(std::vector<double> seconds, double bytes) {
   for (auto& t : seconds) t = bytes / t / 1e9;
   return summarize(seconds);
 }
+/// Per-round ratios ref[r] / step[r] of two kernels timed back to back: median, min, max.
+inline stats paired_ratio(const std::vector<double>& ref, const std::vector<double>& step) {
+  std::vector<double> r;
+  for (std::size_t i = 0; i < step.size(); ++i) r.push_back(ref[i] / step[i]);
+  return summarize(r);
+}
+/// Runs f and adds its seconds to `into`.
+template <class F>
+void timed(std::vector<double>& into, F&& f) {
+  const auto t0 = clock_type::now();
+  f();
+  into.push_back(seconds_since(t0));
+}
 
 /// What every case steps with (bench/README, "Cases"): no accumulation, fp16's static loss scale 1024,
 /// lr 1e-3 and weight decay 0.01 (AdamW, LAMB); clipping at 1, or (`clipped` false: the "noclip"

@@ -127,13 +127,6 @@ struct aligned_bytes {
   }
 };
 
-/// Per-round ratios ref[r] / step[r] of two kernels timed back to back: median, min, max.
-inline stats paired_ratio(const std::vector<double>& ref, const std::vector<double>& step) {
-  std::vector<double> r;
-  for (std::size_t i = 0; i < step.size(); ++i) r.push_back(ref[i] / step[i]);
-  return summarize(r);
-}
-
 template <class Precision, class Scaler, class Rule>
 void run_case(const config& cfg, std::string_view precision, std::string_view rule, bool fused, bool clipped,
               aligned_bytes& copy_src, aligned_bytes& copy_dst) {
@@ -202,11 +195,6 @@ void run_case(const config& cfg, std::string_view precision, std::string_view ru
   threaded_memcpy(copy_dst.p.get(), copy_src.p.get(), half_bytes);
 
   std::vector<double> t_copy, t_same, t_limit, t_step, t_naive;
-  auto timed = [](std::vector<double>& into, auto&& f) {
-    const auto t0 = clock_type::now();
-    f();
-    into.push_back(seconds_since(t0));
-  };
   for (int r = 0; r < cfg.repeat; ++r) {
     timed(t_copy, [&] { threaded_memcpy(copy_dst.p.get(), copy_src.p.get(), half_bytes); });
     timed(t_same, [&] { keep += same_traffic<Precision, Rule>(segs, chunks, prepass); });

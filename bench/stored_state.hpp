@@ -6,6 +6,7 @@
 
 #include "common.hpp"
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -20,12 +21,6 @@
 
 namespace bench {
 
-/// The bytes a step must read and write per parameter, once each.
-struct stored_bytes {
-  double read, written;
-  constexpr double total() const { return read + written; }
-};
-
 /// One moment element in State, with its share of its block's scale.
 template <class State>
 constexpr double state_bytes() {
@@ -34,22 +29,36 @@ constexpr double state_bytes() {
   else return 2;  // bf16
 }
 
+/// A buffer a bf16 Adam step must move: `bytes` per parameter, read, written, or both, once each.
+struct stream_bytes {
+  double bytes;
+  bool read, written;
+};
+
 /// bf16 Adam's unavoidable traffic with its master stored as Master and each moment as State: the
 /// gradient read; the parameter written (read too where it is half the master); the master, or its
 /// remainder, read and written; each moment read and written.
 template <class State, class Master>
-constexpr stored_bytes stored_traffic() {
+constexpr std::array<stream_bytes, 5> stored_streams() {
   constexpr bool remainder = std::is_same_v<Master, mpopt::remainder16>;
-  constexpr double master = remainder ? 2 : 4, param_read = remainder ? 2 : 0;
-  return {2 + param_read + master + 2 * state_bytes<State>(), 2 + master + 2 * state_bytes<State>()};
+  constexpr double moment = state_bytes<State>();
+  return {{{2, true, false}, {2, remainder, true}, {remainder ? 2.0 : 4.0, true, true}, {moment, true, true},
+           {moment, true, true}}};
 }
-static_assert(stored_traffic<mpopt::fp32_state, mpopt::fp32_master>().total() == 28);
-static_assert(stored_traffic<mpopt::blockwise8_state, mpopt::remainder16>().total() == 14 + 4 * 4.0 / 256);
 
-/// A buffer the minimal-traffic kernel streams: `bytes` per parameter, read, written, or both.
+/// The bytes those streams move per parameter.
+template <class State, class Master>
+constexpr double stored_traffic() {
+  double total = 0;
+  for (const auto& s : stored_streams<State, Master>()) total += s.bytes * (s.read + s.written);
+  return total;
+}
+static_assert(stored_traffic<mpopt::fp32_state, mpopt::fp32_master>() == 28);
+static_assert(stored_traffic<mpopt::blockwise8_state, mpopt::remainder16>() == 14 + 4 * 4.0 / 256);
+
+/// A buffer the minimal-traffic kernel streams.
 struct byte_stream {
-  double bytes;
-  bool read, written;
+  stream_bytes what;
   std::unique_ptr<std::uint64_t[]> words{};
 };
 
@@ -61,12 +70,8 @@ class stored_traffic_kernel {
  public:
   template <class State, class Master>
   static stored_traffic_kernel of(std::size_t params) {
-    constexpr bool remainder = std::is_same_v<Master, mpopt::remainder16>;
     std::vector<byte_stream> s;
-    s.push_back({2, true, false});           // gradient
-    s.push_back({2, remainder, true});       // parameter
-    s.push_back({remainder ? 2.0 : 4.0, true, true});  // master or remainder
-    for (int moment = 0; moment < 2; ++moment) s.push_back({state_bytes<State>(), true, true});
+    for (const auto& what : stored_streams<State, Master>()) s.push_back({what});
     return stored_traffic_kernel(params, std::move(s));
   }
 
@@ -92,9 +97,9 @@ class stored_traffic_kernel {
       for (auto& s : streams_) {
         const auto [begin, end] = words_of(s, std::size_t(c));
         std::uint64_t* w = s.words.get();
-        if (first_touch || !s.read) {
+        if (first_touch || !s.what.read) {
           for (std::size_t i = begin; i < end; ++i) w[i] = zero;
-        } else if (s.written) {
+        } else if (s.what.written) {
           for (std::size_t i = begin; i < end; ++i) w[i] += zero;
         } else {
           for (std::size_t i = begin; i < end; ++i) folded ^= w[i];
@@ -103,7 +108,7 @@ class stored_traffic_kernel {
     }
     return folded;
   }
-  static std::size_t word_index(const byte_stream& s, std::size_t param) { return std::size_t(double(param) * s.bytes) / 8; }
+  static std::size_t word_index(const byte_stream& s, std::size_t param) { return std::size_t(double(param) * s.what.bytes) / 8; }
   std::pair<std::size_t, std::size_t> words_of(const byte_stream& s, std::size_t c) const {
     const std::size_t b = c * chunk, e = std::min(params_, b + chunk);
     return {word_index(s, b), word_index(s, e)};
@@ -149,32 +154,22 @@ void run_stored_case(const config& cfg, today_run& today) {
   auto limit = stored_traffic_kernel::of<State, Master>(cfg.params);
   std::uint64_t keep = 0;
   std::vector<double> t_limit, t_step, t_today;
-  auto timed = [](std::vector<double>& into, auto&& f) {
-    const auto t0 = clock_type::now();
-    f();
-    into.push_back(seconds_since(t0));
-  };
   for (int r = 0; r < cfg.repeat; ++r) {
     timed(t_limit, [&] { keep ^= limit.run(); });
     timed(t_step, [&] { run.step(); });
     timed(t_today, [&] { today->step(); });
   }
   if (keep == 12345) std::fprintf(stderr, " ");  // keeps the kernel's reads alive
-  constexpr stored_bytes bytes = stored_traffic<State, Master>();
-  const double total = bytes.total() * double(cfg.params);
-  std::vector<double> limit_ratio, speedup;
-  for (int r = 0; r < cfg.repeat; ++r) {
-    limit_ratio.push_back(t_limit[std::size_t(r)] / t_step[std::size_t(r)]);
-    speedup.push_back(t_today[std::size_t(r)] / t_step[std::size_t(r)]);
-  }
-  const stats step = gbps(t_step, total), lim = summarize(limit_ratio), fast = summarize(speedup);
+  constexpr double bytes = stored_traffic<State, Master>();
+  const stats step = gbps(t_step, bytes * double(cfg.params)), lim = paired_ratio(t_limit, t_step),
+              fast = paired_ratio(t_today, t_step);
   std::printf(
       "{\"bench\":\"optimizer_step\",\"precision\":\"bf16\",\"rule\":\"adam\",\"layout\":\"fused\",\"clip_grad\":0,"
       "\"state\":\"%.*s\",\"master\":\"%.*s\",\"params\":%zu,\"threads\":%d,\"simd\":\"%s\",\"bytes_per_param\":%.3f,"
       "\"gbps\":%.2f,\"limit_ratio\":%.3f,\"limit_ratio_min\":%.3f,\"limit_ratio_max\":%.3f,"
       "\"speedup_vs_fp32_state\":%.3f,\"speedup_min\":%.3f,\"speedup_max\":%.3f}\n",
       int(State::name.size()), State::name.data(), int(Master::name.size()), Master::name.data(), cfg.params,
-      max_threads(), std::string(mpopt::to_string(mpopt::host::simd())).c_str(), bytes.total(), step.median,
+      max_threads(), std::string(mpopt::to_string(mpopt::host::simd())).c_str(), bytes, step.median,
       lim.median, lim.min, lim.max, fast.median, fast.min, fast.max);
   std::fflush(stdout);
 }
