@@ -137,21 +137,21 @@ inline __m512i load_codes16(const std::uint8_t* p, __mmask16 m) {
   return _mm512_or_si512(_mm512_and_si512(q, _mm512_set1_epi64(0xF)), _mm512_slli_epi64(_mm512_srli_epi64(q, 4), 32));
 }
 
+/// The lanes of the n - j elements from j on, at most 16.
+inline __mmask16 lanes_from16(std::size_t j, std::size_t n) {
+  return n - j >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - j)) - 1u);
+}
+
 /// The largest magnitude of n values, or NaN if one is NaN or infinite (block_scale): the largest
 /// of their bits without the sign, which order magnitudes as integers and put NaN and infinity last.
 inline float largest_magnitude16(const float* x, std::size_t n) {
   __m512i m = _mm512_setzero_si512();
   for (std::size_t j = 0; j < n; j += 16) {
-    const __mmask16 lanes = n - j >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - j)) - 1u);
-    m = _mm512_max_epu32(m, _mm512_and_si512(_mm512_maskz_loadu_epi32(lanes, x + j), _mm512_set1_epi32(0x7FFFFFFF)));
+    const __m512i bits = _mm512_maskz_loadu_epi32(lanes_from16(j, n), x + j);
+    m = _mm512_max_epu32(m, _mm512_and_si512(bits, _mm512_set1_epi32(0x7FFFFFFF)));
   }
   const std::uint32_t largest = _mm512_reduce_max_epu32(m);
   return largest >= std::uint32_t(float_infinity) ? std::numeric_limits<float>::quiet_NaN() : std::bit_cast<float>(largest);
-}
-
-/// The lanes of the n - j elements from j on, at most 16.
-inline __mmask16 lanes_from16(std::size_t j, std::size_t n) {
-  return n - j >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - j)) - 1u);
 }
 
 /// A block's n values from their codes (Bits each): values_of(codes) * scale.
@@ -289,11 +289,14 @@ inline void store_codes8(std::uint8_t* p, __m256i c, int n) {
   }
 }
 
+/// The lanes of the n - j elements from j on, at most 8.
+inline int lanes_from8(std::size_t j, std::size_t n) { return n - j >= 8 ? 8 : int(n - j); }
+
 /// As largest_magnitude16, eight lanes.
 inline float largest_magnitude8(const float* x, std::size_t n) {
   __m256i m = _mm256_setzero_si256();
   for (std::size_t j = 0; j < n; j += 8) {
-    const __m256i lanes = first_lanes8(n - j >= 8 ? 8 : int(n - j));
+    const __m256i lanes = first_lanes8(lanes_from8(j, n));
     m = _mm256_max_epu32(m, _mm256_and_si256(_mm256_maskload_epi32(reinterpret_cast<const int*>(x + j), lanes),
                                              _mm256_set1_epi32(0x7FFFFFFF)));
   }
@@ -325,7 +328,7 @@ template <int Bits, class Values>
 inline void decode_block8(const Values& values_of, const std::uint8_t* codes, std::size_t n, float scale, float* out) {
   const __m256 s = _mm256_set1_ps(scale);
   for (std::size_t j = 0; j < n; j += 8) {
-    const int lanes = n - j >= 8 ? 8 : int(n - j);
+    const int lanes = lanes_from8(j, n);
     const __m256 v = _mm256_mul_ps(values_of(load_codes8<Bits>(codes + j * Bits / 8, lanes)), s);
     _mm256_maskstore_ps(out + j, first_lanes8(lanes), v);
   }
@@ -335,7 +338,7 @@ inline void decode_block8(const Values& values_of, const std::uint8_t* codes, st
 template <int Bits, class Codes>
 inline void encode_block8(const float* x, std::size_t n, float s, const Codes& codes_of, std::uint8_t* codes) {
   for (std::size_t j = 0; j < n; j += 8) {
-    const int lanes = n - j >= 8 ? 8 : int(n - j);
+    const int lanes = lanes_from8(j, n);
     const __m256 y = s > 0 ? _mm256_div_ps(_mm256_maskload_ps(x + j, first_lanes8(lanes)), _mm256_set1_ps(s))
                            : _mm256_setzero_ps();
     store_codes8<Bits>(codes + j * Bits / 8, codes_of(y), lanes);
