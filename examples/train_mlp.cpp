@@ -427,12 +427,16 @@ run in fp32 without loss scaling for comparison (unless --compare-fp32 off).
                                 seeded by --seed and gives the same bits on any thread count,
                                 SIMD level or number of ranks; it takes --rule adam or lamb,
                                 replicated
-  --state fp32|bf16             how the rule's state is stored (default fp32)
+  --state fp32|bf16|blockwise8|blockwise4|fp8
+                                how the rule's state is stored (default fp32): bf16, or quantized
+                                in blocks (8-bit, 4-bit or fp8 codes, a scale per block; with
+                                --rule adam only)
   --master fp32|remainder16     how the master is stored (default fp32): remainder16 keeps the 16
                                 bits the bf16 parameter lacks of it, so the two are the fp32 master
-                                exactly. Built as the pair --state bf16 --master remainder16 with
-                                --precision bf16 (6 bytes of state a parameter instead of 12),
-                                --rule adam or lamb, replicated (this example's choice)
+                                exactly. Built as --state S --master remainder16 with --precision
+                                bf16 (bf16 state: 6 bytes of state a parameter instead of 12),
+                                --rule adam or lamb, replicated (this example's choice); --load
+                                reads a checkpoint of any storage into these
   --rule adam|lamb|onebit_lamb|onebit_adam|zero_one_adam
                                 update rule (default adam; AdamW-style weight decay). onebit_lamb
                                 (1-bit LAMB) and onebit_adam (1-bit Adam) average the momentum over
@@ -521,7 +525,7 @@ bool parse_args(int argc, char** argv, config& c) {
     if (flag == "--precision") check_choice(flag, c.precision = value, {"fp16", "bf16", "fp32"});
     else if (flag == "--scaler") check_choice(flag, c.scaler = value, {"dynamic", "static", "none"});
     else if (flag == "--rounding") check_choice(flag, c.rounding = value, {"nearest", "stochastic"});
-    else if (flag == "--state") check_choice(flag, c.state = value, {"fp32", "bf16"});
+    else if (flag == "--state") check_choice(flag, c.state = value, {"fp32", "bf16", "blockwise8", "blockwise4", "fp8"});
     else if (flag == "--master") check_choice(flag, c.master = value, {"fp32", "remainder16"});
     else if (flag == "--rule") check_choice(flag, c.rule = value, {"adam", "lamb", "onebit_lamb", "onebit_adam", "zero_one_adam"});
     else if (flag == "--freeze-step") c.freeze_step = parse_number<std::uint64_t>(flag, value, 1);
@@ -609,9 +613,12 @@ bool parse_args(int argc, char** argv, config& c) {
   if (c.rounding == "stochastic" && c.precision == "fp32")
     throw usage_error{"--rounding stochastic needs --precision bf16 or fp16: fp32 parameters are their own master"};
   if ((c.state != "fp32" || c.master != "fp32") &&
-      (c.precision != "bf16" || c.state != "bf16" || c.master != "remainder16" || c.rounding != "nearest"))
-    throw usage_error{"--state and --master are built as --precision bf16 --state bf16 --master remainder16 only "
+      (c.precision != "bf16" || c.state == "fp32" || c.master != "remainder16" || c.rounding != "nearest"))
+    throw usage_error{"--state and --master are built as --precision bf16 --state S --master remainder16 only "
                       "(this example's choice)"};
+  const bool quantized = c.state != "fp32" && c.state != "bf16";
+  if (quantized && (with_device || c.rule != "adam"))
+    throw usage_error{"--state " + c.state + " is built with --rule adam on the host only (this example's choice)"};
   if (c.rounding == "stochastic" && c.precision == "fp16" && c.scaler != "dynamic")
     throw usage_error{"--rounding stochastic with fp16 is built with --scaler dynamic only (this example's choice)"};
   if (c.loss_scale == 0) c.loss_scale = c.scaler == "dynamic" ? 0x1p24 : 1024;
@@ -632,7 +639,7 @@ bool parse_args(int argc, char** argv, config& c) {
   if (needs_typed_path(c)) {
     const std::string what = with_device                  ? "train_mlp_device"
                              : c.rounding == "stochastic" ? "--rounding stochastic"
-                             : c.state != "fp32"          ? "--state bf16"
+                             : c.state != "fp32"          ? "--state " + c.state
                                                           : "fp16 with --scaler none";
     if (c.rule != "adam" && c.rule != "lamb")
       throw usage_error{what + " is built with --rule adam or lamb only (this example's choice)"};
@@ -993,6 +1000,13 @@ int run_typed(const config& c, const task& data) {
   return run<mpopt::optimizer<Precision, Scaler, mpopt::replicated, mpopt::adam, backend, communicator>>(c, data);
 }
 
+// Moments quantized in blocks of State, remainder16 masters, bf16: with Adam only (one optimizer type each).
+template <class State>
+int run_adam(const config& c, const task& data) {
+  using P = mpopt::with_state<mpopt::bf16, State, mpopt::remainder16>;
+  return run<mpopt::optimizer<P, mpopt::no_scaling, mpopt::replicated, mpopt::adam, backend, communicator>>(c, data);
+}
+
 #if !MPOPT_EXAMPLE_DEVICE
 // The optimizer a DeepSpeed configuration describes (`source`: where it came from), on tensors of
 // its precision's type.
@@ -1083,6 +1097,11 @@ int dispatch(const config& c, const task& data) {
   if (c.precision == "fp16" && c.scaler == "none") return run_typed<mpopt::fp16, mpopt::no_scaling>(c, data);
   if (c.state == "bf16")
     return run_typed<mpopt::with_state<mpopt::bf16, mpopt::bf16_state<>, mpopt::remainder16>, mpopt::no_scaling>(c, data);
+#if !MPOPT_EXAMPLE_DEVICE
+  if (c.state == "blockwise8") return run_adam<mpopt::blockwise8_state>(c, data);
+  if (c.state == "blockwise4") return run_adam<mpopt::blockwise4_state>(c, data);
+  if (c.state == "fp8") return run_adam<mpopt::fp8_state>(c, data);
+#endif
 #if MPOPT_EXAMPLE_DEVICE
   if (c.precision == "fp32") return run_typed<mpopt::fp32, mpopt::no_scaling>(c, data);
   if (c.precision == "bf16") return run_typed<mpopt::bf16, mpopt::no_scaling>(c, data);

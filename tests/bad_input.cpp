@@ -801,6 +801,15 @@ TEST_CASE("load() of a well-formed file with bad contents (checksum valid) throw
   f.reject(p, "edited.safetensors");
   rewrite(f.good, p, [](nlohmann::json& m) { m["rule"] = "lamb"; });
   f.reject(p, "rule");
+  // A storage it does not know; one whose tensors the file does not hold (loading converts state).
+  rewrite(f.good, p, [](nlohmann::json& m) { m["state"] = "int3"; });
+  f.reject(p, "saved with state \"int3\", a storage this version of mpopt does not know");
+  rewrite(f.good, p, [](nlohmann::json& m) { m["master"] = 16; });
+  f.reject(p, "saved with master 16");
+  rewrite(f.good, p, [](nlohmann::json& m) { m["state"] = "blockwise8"; });
+  f.reject(p, "tensor 'exp_avg/embed.weight' has dtype F32 and shape [33], expected U8");
+  rewrite(f.good, p, [](nlohmann::json& m) { m["master"] = "remainder16"; });
+  f.reject(p, "tensor 'remainder/embed.weight' is missing");
   // The spike guard's windows: numbers, both of them.
   rewrite(f.good, p, [](nlohmann::json& m) { m["spike_guard"] = {{"loss", {1.0, "x"}}, {"norm", nlohmann::json::array()}}; });
   f.reject(p, "spike_guard.loss holds \"x\", not a number");

@@ -12,6 +12,10 @@ ZeRO-2 on two ranks) and --load.
           file's), the rest the template's; train_mlp --load takes it, saves it back unchanged and
           trains on from it;
   round trip: export(load(import(export(file)))) == export(file), byte for byte;
+  quantized state (8-bit, 4-bit, fp8 codes with block scales): export --optimizer OPT.safetensors
+          decodes the moments, with maps the tool writes from their definitions, to the bits the
+          C++ side's load() into an fp32-state optimizer gives (train_mlp --load), and the
+          remainder16 masters to its fp32 masters;
   refusals: a trained template, a corrupt file, shapes and names that do not match: exit status
           1, a message naming the problem, no output file;
   without numpy (MPOPT_CHECKPOINT_NO_NUMPY=1): info and export give the same bytes, import says
@@ -481,9 +485,37 @@ def case_conversions():
     H.check(np.array_equal(wb, bf16 << 16), "BF16 -> F32: the bits shifted")
 
 
+def case_quantized(state):
+    d = os.path.join(ARGS.workdir, state)
+    os.makedirs(d, exist_ok=True)
+    q, f = os.path.join(d, "quantized.safetensors"), os.path.join(d, "fp32_state.safetensors")
+    train(["--precision", "bf16", "--state", state, "--master", "remainder16"], "--steps", "25", "--save", q)
+    train(["--precision", "bf16"], "--load", q, "--steps", "0", "--save", f)  # load() decodes into fp32 state
+    w, o = os.path.join(d, "weights.safetensors"), os.path.join(d, "state.safetensors")
+    tool("export", q, w, "--optimizer", o)
+    qs, fs, ws, os_ = read_st(q), read_st(f), read_st(w), read_st(o)
+    H.check(json.loads(qs[1]["mpopt"])["state"] == state and json.loads(fs[1]["mpopt"])["state"] == "fp32",
+            "the file is of %s state, its conversion of fp32" % state)
+    H.check(sorted(os_[0]) == sorted(k + "/" + n for k in ("exp_avg", "exp_avg_sq") for n in NAMES),
+            "the state export holds exp_avg and exp_avg_sq of every parameter")
+    nonzero = 0
+    for n in NAMES:
+        H.check(qs[0]["exp_avg/" + n]["dtype"] == "U8" and fs[0]["exp_avg/" + n]["dtype"] == "F32",
+                "exp_avg/%s: codes in one file, fp32 in the other" % n)
+        for kind in ("exp_avg", "exp_avg_sq"):
+            key = kind + "/" + n
+            H.check(os_[0][key]["dtype"] == "F32" and os_[0][key]["shape"] == SHAPES[n], "%s: F32 %s" % (key, SHAPES[n]))
+            H.check(tensor_bytes(os_, key) == tensor_bytes(fs, key), "%s: decoded as load() decodes it" % key)
+            nonzero += sum(1 for (x,) in struct.iter_unpack("<f", tensor_bytes(os_, key)) if x != 0)
+        H.check(tensor_bytes(ws, n) == tensor_bytes(fs, "master/" + n), "%s: the remainder16 masters joined" % n)
+    H.check(nonzero > 0, "the decoded moments are not all zero")
+
+
 def numpy_main():
     """Every case that runs on one process (all but ZeRO-2's)."""
     H.run_case("conversions: rounding to F16 and BF16, widening back", case_conversions)
+    for state in ("blockwise8", "blockwise4", "fp8"):
+        H.run_case("%s state: export decodes it as load() does" % state, case_quantized, state)
     results = {}
     for name, flags, dtype in CONFIGS:
         H.run_case("%s: export, import, load in C++, round trip" % name,

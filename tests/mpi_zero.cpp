@@ -695,6 +695,53 @@ TEST_SUITE("mpi") {
         o, {{{"a", 5000}, {"b", 1}, {"c", 77}}, {{"d", 70001}, {"e", 3}}}, 8, [](int, auto&, const auto&, const auto&) {});
   }
 
+  TEST_CASE_TEMPLATE("a one-process checkpoint of other storage (fp32, or 8-bit blocks of 256) loads into 4-bit "
+                     "state under ZeRO-2 as into one process, its blocks read around each shard: the same bits, "
+                     "step after step",
+                     From, mpopt::bf16, quantized_on<mpopt::blockwise8_state, mpopt::zero1>::precision) {
+    using To = quantized_on<mpopt::blockwise4_state, mpopt::zero2>::precision;
+    using from_t = mpopt::optimizer<From, mpopt::no_scaling, mpopt::replicated, mpopt::adam, test_backend>;
+    using dist_t = mpopt::optimizer<To, mpopt::no_scaling, mpopt::zero2, mpopt::adam, test_backend, mpopt::mpi>;
+    using local_t = mpopt::optimizer<To, mpopt::no_scaling, mpopt::replicated, mpopt::adam, test_backend>;
+    const int rank = world_rank();
+    CAPTURE(world_size());
+    const mpopt::optimizer_options o{.clip_grad = 0, .combine = mpopt::accumulation::sum, .bucket_elements = 3000};
+    const std::vector<mpopt::tensor_spec> specs = {{"a", 5000}, {"b", 1}, {"c", 77}, {"d", 70001}, {"e", 3}};
+    from_t f(o);
+    dist_t d(mpopt::mpi{MPI_COMM_WORLD}, o);
+    local_t l(o);
+    auto& fg = f.add_flat_group({.lr = 1e-4, .weight_decay = 0.01}, specs);
+    auto& dg = d.add_flat_group({.lr = 1e-4, .weight_decay = 0.01}, specs);
+    auto& lg = l.add_flat_group({.lr = 1e-4, .weight_decay = 0.01}, specs);
+    auto gradients = [&](int s, auto& g, bool sender) {
+      for (std::size_t t = 0; t < specs.size(); ++t)
+        for (std::size_t k = 0; k < specs[t].size; ++k)
+          g.grad(t)[k] = sender ? mpopt::bfloat16(float(unit(mix((std::uint64_t(s) << 40) + (std::uint64_t(t) << 32) + k))))
+                                : mpopt::bfloat16(0.0f);
+    };
+    for (std::size_t t = 0; t < specs.size(); ++t)
+      for (std::size_t k = 0; k < specs[t].size; ++k)
+        fg.param(t)[k] = mpopt::bfloat16(float(0.5 + 0.25 * unit(mix((std::uint64_t(t) << 32) + k))));
+    for (int s = 0; s < 3; ++s) {
+      gradients(s, fg, true);
+      f.step();
+    }
+    std::vector<std::byte> file;
+    f.save(file);
+    d.load(file);
+    l.load(file);
+    for (int s = 3; s < 6; ++s) {
+      CAPTURE(s);
+      gradients(s, dg, rank == 0);  // summed over the ranks: one process's gradients
+      gradients(s, lg, true);
+      REQUIRE(d.step().applied);
+      REQUIRE(l.step().applied);
+      for (std::size_t t = 0; t < specs.size(); ++t)
+        REQUIRE(std::memcmp(dg.param(t).data(), lg.param(t).data(), dg.param(t).size_bytes()) == 0);
+    }
+    load_one_process_file(d, l, rank);  // and their states: the same file
+  }
+
   TEST_CASE_TEMPLATE("with nothing to know before the update the norm comes from the update pass, agreed across "
                      "ranks after it: one process's bits, under every partition", P,
                      mpopt::zero1, mpopt::zero2, mpopt::replicated) {

@@ -3,7 +3,7 @@
 
   mpopt_checkpoint.py info CHECKPOINT
   mpopt_checkpoint.py export CHECKPOINT OUT.safetensors|OUT.pt [--weights master|param] [--float32]
-                             [--optimizer OPT.pt]
+                             [--optimizer OPT.pt|OPT.safetensors]
   mpopt_checkpoint.py import SOURCE --like TEMPLATE -o OUT.safetensors [--strip-prefix P] [--ignore-extra]
                              [--optimizer OPT.pt [--optimizer-class AdamW|Adam]]
 
@@ -34,8 +34,13 @@ each group's lr (the last step's), betas, eps and weight_decay; where the checkp
 initial_lr is the group's base rate, which an LRScheduler built with last_epoch=step-1 resumes from.
 The schedule itself, the loss scale and the spike guard's windows have no place in a torch.optim
 state_dict. It refuses other rules, bias_correction false and groups mixing the two kinds of decay.
+--optimizer OPT.safetensors writes, without PyTorch, any rule's state buffers alone: <kind>/<name> in
+fp32 with the parameter's shape, and each group's step (metadata group_steps). State quantized in
+blocks (blockwise8, blockwise4, fp8) is decoded either way, code value times block scale in float32
+as load() decodes it, with the maps written here from their definitions (docs/design.md).
 
-import --optimizer OPT.pt takes Adam's state from such a state_dict instead of starting fresh. Its
+import --optimizer OPT.pt takes Adam's state from such a state_dict instead of starting fresh (into a
+template of fp32 or bf16 state: load() quantizes fp32 state into an optimizer that stores it in blocks). Its
 param groups must be the template's groups, and their parameters its tensors in order: sizes, and
 param_names where present, are checked. Every parameter of a group must be at the same step, which
 becomes the group's step and the applied steps. lr, betas, eps and weight_decay replace the
@@ -658,13 +663,80 @@ def require_adam(cfg, where):
              "AdamW hold" % (where, cfg.get("rule")))
 
 
-QUANTIZED_STATES = ("blockwise8", "blockwise4", "fp8")
+# State quantized in blocks (include/mpopt/state_precision.hpp): bits per code, elements per scale.
+QUANTIZED_STATES = {"blockwise8": (8, 256), "blockwise4": (4, 128), "fp8": (8, 256)}
 
 
 def require_unquantized(cfg, where):
     if cfg.get("state") in QUANTIZED_STATES:
-        fail("%s: state %r is quantized in blocks (codes and scales): --optimizer does not convert it yet; "
-             "the weights export alone" % (where, cfg.get("state")))
+        fail("%s: state %r is quantized in blocks (codes and scales): import --optimizer writes fp32 moments; use "
+             "a template saved by the same optimizer with fp32 state (mpopt::fp32_state), which load() quantizes "
+             "into this one's storage" % (where, cfg.get("state")))
+
+
+def dynamic_values(is_signed, n):
+    """bitsandbytes' dynamic map of n = 2^bits values as mpopt defines it (docs/design.md, "State
+    precision"): decade 10^(i - (E-1)) for i < E = log2(n) - 1 exponent bits holds the midpoints of an even
+    split of [0.1, 1] into 2^i parts (signed, each with its negative) or 2^(i+1) (unsigned); with 0 and 1.
+    In double, rounded once to float32."""
+    exponent_bits = n.bit_length() - 2
+    v = [0.0, 1.0]
+    for i in range(exponent_bits):
+        parts = 1 << i if is_signed else 1 << (i + 1)
+        decade = 1.0 / float(10 ** (exponent_bits - 1 - i))  # 10^-k, correctly rounded
+        for j in range(parts):
+            x = decade * (0.1 + 0.9 * (j + 0.5) / parts)
+            v += [x, -x] if is_signed else [x]
+    return sorted(v)
+
+
+def e4m3_value(code):
+    """fp8 E4M3FN: S.EEEE.MMM with bias 7, m * 2^-9 below the normals, S.1111.111 NaN."""
+    e, m = (code >> 3) & 0xF, code & 0x7
+    if e == 0xF and m == 0x7:
+        return math.nan
+    magnitude = m / 512.0 if e == 0 else (1 + m / 8.0) * 2.0 ** (e - 7)
+    return -magnitude if code & 0x80 else magnitude
+
+
+def code_values(state, nonnegative):
+    """The values of a quantized storage's codes, by code, as float32: the unsigned map for state the rule
+    keeps non-negative."""
+    if state == "fp8":
+        values = [e4m3_value(c) for c in range(256)]
+    elif state == "blockwise8":
+        values = dynamic_values(not nonnegative, 256)
+    else:  # blockwise4: the signed dynamic map, or k/16 for k = 1..16
+        values = [(k + 1) / 16.0 for k in range(16)] if nonnegative else dynamic_values(True, 16)
+    return np.array(values, dtype=np.float64).astype(np.float32)
+
+
+def state_float32(c, kind, name, size):
+    """State buffer `kind` of parameter `name` as float32: as saved (16-bit widened exactly), or decoded
+    from its codes and its blocks' scales: code value times scale, in float32, as load() decodes it."""
+    key = kind + "/" + name
+    storage = c.config.get("state", "fp32")
+    if key not in c.entries:
+        fail("%s: tensor '%s' is missing" % (c.path, key))
+    if storage not in QUANTIZED_STATES:
+        if product(c.shape(key)) != size:
+            fail("%s: tensor '%s' has shape %s, the parameter %d elements" % (c.path, key, shape_text(c.shape(key)),
+                                                                              size))
+        return c.float32(key).copy()  # writable, for torch.from_numpy
+    need_numpy("decoding %s state" % storage)
+    bits, block = QUANTIZED_STATES[storage]
+    scale_key = kind + "_scale/" + name
+    codes = np.frombuffer(c.raw(key), dtype=np.uint8)
+    if bits == 4:  # two a byte, the even element in the low half
+        codes = np.stack([codes & 0xF, codes >> 4], axis=1).reshape(-1)
+    blocks = -(-size // block)
+    if c.dtype(key) != "U8" or len(codes) < size or scale_key not in c.entries or c.dtype(scale_key) != "F32" \
+            or product(c.shape(scale_key)) != blocks:
+        fail("%s: %s state '%s' of %d elements needs U8 codes and %d F32 scales ('%s')"
+             % (c.path, storage, key, size, blocks, scale_key))
+    nonnegative = kind in c.config.get("nonnegative_state", [])
+    scales = np.repeat(c.float32(scale_key), block)[:size]
+    return code_values(storage, nonnegative)[codes[:size]] * scales
 
 
 def torch_adam_class(cfg, where):
@@ -691,7 +763,6 @@ def torch_optimizer_state(c, torch):
     """The checkpoint's Adam state as torch.optim's state_dict(), and the class to load it into."""
     cfg = c.config
     require_adam(cfg, c.path)
-    require_unquantized(cfg, c.path)
     cls = torch_adam_class(cfg, c.path)
     scheduled = bool(cfg.get("lr_schedule"))
     state, groups, index = {}, [], 0
@@ -704,7 +775,7 @@ def torch_optimizer_state(c, torch):
                 shape = c.shape("param/" + name)
                 state[index] = {"step": torch.tensor(float(step), dtype=torch.float32)}
                 for kind in ADAM_STATE:
-                    state[index][kind] = torch.from_numpy(saved_moment(c, kind, name, t["size"])).reshape(shape)
+                    state[index][kind] = torch.from_numpy(state_float32(c, kind, name, t["size"])).reshape(shape)
             params.append(index)
             names.append(name)
             index += 1
@@ -716,15 +787,6 @@ def torch_optimizer_state(c, torch):
         pg["param_names"] = names  # newer PyTorch's own key for named parameters; older ones keep it unread
         groups.append(pg)
     return {"state": state, "param_groups": groups}, cls
-
-
-def saved_moment(c, kind, name, size):
-    key = kind + "/" + name
-    if key not in c.entries:
-        fail("%s: tensor '%s' is missing" % (c.path, key))
-    if product(c.shape(key)) != size:
-        fail("%s: tensor '%s' has shape %s, the parameter %d elements" % (c.path, key, shape_text(c.shape(key)), size))
-    return c.float32(key).copy()  # writable, for torch.from_numpy
 
 
 class TorchAdamState:
@@ -909,11 +971,17 @@ def cmd_export(args):
     if not torch_out and not out.endswith(".safetensors"):
         fail("%s: the output must end in .safetensors or %s" % (out, ", ".join(TORCH_SUFFIXES)))
     c = MpoptCheckpoint(args.checkpoint, verify=not args.no_verify)
-    if torch_out or args.optimizer:
+    state_out = args.optimizer and args.optimizer.endswith(".safetensors")  # the state alone, no torch
+    if torch_out or (args.optimizer and not state_out):
         torch = import_torch("writing " + (out if torch_out else args.optimizer))
         need_numpy("writing " + out)
     if args.optimizer:  # everything checked before either file is written
-        optimizer_state, optimizer_class = export_optimizer_checks(args, c, torch)
+        if os.path.abspath(args.optimizer) == os.path.abspath(out):
+            fail("%s: the weights and the optimizer state need two files" % args.optimizer)
+        if state_out:
+            optimizer_state = state_tensors(c)
+        else:
+            optimizer_state, optimizer_class = export_optimizer_checks(args, c, torch)
     tensors = []
     for name, _ in c.tensors:
         key = c.weight_key(name, args.weights)
@@ -941,21 +1009,40 @@ def cmd_export(args):
     print("mpopt_checkpoint: wrote %d tensors (%s) to %s" % (len(tensors), what, out), file=sys.stderr)
     if args.optimizer:
         try:
-            torch_save(torch, optimizer_state, args.optimizer)
+            if state_out:
+                steps = json.dumps([g["step"] for g in c.config["groups"]])
+                write_safetensors(args.optimizer, optimizer_state, {"format": "pt", "group_steps": steps})
+            else:
+                torch_save(torch, optimizer_state, args.optimizer)
         except BaseException:
             remove_quietly(out)  # both files or neither
             raise
-        report_optimizer_export(c, optimizer_state, optimizer_class, args.optimizer)
+        if state_out:
+            print("mpopt_checkpoint: wrote %s: %d state tensors in fp32" % (args.optimizer, len(optimizer_state)),
+                  file=sys.stderr)
+        else:
+            report_optimizer_export(c, optimizer_state, optimizer_class, args.optimizer)
     return 0
+
+
+def state_tensors(c):
+    """export --optimizer OPT.safetensors: every state buffer of every parameter, in fp32 (decoded where
+    quantized), as <kind>/<name> with the parameter's shape."""
+    registered = dict(c.tensors)
+    tensors = []
+    for key in c.names:
+        kind, _, name = key.partition("/")
+        if name in registered and kind not in ("param", "master", "remainder", "rank") and not kind.endswith("_scale"):
+            tensors.append((key, "F32", c.shape("param/" + name),
+                            lambda k=kind, n=name: state_float32(c, k, n, registered[n]).tobytes()))
+    return tensors
 
 
 def export_optimizer_checks(args, c, torch):
     """export --optimizer: the state_dict to write, and its torch.optim class, once all is checked."""
     if not args.optimizer.endswith(TORCH_SUFFIXES):
-        fail("%s: the optimizer state is written with torch.save: it must end in %s"
+        fail("%s: the optimizer state is written with torch.save (it must end in %s) or alone in fp32 (.safetensors)"
              % (args.optimizer, ", ".join(TORCH_SUFFIXES)))
-    if os.path.abspath(args.optimizer) == os.path.abspath(args.output):
-        fail("%s: the weights and the optimizer state need two files" % args.optimizer)
     if args.weights == "param" and any(c.has_master(n) for n, _ in c.tensors):
         fail("--optimizer with --weights param: Adam's moments belong to the fp32 masters, which torch must "
              "continue from: export those (--weights master, the default)")
@@ -1097,11 +1184,12 @@ def main(argv=None):
     s.add_argument("--float32", action="store_true",
                    help="widen 16-bit parameters to float32 (exact): for readers without bfloat16")
     s.add_argument("--no-verify", action="store_true", help="skip the checksum (faster on large files)")
-    s.add_argument("--optimizer", metavar="OPT.pt",
+    s.add_argument("--optimizer", metavar="OPT.pt|OPT.safetensors",
                    help="also Adam's state as a torch.optim.AdamW (or Adam, for L2 weight decay) state_dict(), "
                         "written with torch.save: each parameter's exp_avg, exp_avg_sq and step (its group's), each "
                         "group's lr, betas, eps and weight_decay, and param_names: the order to build the groups "
-                        "in. Rule adam only")
+                        "in. Rule adam only. OPT.safetensors: any rule's state buffers alone, <kind>/<name> in fp32, "
+                        "no PyTorch needed. Quantized state is decoded")
     s.set_defaults(run=cmd_export)
 
     s = sub.add_parser("import",

@@ -26,6 +26,7 @@
 #include "detail/checkpoint/json_fields.ipp"
 #include "detail/checkpoint/replacing_file.ipp"
 #include "detail/checkpoint/saved_state.ipp"
+#include "detail/checkpoint/state_conversion.ipp"
 #include "detail/checkpoint/state_file.ipp"
 #include "detail/comm/agree.ipp"
 #include "detail/comm/same_settings.ipp"

@@ -119,16 +119,14 @@ class checkpointing {
       v.world = std::size_t(p_.comms.comm.size());
       v.has_master = Precision::has_master;
       if constexpr (Precision::has_master) v.master = base(p_.state.master);
-      if constexpr (master_in_remainder<Precision>) v.master_key = "remainder";
+      v.master_storage = *format_named(master_formats, master_storage_t<Precision>::name);
+      v.state_storage = state_format_of();
       for (std::size_t k = 0; k < UpdateRule::state.size(); ++k) {
-        const std::string key(UpdateRule::state[k]);
-        if constexpr (state_in_blocks<Precision>) {  // the codes, then the blocks' scales
-          using S = state_storage_t<Precision>;
-          v.state.push_back({key, base(p_.state.moments[k]), std::size_t(S::bits), 8});
-          v.state.push_back({key + "_scale", base(p_.state.scales[k]), 1, S::block});
-        } else {
-          v.state.push_back({key, base(p_.state.moments[k])});
-        }
+        auto& b = v.state.emplace_back();
+        b.key = UpdateRule::state[k];
+        b.data = base(p_.state.moments[k]);
+        if constexpr (state_in_blocks<Precision>) b.scales = base(p_.state.scales[k]);
+        b.nonnegative = nonnegative(k);
       }
       driver::for_each_kept(p_.driver, [&](std::string key, const auto* values) {
         v.kept.emplace_back(std::move(key), untyped::of(p_.finalized() ? values : nullptr));
@@ -173,6 +171,20 @@ class checkpointing {
     }
     MPOPT_COLD void save_extras(const std::function<void(std::span<const std::byte>)>& write) override {
       p_.driver.save_extra(p_.comms.comm, p_.backend, write);
+    }
+
+    MPOPT_COLD void encode_state(std::size_t k, std::span<const float> x, std::byte* data, float* scales) const override {
+      using S = state_storage_t<Precision>;
+      if constexpr (state_in_blocks<Precision>) {
+        auto* codes = reinterpret_cast<std::uint8_t*>(data);
+        for (std::size_t b = 0; b < x.size(); b += S::block)
+          quantize_block<S, void>(x.data() + b, std::min(S::block, x.size() - b), nonnegative(k),
+                                  codes + code_bytes<S>(b), scales + b / S::block);
+      } else {
+        (void)scales;
+        auto* out = reinterpret_cast<typename S::element*>(data);
+        for (std::size_t j = 0; j < x.size(); ++j) out[j] = typename S::element(x[j]);  // bf16: to nearest
+      }
     }
 
     MPOPT_COLD void read_group_options(const nlohmann::json& options) override {
@@ -233,6 +245,17 @@ class checkpointing {
     }
 
    private:
+    static bool nonnegative(std::size_t k) { return (nonnegative_state_bits<UpdateRule>() >> k) & 1u; }
+    /// The file's description of the state storage, which must be the storage's own.
+    static constexpr state_format state_format_of() {
+      using S = state_storage_t<Precision>;
+      constexpr state_format f = *format_named(state_formats, S::name);
+      if constexpr (state_in_blocks<Precision>) static_assert(f.bits == S::bits && f.block == S::block);
+      else static_assert(f.bits == 8 * sizeof(typename S::element) && f.block == 0);
+      static_assert(f.dtype == state_dtype<typename S::element>::value);
+      return f;
+    }
+
     Pipeline& p_;
     LossScaler scaler_;
     typename LossScaler::state scaler_state_{};  // what metadata() describes

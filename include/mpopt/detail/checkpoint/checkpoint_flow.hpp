@@ -24,6 +24,7 @@
 #include "../config.hpp"
 #include "../comm/same_settings.hpp"
 #include "saved_state.hpp"
+#include "state_conversion.hpp"
 #include "state_file.hpp"
 #include "../step/step_counts.hpp"
 
@@ -35,6 +36,7 @@ struct saved_header : saved_counts {
   std::vector<std::uint64_t> group_steps;
   found_tensors found;  ///< where my tensors are among the file's
   int replica = 0;      ///< the rank whose copy this rank reads (replicas_differ), else 0
+  saved_storage storage;  ///< how the file stores state and masters
 };
 
 /// Policies, scaler, counters and group layout: the metadata of a saved state.

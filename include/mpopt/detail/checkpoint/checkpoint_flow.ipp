@@ -25,6 +25,11 @@ MPOPT_DECL nlohmann::json describe(checkpoint_subject& s, const checkpoint_view&
       state_metadata(m.policies, fields_json(m.scaler), m.counts, saved_groups(v, group_options, m.group_steps),
                      m.rounding_seed, s.replicas(), m.guard ? guard_json(*m.guard) : nlohmann::json(), driver);
   add_saved_schedule(meta, m.schedule);
+  if (v.state_storage.block) {  // which buffers the unsigned map codes: a reader decodes with it
+    nlohmann::json& nonnegative = meta["nonnegative_state"] = nlohmann::json::array();
+    for (const auto& b : v.state)
+      if (b.nonnegative) nonnegative.push_back(b.key);
+  }
   return meta;
 }
 
@@ -35,7 +40,7 @@ MPOPT_DECL saved_header check_saved(checkpoint_subject& s, const state_reader& r
   try {
     const nlohmann::json& meta = r.metadata();
     const nlohmann::json mine = describe(s, v);
-    check_saved_policies(meta, mine, where);
+    h.storage = check_saved_policies(meta, mine, where);
     const auto& groups = meta.at("groups");
     h.found = find_saved_tensors(v, groups, mine["groups"], where);
     // Every number through an exact type and range check (json_fields.hpp), then the checks the
@@ -65,7 +70,7 @@ MPOPT_DECL saved_header check_saved(checkpoint_subject& s, const state_reader& r
     if (e.message().starts_with(where)) throw;
     fail(where, e.message());
   }
-  check_saved_pieces(r, held_pieces(v, h.found.kept_at, h.found.file_tensors), h.replica, where);
+  check_saved_pieces(r, held_pieces(v, h.found.kept_at, h.found.file_tensors, h.storage), h.replica, where);
   return h;
 }
 
@@ -115,7 +120,10 @@ MPOPT_DECL void load_state(checkpoint_subject& s, const state_source& source, co
   check_same_checkpoint(s, saved);
   s.prepare_to_read();
   std::vector<std::byte> staged;  // a tensor for device memory, read on the host first
-  read_state(*file, s, held_pieces(s.view(), saved.found.kept_at, saved.found.file_tensors), saved.replica, staged);
+  const checkpoint_view v = s.view();
+  read_state(*file, s, held_pieces(v, saved.found.kept_at, saved.found.file_tensors, saved.storage), saved.replica, staged);
+  if (saved.storage.state != v.state_storage) read_converted_state(*file, s, v, saved.storage.state, saved.replica);
+  if (saved.storage.master != v.master_storage) read_converted_master(*file, s, v, saved.storage.master, saved.replica);
   s.restore(saved, saved.group_steps, [&](const std::string& key, std::size_t first, const untyped& to, std::size_t count, bool on_device) {
     read_piece(*file, s, key, first, to, count, on_device, staged);
   });

@@ -65,7 +65,7 @@ MPOPT_DECL void read_piece(const state_reader& file, checkpoint_io& io, const st
                            std::size_t first, const untyped& to, std::size_t count, bool on_device,
                            std::vector<std::byte>& staged);
 
-/// load()'s reading: every piece of mine from the file (checked by check_saved_pieces).
+/// load()'s reading: every piece of mine from the file (checked by check_saved_pieces) that has data.
 MPOPT_DECL void read_state(const state_reader& file, checkpoint_io& io, std::span<const state_piece> pieces,
                            int replica, std::vector<std::byte>& staged);
 

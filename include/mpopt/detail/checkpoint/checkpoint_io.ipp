@@ -119,6 +119,7 @@ MPOPT_DECL void read_state(const state_reader& file, checkpoint_io& io, std::spa
                            int replica, std::vector<std::byte>& staged) {
   for (const auto& p : pieces) {
     const saved_range& r = p.range;
+    if (!p.data.data) continue;  // none of it here, or converted (state_conversion.hpp)
     if (!r.kept_at) {
       read_piece(file, io, replica_key(replica, p.key), r.first, p.data, r.count, r.on_device, staged);
       continue;

@@ -31,9 +31,10 @@ MPOPT_DECL untyped part_of(const untyped& u, std::size_t i, bool mine = true);
 /// state as far as this rank holds them, then each of the driver's per-tensor values (found in the
 /// file at kept_at, each tensor's position among its file_tensors). Before finalize() the state's
 /// pointers are null: enough to check a file against this optimizer without committing to a layout.
-MPOPT_DECL std::vector<state_piece> held_pieces(const checkpoint_view& v,
-                                                const std::vector<std::size_t>& kept_at,
-                                                std::size_t file_tensors);
+/// State or masters that `file` stores otherwise are the file's tensors, whole and without data:
+/// checked, and read by conversion (state_conversion.hpp).
+MPOPT_DECL std::vector<state_piece> held_pieces(const checkpoint_view& v, const std::vector<std::size_t>& kept_at,
+                                                std::size_t file_tensors, const saved_storage& file);
 
 /// The pieces save() writes, in file order: each group's tensors, and of an expert group those of
 /// every set of experts, set after set (a checkpoint holds what one process holding every expert

@@ -12,31 +12,63 @@ MPOPT_DECL untyped part_of(const untyped& u, std::size_t i, bool mine) {
   return mine && u.data ? u.at(i) : untyped{nullptr, u.dtype, u.element_bytes, u.floats};
 }
 
-/// A range of a tensor's elements as the entries of state buffer b: a flat [entries] in the file.
-MPOPT_DECL saved_range entries_of(saved_range r, const checkpoint_view::state_entry& b) {
-  if (b.num == b.den) return r;
-  const std::size_t first = r.first * b.num / b.den;
-  r.count = b.entries(r.first + r.count) - first;
+/// A file tensor of a state buffer: its values or codes, or its blocks' scales, with `num / den` of
+/// its entries per tensor element (4-bit codes: 1/2, two a byte; scales: 1/block). Shards and their
+/// state start at multiples of den elements.
+struct state_entry {
+  std::string key;
+  untyped data;
+  std::size_t num = 1, den = 1;
+  /// The entries of elements [0, n): n * num / den, rounded up.
+  std::size_t entries(std::size_t n) const { return (n * num + den - 1) / den; }
+};
+
+/// The file tensors of state buffers stored as f: with `data` the buffers', else none (a file's,
+/// whose dtypes and shapes are checked).
+MPOPT_DECL std::vector<state_entry> state_entries(std::span<const checkpoint_view::state_buffer> buffers,
+                                                  const state_format& f, bool data) {
+  std::vector<state_entry> entries;
+  for (const auto& b : buffers) {
+    const untyped values = data ? b.data : untyped{nullptr, f.dtype, f.block ? 1 : f.bits / 8, f.dtype == "F32"};
+    if (!f.block) {
+      entries.push_back({b.key, values});
+      continue;
+    }
+    entries.push_back({b.key, values, f.bits, 8});
+    entries.push_back({b.key + "_scale", data ? b.scales : untyped{nullptr, "F32", 4, true}, 1, f.block});
+  }
+  return entries;
+}
+
+/// A range of a tensor's elements as the entries of e: a flat [entries] in the file.
+MPOPT_DECL saved_range entries_of(saved_range r, const state_entry& e) {
+  if (e.num == e.den) return r;
+  const std::size_t first = r.first * e.num / e.den;
+  r.count = e.entries(r.first + r.count) - first;
   r.first = first;
-  r.elements = b.entries(r.elements);
+  r.elements = e.entries(r.elements);
   r.shape = nullptr;
   return r;
 }
 
-MPOPT_DECL flat_layout::owned_range entries_of(const flat_layout::owned_range& o, const checkpoint_view::state_entry& b) {
-  const std::size_t first = o.first * b.num / b.den;
-  return {first, b.entries(o.first + o.count) - first, o.state * b.num / b.den};
+MPOPT_DECL flat_layout::owned_range entries_of(const flat_layout::owned_range& o, const state_entry& e) {
+  const std::size_t first = o.first * e.num / e.den;
+  return {first, e.entries(o.first + o.count) - first, o.state * e.num / e.den};
 }
 
 MPOPT_DECL std::vector<flat_layout::owned_range> entries_of(std::vector<flat_layout::owned_range> ranges,
-                                                            const checkpoint_view::state_entry& b) {
-  for (auto& o : ranges) o = entries_of(o, b);
+                                                            const state_entry& e) {
+  for (auto& o : ranges) o = entries_of(o, e);
   return ranges;
 }
 
-MPOPT_DECL std::vector<state_piece> held_pieces(const checkpoint_view& v,
-                                                const std::vector<std::size_t>& kept_at,
-                                                std::size_t file_tensors) {
+MPOPT_DECL std::vector<state_piece> held_pieces(const checkpoint_view& v, const std::vector<std::size_t>& kept_at,
+                                                std::size_t file_tensors, const saved_storage& file) {
+  // Storage the file holds otherwise is converted (state_conversion.hpp): its pieces, whole and
+  // without data, are checked and not read.
+  const bool same_state = file.state == v.state_storage, same_master = file.master == v.master_storage;
+  const std::vector<state_entry> state = state_entries(v.state, file.state, same_state);
+  const untyped file_master{nullptr, file.master.dtype, file.master.element_bytes, file.master.dtype == "F32"};
   std::vector<state_piece> pieces;
   std::size_t t = 0;
   for (const auto& g : v.groups)
@@ -46,9 +78,12 @@ MPOPT_DECL std::vector<state_piece> held_pieces(const checkpoint_view& v,
       const saved_range held =
           v.layout ? saved_range{t, e.size, o.first, o.count, v.layout->sharded(), v.state_on_device, e.shape} : whole;
       pieces.push_back({"param/" + *e.name, whole, e.param, {}});
-      if (v.has_master) pieces.push_back({std::string(v.master_key) + "/" + *e.name, held, part_of(v.master, o.state), {}});
-      for (const auto& b : v.state)
-        pieces.push_back({b.key + "/" + *e.name, entries_of(held, b), part_of(b.data, entries_of(o, b).state), {}});
+      const std::string master_key = std::string(file.master.key) + "/" + *e.name;
+      if (same_master && v.has_master) pieces.push_back({master_key, held, part_of(v.master, o.state), {}});
+      if (!same_master && file.master.element_bytes) pieces.push_back({master_key, whole, file_master, {}});
+      for (const auto& b : state)
+        pieces.push_back({b.key + "/" + *e.name, entries_of(same_state ? held : whole, b),
+                          same_state ? part_of(b.data, entries_of(o, b).state) : b.data, {}});
       ++t;
     }
   const saved_range per_tensor{t, file_tensors, 0, t, false, false, nullptr, &kept_at};
@@ -76,6 +111,7 @@ MPOPT_DECL std::vector<state_piece> file_pieces(const checkpoint_view& v, int re
     for (std::size_t r = 0; r < w; ++r) senders[r] = p->ep_of[r] == e ? pieces[p->replica_of[r]] : range{};
     return senders;
   };
+  const std::vector<state_entry> state = state_entries(v.state, v.state_storage, true);
   std::vector<state_piece> out;
   std::size_t first = 0;  // the group's first tensor
   for (const auto& g : v.groups) {
@@ -93,9 +129,9 @@ MPOPT_DECL std::vector<state_piece> file_pieces(const checkpoint_view& v, int re
         out.push_back({replica_key(replica, "param/" + name), whole, part_of(entry.param, 0, mine),
                        from(param_sender, entry.size)});
         if (v.has_master)
-          out.push_back({replica_key(replica, std::string(v.master_key) + "/" + name), held, part_of(v.master, own.state, mine),
+          out.push_back({replica_key(replica, std::string(v.master_storage.key) + "/" + name), held, part_of(v.master, own.state, mine),
                          state_senders(p, e, t, entry.size)});
-        for (const auto& b : v.state)
+        for (const auto& b : state)
           out.push_back({replica_key(replica, b.key + "/" + name), entries_of(held, b),
                          part_of(b.data, entries_of(own, b).state, mine), entries_of(state_senders(p, e, t, entry.size), b)});
       }

@@ -28,6 +28,7 @@
 #include "../comm/same_settings.hpp"
 #include "../step/spike_guard.hpp"
 #include "state_dtype.hpp"
+#include "state_format.hpp"
 #include "state_place.hpp"
 #include "../step/step_counts.hpp"
 
@@ -85,19 +86,17 @@ struct checkpoint_view {
   const flat_layout* layout = nullptr;  ///< null before finalize(): state pointers are null then
   std::size_t world = 1;
   bool has_master = false;
-  untyped master;                   ///< fp32 masters, or their remainders (remainder16), where has_master
-  std::string_view master_key = "master";  ///< the file's name for them: master, or remainder
-  /// A state buffer under its file name, with `num / den` of its entries per tensor element: 1 for
-  /// one per element; for state quantized in blocks, its codes (4-bit: 1/2, two a byte) and its
-  /// scales (1/block). Shards and their state start at multiples of den elements.
-  struct state_entry {
+  untyped master;  ///< fp32 masters, or their remainders (remainder16), where has_master
+  master_format master_storage = master_formats[0];
+  /// A rule's state buffer under its file name: its values, or its codes and their blocks' scales.
+  struct state_buffer {
     std::string key;
     untyped data;
-    std::size_t num = 1, den = 1;
-    /// The entries of elements [0, n): n * num / den, rounded up.
-    std::size_t entries(std::size_t n) const { return (n * num + den - 1) / den; }
+    untyped scales;            ///< quantized state: one fp32 scale per block
+    bool nonnegative = false;  ///< quantized with the map of state that is never negative
   };
-  std::vector<state_entry> state;  ///< the rule's buffers, in its order (each quantized one's scales after it)
+  state_format state_storage = state_formats[0];
+  std::vector<state_buffer> state;  ///< the rule's buffers, in its order
   std::vector<std::pair<std::string, untyped>> kept;        ///< what the rule's driver keeps per tensor
   bool tensors_on_device = false;  ///< the parameters are in device memory
   bool state_on_device = false;    ///< masters and state are
@@ -169,6 +168,10 @@ class checkpoint_subject : public checkpoint_io {
   /// element count: listed, then written.
   virtual std::vector<std::pair<std::string, std::size_t>> extras() const = 0;
   virtual void save_extras(const std::function<void(std::span<const std::byte>)>& write) = 0;
+  /// load() from a file that stores state otherwise: x (from the start of a block) stored as this
+  /// optimizer stores buffer k, into host memory laid out as its state: values or codes to `data`,
+  /// and where quantized the blocks' scales to `scales`.
+  virtual void encode_state(std::size_t k, std::span<const float> x, std::byte* data, float* scales) const = 0;
 
   /// A group's options (throws mpopt::error on a malformed one), then their constructor's checks.
   virtual void read_group_options(const nlohmann::json& options) = 0;

@@ -21,6 +21,7 @@
 #include "../comm/same_settings.hpp"
 #include "../step/spike_guard.hpp"
 #include "state_file.hpp"
+#include "state_format.hpp"
 #include "../step/step_counts.hpp"
 
 namespace mpopt::detail {
@@ -72,9 +73,10 @@ MPOPT_DECL nlohmann::json state_metadata(const saved_policies& p, nlohmann::json
                                          std::optional<std::uint64_t> rounding_seed, int replicas,
                                          nlohmann::json guard, const nlohmann::json& extra);
 
-/// Refuses a file saved with other policies than `mine` (a describe()d metadata).
-MPOPT_DECL void check_saved_policies(const nlohmann::json& meta, const nlohmann::json& mine,
-                                     const std::string& where);
+/// Refuses a file saved with another precision, loss scaler or rule than `mine` (a describe()d
+/// metadata); returns the storages of its state and master.
+MPOPT_DECL saved_storage check_saved_policies(const nlohmann::json& meta, const nlohmann::json& mine,
+                                              const std::string& where);
 
 /// An expert group's tensors among those a file holds of it (`saved`: names and sizes, every
 /// expert of the run that saved it): each of mine (name, size) is there with its size, and kept_at

@@ -70,15 +70,20 @@ MPOPT_DECL nlohmann::json state_metadata(const saved_policies& p, nlohmann::json
   return d;
 }
 
-MPOPT_DECL void check_saved_policies(const nlohmann::json& meta, const nlohmann::json& mine,
-                                     const std::string& where) {
-  for (const std::string_view key : {"precision", "state", "master", "loss_scaler", "rule"}) {  // any partition: the file is per parameter
-    // A file written before state precisions were saved kept its state and master in fp32.
-    const bool storage = key == "state" || key == "master";
-    const nlohmann::json saved = storage && !meta.contains(key) ? nlohmann::json("fp32") : meta.at(key);
-    if (saved != mine.at(key))
-      fail(where, "saved with ", key, " ", saved.dump(), ", this optimizer has ", mine.at(key).dump());
-  }
+MPOPT_DECL saved_storage check_saved_policies(const nlohmann::json& meta, const nlohmann::json& mine,
+                                              const std::string& where) {
+  for (const std::string_view key : {"precision", "loss_scaler", "rule"})  // any partition: the file is per parameter
+    if (meta.at(key) != mine.at(key))
+      fail(where, "saved with ", key, " ", meta.at(key).dump(), ", this optimizer has ", mine.at(key).dump());
+  // Any storage loads into any other (state_conversion.hpp). A file written before state
+  // precisions were saved kept its state and master in fp32.
+  auto named = [&](const auto& formats, const char* key) {
+    const nlohmann::json saved = meta.contains(key) ? meta.at(key) : nlohmann::json("fp32");
+    const auto* f = saved.is_string() ? format_named(formats, saved.get<std::string>()) : nullptr;
+    if (!f) fail(where, "saved with ", key, " ", saved.dump(), ", a storage this version of mpopt does not know");
+    return *f;
+  };
+  return {named(state_formats, "state"), named(master_formats, "master")};
 }
 
 MPOPT_DECL void find_experts(std::span<const std::pair<std::string, std::size_t>> mine,

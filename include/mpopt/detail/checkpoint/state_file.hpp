@@ -47,7 +47,7 @@ MPOPT_DECL bool state_tensor_bytes(const std::vector<std::int64_t>& shape, std::
 
 MPOPT_DECL std::string state_shape_string(const std::vector<std::int64_t>& shape);
 
-inline constexpr std::string_view state_format = "mpopt-state";
+inline constexpr std::string_view state_file_format = "mpopt-state";
 inline constexpr std::string_view state_format_version = "1";
 
 /// Rejects a tensor a state file cannot hold: a reserved or empty name, an unknown dtype, a shape

@@ -85,7 +85,7 @@ MPOPT_DECL state_stream::state_stream(const state_target& target, const nlohmann
   // type throughout, so a translation unit instantiates nlohmann's templates once.)
   const std::string placeholder(16, '0');
   nlohmann::json header;
-  header["__metadata__"] = {{"format", state_format},
+  header["__metadata__"] = {{"format", state_file_format},
                             {"format_version", state_format_version},
                             {"mpopt", meta_text},
                             {"checksum", placeholder}};
@@ -279,7 +279,7 @@ MPOPT_DECL void state_reader::parse() {
   if (!meta || !meta->is_object()) fail("no __metadata__: not an mpopt state file");
   for (const auto& [k, v] : meta->items())
     if (!v.is_string()) fail("__metadata__ value '" + k + "' is not a string");
-  if (!is_string(member(*meta, "format"), state_format)) fail("format is not \"mpopt-state\": not an mpopt state file");
+  if (!is_string(member(*meta, "format"), state_file_format)) fail("format is not \"mpopt-state\": not an mpopt state file");
   const header_json* version = member(*meta, "format_version");
   if (!version) fail("missing __metadata__.format_version");
   if (!is_string(version, state_format_version))

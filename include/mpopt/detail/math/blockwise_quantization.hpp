@@ -124,10 +124,10 @@ constexpr double power_of_ten(int e) {
   return e < 0 ? 1 / p : p;
 }
 
-/// bitsandbytes' dynamic map with N = 2^bits values and every non-sign bit an exponent bit
-/// (create_dynamic_map(signed, max_exponent_bits = bits - 1, total_bits = bits)).
+/// The values of bitsandbytes' dynamic map with N = 2^bits values and every non-sign bit an exponent
+/// bit (create_dynamic_map(signed, max_exponent_bits = bits - 1, total_bits = bits)), ascending.
 template <std::size_t N>
-constexpr quantization_map<N> dynamic_map(bool is_signed) {
+constexpr std::array<double, N> dynamic_values(bool is_signed) {
   constexpr int exponent_bits = std::bit_width(N) - 2;
   std::array<double, N> v{};
   std::size_t n = 0;
@@ -144,15 +144,25 @@ constexpr quantization_map<N> dynamic_map(bool is_signed) {
   v[n++] = 1;
   for (std::size_t a = 1; a < N; ++a)  // insertion sort: constexpr, and run once per map
     for (std::size_t b = a; b > 0 && v[b - 1] > v[b]; --b) std::swap(v[b - 1], v[b]);
-  return map_of(v);
+  return v;
 }
 
 /// k / N for k = 1..N.
 template <std::size_t N>
-constexpr quantization_map<N> linear_map() {
+constexpr std::array<double, N> linear_values() {
   std::array<double, N> v{};
   for (std::size_t k = 0; k < N; ++k) v[k] = static_cast<double>(k + 1) / N;
-  return map_of(v);
+  return v;
+}
+
+/// The maps of those values, with their thresholds.
+template <std::size_t N>
+constexpr quantization_map<N> dynamic_map(bool is_signed) {
+  return map_of(dynamic_values<N>(is_signed));
+}
+template <std::size_t N>
+constexpr quantization_map<N> linear_map() {
+  return map_of(linear_values<N>());
 }
 
 /// The maps of the state precisions, for signed state (the first moment) and state that is never
