@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include <mpopt/cuda.hpp>
@@ -280,7 +281,63 @@ void adam_and_lamb(std::size_t misalign) {
   s.check_elements(device);
 }
 
+/// Moments quantized in blocks of State (bf16 parameters, remainder16 masters): three Adam steps of
+/// the device optimizer are the host optimizer's bits, parameters, masters and decoded moments, over
+/// tensors of odd sizes and of several chunks.
+template <class State>
+void quantized_adam() {
+  CAPTURE(State::name);
+  using P = mpopt::with_state<mpopt::bf16, State, mpopt::remainder16>;
+  using bf16 = mpopt::bfloat16;
+  std::mt19937_64 rng(5);
+  const std::vector<std::size_t> sizes = random_sizes(rng);
+  mpopt::optimizer<P, mpopt::no_scaling, mpopt::replicated, mpopt::adam, mpopt::host> h;
+  mpopt::optimizer<P, mpopt::no_scaling, mpopt::replicated, mpopt::adam, mpopt::cuda> d;
+  auto& hg = h.add_group({.lr = 1e-2, .weight_decay = 0.01});
+  auto& dg = d.add_group({.lr = 1e-2, .weight_decay = 0.01});
+  mpopt::cuda copier;
+  std::vector<mirrored<bf16>> params, grads;  // host side: the host optimizer's tensors
+  params.reserve(sizes.size());
+  grads.reserve(sizes.size());
+  std::normal_distribution<float> normal;
+  for (std::size_t t = 0; t < sizes.size(); ++t) {
+    auto& p = params.emplace_back(sizes[t]);
+    auto& g = grads.emplace_back(sizes[t]);
+    for (auto& x : p.host) x = bf16(normal(rng));
+    p.upload(copier);
+    const std::string name = "t" + std::to_string(t);
+    hg.add(p.host, g.host, name);
+    dg.add(mpopt::view<bf16>{p.device.data(), sizes[t], mpopt::memory_space::device},
+           mpopt::view<bf16>{g.device.data(), sizes[t], mpopt::memory_space::device}, name);
+  }
+  for (int step = 0; step < 3; ++step) {
+    for (auto& g : grads) {
+      for (auto& x : g.host) x = bf16(normal(rng) * 0.1f);
+      g.upload(copier);
+    }
+    REQUIRE(h.step().applied);
+    REQUIRE(d.step().applied);
+    for (std::size_t t = 0; t < sizes.size(); ++t) {
+      CAPTURE(t);
+      REQUIRE(same_bits(params[t].download(copier), params[t].host));
+      const auto hm = h.master(t), dm = d.master(t);
+      REQUIRE(std::equal(hm.begin(), hm.end(), dm.begin(), dm.end()));
+      for (std::size_t k = 0; k < 2; ++k) {
+        const auto a = h.moment(k, t), b = d.moment(k, t);
+        REQUIRE(std::equal(a.begin(), a.end(), b.begin(), b.end()));
+      }
+    }
+  }
+}
+
 }  // namespace
+
+TEST_CASE("device optimizer = host optimizer over moments quantized in blocks: 8-bit, 4-bit and fp8 codes, block "
+          "scales, remainder16 masters") {
+  quantized_adam<mpopt::blockwise8_state>();
+  quantized_adam<mpopt::blockwise4_state>();
+  quantized_adam<mpopt::fp8_state>();
+}
 
 TEST_CASE("device passes = host passes: fp32, fp16, bf16, with stochastic rounding too; aligned and unaligned user tensors") {
   for (std::size_t misalign : {0, 1, 3}) {

@@ -22,11 +22,12 @@
 
 #include <array>
 #include <bit>
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <limits>
 #include <utility>
+
+#include "../config.hpp"
+#include "../lanes/float_bits.hpp"
 
 namespace mpopt::detail {
 
@@ -75,14 +76,18 @@ struct quantization_map {
   std::array<std::uint8_t, 2 * buckets_per_sign + 3> bucket_codes{};
 };
 
-/// The code of y in map m, by definition: a binary search over its thresholds (NaN: code 0). The
-/// passes use bucket_code, which gives the same.
+/// The code of y in a map of N values with these thresholds, by definition: a binary search (NaN:
+/// code 0). The host's passes use bucket_code, which gives the same; the device's, this.
 template <std::size_t N>
-constexpr std::uint32_t nearest_code(const quantization_map<N>& m, float y) {
+constexpr MPOPT_HOST_DEVICE std::uint32_t nearest_code(const float* thresholds, float y) {
   std::uint32_t code = 0;
   for (std::uint32_t step = N / 2; step > 0; step /= 2)
-    if (m.thresholds[code + step - 1] <= y) code += step;
+    if (thresholds[code + step - 1] <= y) code += step;
   return code;
+}
+template <std::size_t N>
+constexpr std::uint32_t nearest_code(const quantization_map<N>& m, float y) {
+  return nearest_code<N>(m.thresholds.data(), y);
 }
 
 /// The smallest float at or above x (x in float range).
@@ -173,15 +178,15 @@ template <bool Signed>
 inline constexpr auto map4 = Signed ? dynamic_map<16>(true) : linear_map<16>();
 
 /// A block's scale: its largest magnitude, or NaN if it holds a NaN or an infinity.
-inline float block_scale(const float* x, std::size_t n) {
+MPOPT_HOST_DEVICE float block_scale(const float* x, std::size_t n) {
   float s = 0;
   bool finite = true;
   for (std::size_t i = 0; i < n; ++i) {
-    const float a = std::fabs(x[i]);
-    finite = finite && a <= std::numeric_limits<float>::max();
+    const float a = bit_cast<float>(bit_cast<std::uint32_t>(x[i]) & 0x7FFFFFFFu);
+    finite = finite && a <= 0x1.fffffep127f;
     s = a > s ? a : s;
   }
-  return finite ? s : std::numeric_limits<float>::quiet_NaN();
+  return finite ? s : bit_cast<float>(0x7FC00000u);
 }
 
 /// nearest_code(m, y), by y's bucket: the code of its least float, or the next where y reaches the
@@ -209,12 +214,12 @@ constexpr float decode(const quantization_map<N>& m, std::uint32_t code, float s
 inline constexpr float e4m3_max = 448.0f;
 
 /// The value of an E4M3FN code: S.EEEE.MMM, exponent bias 7, subnormals below 2^-6, S.1111.111 NaN.
-constexpr float e4m3_value(std::uint8_t code) {
+constexpr MPOPT_HOST_DEVICE float e4m3_value(std::uint8_t code) {
   const std::uint32_t e = (code >> 3) & 0xFu, m = code & 0x7u;
-  if (e == 0xF && m == 0x7) return std::numeric_limits<float>::quiet_NaN();
+  if (e == 0xF && m == 0x7) return bit_cast<float>(0x7FC00000u);
   // the float with the same exponent and the mantissa in its top bits; subnormals as m * 2^-9
   const float magnitude = e == 0 ? static_cast<float>(m) / 512.0f
-                                 : std::bit_cast<float>(((e + 127 - 7) << 23) | (m << 20));
+                                 : bit_cast<float>(((e + 127 - 7) << 23) | (m << 20));
   return code & 0x80u ? -magnitude : magnitude;
 }
 
@@ -227,14 +232,14 @@ inline constexpr std::array<float, 256> e4m3_values = [] {
 
 /// The E4M3FN code nearest y, an exact tie to the even mantissa; beyond 448 in magnitude (infinities
 /// too), 448; NaN to NaN (a block's NaN scale is what marks a non-finite block). Works on y's bits: the three kept mantissa bits, rounded on the bits dropped.
-constexpr std::uint8_t e4m3_code(float y) {
-  const auto bits = std::bit_cast<std::uint32_t>(y);
+constexpr MPOPT_HOST_DEVICE std::uint8_t e4m3_code(float y) {
+  const auto bits = bit_cast<std::uint32_t>(y);
   const std::uint8_t sign = static_cast<std::uint8_t>((bits >> 24) & 0x80u);
   const std::uint32_t a = bits & 0x7FFFFFFFu;  // |y|
   if (a > 0x7F800000u) return sign | 0x7Fu;
   if (a >= 0x43E00000u) return sign | 0x7Eu;  // |y| >= 448
   if (a < 0x3C800000u) {  // below 2^-6: a multiple of 2^-9, rounded to nearest even (exact in float)
-    const float q = std::bit_cast<float>(a) * 512.0f;
+    const float q = bit_cast<float>(a) * 512.0f;
     auto m = static_cast<std::uint32_t>(q);
     const float rest = q - static_cast<float>(m);
     if (rest > 0.5f || (rest == 0.5f && (m & 1u))) ++m;

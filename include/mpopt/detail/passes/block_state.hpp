@@ -36,12 +36,53 @@ constexpr const auto& storage_map() {
   else return map4<Signed>;
 }
 
+#if defined(__CUDACC__)
+/// A map as the device reads it, in constant memory: its values, and the thresholds its binary
+/// search compares with (the host's bucket tables would not fit).
+template <std::size_t N>
+struct device_map {
+  float values[N];
+  float thresholds[N - 1];
+};
+template <std::size_t N>
+constexpr device_map<N> device_map_of(const quantization_map<N>& m) {
+  device_map<N> d{};
+  for (std::size_t k = 0; k < N; ++k) d.values[k] = m.values[k];
+  for (std::size_t k = 0; k + 1 < N; ++k) d.thresholds[k] = m.thresholds[k];
+  return d;
+}
+struct device_e4m3 {
+  float values[256];
+};
+constexpr device_e4m3 device_e4m3_of() {
+  device_e4m3 d{};
+  for (std::size_t c = 0; c < 256; ++c) d.values[c] = e4m3_values[c];
+  return d;
+}
+// [0]: signed state, [1]: non-negative.
+static __constant__ const device_map<256> map8_on_device[2] = {device_map_of(map8<true>), device_map_of(map8<false>)};
+static __constant__ const device_map<16> map4_on_device[2] = {device_map_of(map4<true>), device_map_of(map4<false>)};
+static __constant__ const device_e4m3 e4m3_on_device = device_e4m3_of();
+
+/// S's map in device memory.
+template <class S>
+__device__ const auto& device_map_for(bool nonnegative) {
+  if constexpr (S::bits == 8) return map8_on_device[nonnegative];
+  else return map4_on_device[nonnegative];
+}
+#endif
+
 /// The values of S's codes by code: its map's (the unsigned map where the buffer is non-negative),
 /// or every E4M3 value.
 template <class S>
 MPOPT_HOST_DEVICE const float* code_table(bool nonnegative) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (std::is_same_v<S, fp8_state>) return e4m3_on_device.values;
+  else return device_map_for<S>(nonnegative).values;
+#else
   if constexpr (std::is_same_v<S, fp8_state>) return e4m3_values.data();
   else return nonnegative ? storage_map<S, false>().values.data() : storage_map<S, true>().values.data();
+#endif
 }
 
 /// The value of code c in a block of scale s.
@@ -60,8 +101,16 @@ MPOPT_HOST_DEVICE float scale_of_block(float m) {
 /// The code of x in a block of scale s.
 template <class S>
 MPOPT_HOST_DEVICE std::uint32_t encode_state(float x, float s, bool nonnegative) {
-  if constexpr (std::is_same_v<S, fp8_state>) return e4m3_code(s > 0 ? x / s : 0.0f);
-  else return encode(nonnegative ? storage_map<S, false>() : storage_map<S, true>(), x, s);
+  if constexpr (std::is_same_v<S, fp8_state>) {
+    return e4m3_code(s > 0 ? x / s : 0.0f);
+  } else {
+#if defined(__CUDA_ARCH__)
+    constexpr std::size_t N = std::size_t{1} << S::bits;
+    return nearest_code<N>(device_map_for<S>(nonnegative).thresholds, s > 0 ? x / s : 0.0f);
+#else
+    return encode(nonnegative ? storage_map<S, false>() : storage_map<S, true>(), x, s);
+#endif
+  }
 }
 
 /// Whether lane type L finds, stores and reads codes a vector at a time (the AVX2 and AVX-512 lanes).

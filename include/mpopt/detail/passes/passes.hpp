@@ -348,13 +348,14 @@ struct rule_pass : coefficient_pass<P, typename Rule::scalars> {
   template <class L, class R>
   MPOPT_HOST_DEVICE void apply_granule(const slice& s, std::size_t g, std::size_t count, R& r) const {
     using St = state_storage_t<P>;
-    block_values<St, Rule::state.size()> block;
+    constexpr std::size_t buffers = std::tuple_size_v<decltype(Rule::state)>;  // (array::size: host only under nvcc)
+    block_values<St, buffers> block;
     block.count = count;
     std::size_t j = 0;
     for (; j + L::width <= count; j += L::width) apply_in_block<L>(s, block, g, j, full_t{}, r);
     if constexpr (L::width > 1)
       if (j < count) apply_in_block<L>(s, block, g, j, L::first(count - j), r);
-    for (std::size_t k = 0; k < Rule::state.size(); ++k)
+    for (std::size_t k = 0; k < buffers; ++k)
       if (block.written[k])
         quantize_block<St, L>(block.values[k], count, (s.nonnegative >> k) & 1u, s.state[k].p + code_bytes<St>(g),
                               s.block_scales[k] + g / St::block);
