@@ -493,6 +493,7 @@ def case_quantized(state):
     train(["--precision", "bf16"], "--load", q, "--steps", "0", "--save", f)  # load() decodes into fp32 state
     w, o = os.path.join(d, "weights.safetensors"), os.path.join(d, "state.safetensors")
     tool("export", q, w, "--optimizer", o)
+    H.check("state %s, master remainder16" % state in tool("info", q).stdout, "info names the storages")
     qs, fs, ws, os_ = read_st(q), read_st(f), read_st(w), read_st(o)
     H.check(json.loads(qs[1]["mpopt"])["state"] == state and json.loads(fs[1]["mpopt"])["state"] == "fp32",
             "the file is of %s state, its conversion of fp32" % state)

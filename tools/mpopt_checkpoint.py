@@ -938,6 +938,7 @@ def cmd_info(args):
     cfg = c.config
     print("%s: mpopt checkpoint, checksum ok" % args.checkpoint)
     print("  %s, %s, %s, %s" % tuple(cfg.get(k, "?") for k in ("precision", "loss_scaler", "partition", "rule")))
+    print("  state %s, master %s" % (cfg.get("state", "fp32"), cfg.get("master", "fp32")))  # fp32: files before them
     print("  %s applied steps, %s skipped; scaler %s" % (cfg.get("applied_steps"), cfg.get("skipped_steps"),
                                                          json.dumps(cfg.get("scaler"))))
     if cfg.get("replicas"):
