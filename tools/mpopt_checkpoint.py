@@ -56,6 +56,7 @@ Errors are printed as "mpopt_checkpoint: error: ..." with exit status 1, and no 
 """
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -699,6 +700,7 @@ def e4m3_value(code):
     return -magnitude if code & 0x80 else magnitude
 
 
+@functools.lru_cache(maxsize=None)  # once per storage and map, not once per tensor
 def code_values(state, nonnegative):
     """The values of a quantized storage's codes, by code, as float32: the unsigned map for state the rule
     keeps non-negative."""

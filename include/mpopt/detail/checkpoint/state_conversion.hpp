@@ -17,9 +17,12 @@
 
 namespace mpopt::detail {
 
+/// The values of f's codes, by code (the unsigned map's where `nonnegative`), for decode_stored.
+MPOPT_DECL std::vector<float> code_values(const state_format& f, bool nonnegative);
+
 /// The fp32 values of out.size() elements of a buffer stored as `f`, the first at the start of a
-/// block: from its values, or from its codes (`data`) and blocks' scales.
-MPOPT_DECL void decode_stored(const state_format& f, bool nonnegative, const std::byte* data, const float* scales,
+/// block: from its values, or from its codes (`data`), their `values` and the blocks' scales.
+MPOPT_DECL void decode_stored(const state_format& f, const float* values, const std::byte* data, const float* scales,
                               std::span<float> out);
 
 /// Every state buffer of every tensor this rank holds, read from a file that stores state as `from`

@@ -16,9 +16,9 @@
 
 namespace mpopt::detail {
 
-/// The values of f's codes, by code. Evaluated at run time (`nonnegative` is not a constant), so
-/// that a unit including this does not evaluate the maps; they are the maps' values (state_precision
-/// test: a state decoded into fp32 is what the quantized optimizer reads back).
+/// Evaluated at run time (`nonnegative` is not a constant), so that a unit including this does not
+/// evaluate the maps; they are the maps' values (state_precision test: a state decoded into fp32 is
+/// what the quantized optimizer reads back). Once per buffer of a load, not once per tensor.
 MPOPT_DECL std::vector<float> code_values(const state_format& f, bool nonnegative) {
   auto floats = [](const auto& v) { return std::vector<float>(v.begin(), v.end()); };
   if (f.name == "fp8") return floats(e4m3_values);
@@ -26,7 +26,7 @@ MPOPT_DECL std::vector<float> code_values(const state_format& f, bool nonnegativ
   return nonnegative ? floats(linear_values<16>()) : floats(dynamic_values<16>(!nonnegative));
 }
 
-MPOPT_DECL void decode_stored(const state_format& f, bool nonnegative, const std::byte* data, const float* scales,
+MPOPT_DECL void decode_stored(const state_format& f, const float* values, const std::byte* data, const float* scales,
                               std::span<float> out) {
   if (f.dtype == "F32") {
     std::memcpy(out.data(), data, out.size_bytes());
@@ -37,7 +37,6 @@ MPOPT_DECL void decode_stored(const state_format& f, bool nonnegative, const std
       out[j] = bfloat16_bits_to_float(b);
     }
   } else {
-    const std::vector<float> values = code_values(f, nonnegative);
     const auto* codes = reinterpret_cast<const std::uint8_t*>(data);
     for (std::size_t j = 0; j < out.size(); ++j) {
       const std::uint32_t c = f.bits == 8 ? codes[j] : (codes[j / 2] >> (4 * (j % 2))) & 0xFu;
@@ -54,9 +53,9 @@ MPOPT_DECL void put_bytes(checkpoint_io& io, std::byte* to, std::span<const std:
 }
 
 /// Elements [first, first + out.size()) of buffer `key` of tensor `name`, stored in the file as f
-/// (first at the start of a block), as fp32.
+/// (first at the start of a block), as fp32 (`values`: its codes' values, where f quantizes).
 MPOPT_DECL void read_stored(const state_reader& file, const std::string& key, const std::string& name, int replica,
-                            const state_format& f, bool nonnegative, std::size_t first, std::span<float> out) {
+                            const state_format& f, const float* values, std::size_t first, std::span<float> out) {
   const std::size_t n = out.size();
   std::vector<std::byte> data((n * f.bits + 7) / 8);
   // Codes are read as bytes (4-bit: two a byte; `first` starts a block, so a byte), values as elements.
@@ -68,12 +67,14 @@ MPOPT_DECL void read_stored(const state_reader& file, const std::string& key, co
     file.read(replica_key(replica, key + "_scale/" + name), "F32", 4, first / f.block,
               std::as_writable_bytes(std::span(scales)));
   }
-  decode_stored(f, nonnegative, data.data(), scales.data(), out);
+  decode_stored(f, values, data.data(), scales.data(), out);
 }
 
 MPOPT_DECL void read_converted_state(const state_reader& file, checkpoint_subject& s, const checkpoint_view& v,
                                      const state_format& from, int replica) {
   const state_format& to = v.state_storage;
+  std::vector<std::vector<float>> tables;  // each buffer's code values, where the file quantizes
+  for (const auto& buffer : v.state) tables.push_back(from.block ? code_values(from, buffer.nonnegative) : std::vector<float>());
   std::vector<float> values, scales;
   std::vector<std::byte> stored;
   std::size_t t = 0;
@@ -89,7 +90,7 @@ MPOPT_DECL void read_converted_state(const state_reader& file, checkpoint_subjec
       scales.resize(to.block ? (o.count + to.block - 1) / to.block : 0);
       for (std::size_t k = 0; k < v.state.size(); ++k) {
         const auto& buffer = v.state[k];
-        read_stored(file, buffer.key, *e.name, replica, from, buffer.nonnegative, first, values);
+        read_stored(file, buffer.key, *e.name, replica, from, tables[k].data(), first, values);
         s.encode_state(k, std::span<const float>(values).subspan(o.first - first, o.count), stored.data(), scales.data());
         put_bytes(s, buffer.data.data + o.state * to.bits / 8, stored, v.state_on_device);
         if (to.block)
