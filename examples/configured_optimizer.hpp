@@ -11,6 +11,10 @@
 
 mpopt::any_optimizer make_configured_optimizer(const mpopt::deepspeed_config& c);
 
+/// The same with Adam's moments stored as `state` (bf16, blockwise8 or blockwise4) and the master as
+/// remainder16 (state_optimizer.cpp): `c` must say bf16, no ZeRO and Adam or AdamW.
+mpopt::any_optimizer make_state_optimizer(const mpopt::deepspeed_config& c, std::string_view state);
+
 /// The examples' --rule (adam, lamb, onebit_adam, onebit_lamb, zero_one_adam) as a configuration's
 /// rule and optimizer.type.
 inline void set_rule(mpopt::deepspeed_config& ds, std::string_view rule) {

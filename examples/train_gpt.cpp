@@ -20,7 +20,8 @@
 //                              fp32 masters and rounds the result back into the weights.
 //
 // The optimizer is an mpopt::any_optimizer: the flags (or --config FILE, a DeepSpeed JSON) become a
-// mpopt::deepspeed_config, and configured_optimizer.cpp builds the optimizer it names. The learning
+// mpopt::deepspeed_config, and configured_optimizer.cpp builds the optimizer it names (with --state,
+// state_optimizer.cpp builds AdamW of that state precision, mpopt::make_optimizer_as). The learning
 // rate follows one of mpopt's schedules: the flags' warm-up and cosine (mpopt::cosine_with_warmup),
 // or the configuration's scheduler block.
 
@@ -143,6 +144,7 @@ struct config {
   std::string data = MPOPT_GPT_DEFAULT_DATA;
   std::string precision = "fp16";
   std::string rule = "adam";
+  std::string state = "fp32";  // how Adam's moments are stored
   int zero = 0;
   bool overlap = false;
   gpt::shape shape;  // vocab comes from the text
@@ -178,6 +180,11 @@ optimizer on every rank, then prints a sample of generated text.
   --rule adam|lamb|onebit_adam|onebit_lamb|zero_one_adam
                                 the update rule (default adam: AdamW). The compressing rules
                                 warm up for 20% of the steps, and need --zero 0
+  --state fp32|bf16|blockwise8|blockwise4
+                                how AdamW's moments are stored (default fp32): in bf16, or in
+                                8-bit or 4-bit codes with a scale per block. Other than fp32,
+                                the fp32 master is stored as the bf16 weight and its 16-bit
+                                remainder; needs bf16, AdamW and no ZeRO (flags or --config)
   --zero 0|1|2                  under mpirun: replicated, ZeRO-1 or ZeRO-2 (default 0)
   --overlap on|off              reduce gradients during backward as tensors finish, and gather the
                                 updated parameters during the next forward (default off)
@@ -230,6 +237,7 @@ bool parse_args(int argc, char** argv, config& c) {
     if (flag == "--data") c.data = value;
     else if (flag == "--precision") c.precision = check_choice(flag, value, {"fp16", "bf16", "fp32"});
     else if (flag == "--rule") c.rule = check_choice(flag, value, {"adam", "lamb", "onebit_adam", "onebit_lamb", "zero_one_adam"});
+    else if (flag == "--state") c.state = check_choice(flag, value, {"fp32", "bf16", "blockwise8", "blockwise4"});
     else if (flag == "--zero") c.zero = std::stoi(check_choice(flag, value, {"0", "1", "2"}));
     else if (flag == "--overlap") c.overlap = check_choice(flag, value, {"on", "off"}) == "on";
     else if (flag == "--accumulate") c.accumulate = parse_number<int>(flag, value, 1);
@@ -264,6 +272,8 @@ bool parse_args(int argc, char** argv, config& c) {
     for (std::string_view f : {"--precision", "--rule", "--zero", "--overlap", "--lr", "--weight-decay", "--clip", "--accumulate"})
       if (std::ranges::find(c.given, f) != c.given.end())
         throw usage_error{std::string(f) + " conflicts with --config: the configuration decides it"};
+  if (c.state != "fp32" && c.config_file.empty() && (c.precision != "bf16" || c.rule != "adam" || c.zero != 0))
+    throw usage_error{"--state " + c.state + " needs --precision bf16, --rule adam and --zero 0"};
   if (c.data.empty())
     throw usage_error{"no text: pass --data FILE (the default, the King James Bible, is made at build time from "
                       "Debian's bible-kjv: apt-get install bible-kjv, then reconfigure)"};
@@ -320,7 +330,8 @@ struct engine {
   // The optimizer numbers tensors group by group: model tensor i is its tensor optimizer_index[i].
   std::vector<std::size_t> optimizer_index;
 
-  engine(const gpt::shape& s, const mpopt::deepspeed_config& ds) : model(s), opt(make_configured_optimizer(ds)) {
+  engine(const gpt::shape& s, const mpopt::deepspeed_config& ds, const std::string& state)
+      : model(s), opt(state == "fp32" ? make_configured_optimizer(ds) : make_state_optimizer(ds, state)) {
     // Two groups: the configuration's weight decay (--weight-decay, or the JSON's) on the
     // embeddings and linear weights, none on biases and LayerNorm parameters.
     const auto& tensors = model.tensors();
@@ -443,7 +454,7 @@ int train(const config& c, const corpus& text, const mpopt::deepspeed_config& ds
   const bool terminal = speaker && isatty(fileno(stdout));
   gpt::shape shape = c.shape;
   shape.vocab = int(text.alphabet.size());
-  engine<P> e(shape, ds);
+  engine<P> e(shape, ds, c.state);
   e.initialize(c.seed);
   if (!c.load.empty()) e.opt.load(c.load);  // the schedule too, where the file has one
   // Steps are numbered on from a loaded checkpoint's, so that a run cut in two draws the batches
@@ -457,8 +468,9 @@ int train(const config& c, const corpus& text, const mpopt::deepspeed_config& ds
                 shape.heads, shape.width, shape.context, shape.vocab, double(n_params) / 1e6);
     std::printf("text: %s, %zu characters for training, %zu held out\n", c.data.c_str(), text.train.size(),
                 text.validation.size());
-    std::printf("optimizer: %s; %d sequences x %d micro-steps x %d rank(s) = %d tokens per step\n",
-                ds.summary().c_str(), batch, accumulate, world_size(), batch * accumulate * world_size() * shape.context);
+    std::printf("optimizer: %s%s; %d sequences x %d micro-steps x %d rank(s) = %d tokens per step\n",
+                ds.summary().c_str(), c.state == "fp32" ? "" : (", moments " + c.state + ", master remainder16").c_str(),
+                batch, accumulate, world_size(), batch * accumulate * world_size() * shape.context);
   }
 
   std::FILE* csv = speaker && !c.csv.empty() ? std::fopen(c.csv.c_str(), "w") : nullptr;
@@ -527,6 +539,8 @@ int train(const config& c, const corpus& text, const mpopt::deepspeed_config& ds
     std::printf("validation loss %.4f -> %.4f, training loss %.4f, after %d steps in %.1f s (%.0f tokens/s, %llu skipped)\n",
                 initial_val, val, train_loss, c.steps, time.total, c.steps ? tokens_per_step * c.steps / time.total : 0.0,
                 static_cast<unsigned long long>(status.skipped_steps));
+    std::printf("the optimizer's own memory on this rank: %.2f bytes per parameter (memory_report)\n",
+                double(e.opt.memory_report().owned_bytes()) / double(n_params));
     if (time.total > 0)
       std::printf("time per step: forward %.0f%%, backward %.0f%%, opt.step() %.1f%%, batches and the rest %.1f%%\n",
                   100 * time.forward / time.total, 100 * time.backward / time.total, 100 * time.step / time.total,

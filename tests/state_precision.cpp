@@ -35,6 +35,7 @@
 
 #include "error_of.hpp"
 #include "quantization_reference.hpp"
+#include "same_steps.hpp"
 #include "threads.hpp"
 
 namespace {
@@ -619,4 +620,30 @@ TEST_CASE("load() converts between state storages: a moment quantized, rounded o
   using stochastic_remainder = mpopt::with_state<mpopt::bf16_stochastic, mpopt::fp32_state, mpopt::remainder16>;
   check_converts_with<mpopt::bf16_stochastic>(storages<masterless, stochastic_remainder>{});
   check_converts_with<masterless>(storages<stochastic_remainder>{});
+}
+
+TEST_CASE("make_optimizer_as builds the types it is given from a configuration that agrees with them, and refuses "
+          "one that does not, naming each difference") {
+  using eight_bit = mpopt::with_state<mpopt::bf16, mpopt::blockwise8_state, mpopt::remainder16>;
+  const std::string agrees = R"({"bf16": {"enabled": true}, "gradient_clipping": 0.5,
+      "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.01}},
+      "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 3}}})";
+  same_steps::check_same_steps<opt<eight_bit, mpopt::adam>, true>(agrees, 8, -1);
+  CHECK(mpopt::make_optimizer_as<eight_bit, mpopt::no_scaling, mpopt::replicated, mpopt::adam>(
+            mpopt::deepspeed_config::parse_text(agrees))
+            .schedule()
+            .has_value());
+
+  const mpopt::deepspeed_config differs = mpopt::deepspeed_config::parse_text(
+      R"({"fp16": {"enabled": true}, "zero_optimization": {"stage": 2}, "optimizer": {"type": "Lamb"}})");
+  CHECK(error_of([&] { mpopt::make_optimizer_as<eight_bit, mpopt::no_scaling, mpopt::replicated, mpopt::adam>(differs); }) ==
+        "mpopt: make_optimizer_as<bf16, no_scaling, replicated, adam>: the configuration says fp16 parameters where "
+        "the types have bf16 parameters; a dynamic loss scale where the types have no loss scale; ZeRO stage 2 where "
+        "the types have ZeRO stage 0; rule lamb where the types have rule adam");
+  const mpopt::deepspeed_config four = mpopt::deepspeed_config::parse_text(
+      R"({"bf16": {"enabled": true}, "optimizer": {"type": "Adam"},
+          "train_batch_size": 64, "train_micro_batch_size_per_gpu": 8})",
+      4);
+  CHECK(error_of([&] { mpopt::make_optimizer_as<eight_bit, mpopt::no_scaling, mpopt::replicated, mpopt::adam>(four); })
+            .find("the configuration was read for 4 ranks") != std::string::npos);
 }

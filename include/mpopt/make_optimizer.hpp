@@ -7,6 +7,8 @@
 // That is most of an optimizer's compile time, 36 times over: include it in one translation unit
 // and the rest of the program includes any_optimizer.hpp only. In the separately compiled mode the
 // 36 over one process are compiled once per program instead (src_optimizers.hpp).
+// make_optimizer_as<Precision, Scaler, Partition, Rule>(c) builds one type instead, which the
+// configuration must agree with: the way to types it cannot name (a state precision, a rounding).
 #pragma once
 
 #include "version.hpp"  // first: C++20, or a clear error
@@ -160,21 +162,36 @@ class erased_optimizer final : public optimizer_interface {
   group_options defaults_;
 };
 
+/// The options a configuration gives Rule's groups and Scaler.
+template <class Rule>
+const typename Rule::options& rule_options_in(const deepspeed_config& c) {
+  if constexpr (std::is_same_v<Rule, adam>) return c.adam_options;
+  else if constexpr (std::is_same_v<Rule, lamb>) return c.lamb_options;
+  else if constexpr (std::is_same_v<Rule, onebit_lamb>) return c.onebit_lamb_options;
+  else if constexpr (std::is_same_v<Rule, onebit_adam>) return c.onebit_adam_options;
+  else if constexpr (std::is_same_v<Rule, zero_one_adam>) return c.zero_one_adam_options;
+  else static_assert(sizeof(Rule) == 0, "a DeepSpeed configuration names adam, lamb, onebit_lamb, onebit_adam or zero_one_adam");
+}
+template <class Scaler>
+typename Scaler::options scaler_options_in(const deepspeed_config& c) {
+  if constexpr (std::is_same_v<Scaler, static_scale>) return c.static_options;
+  else if constexpr (std::is_same_v<Scaler, dynamic_scale>) return c.dynamic_options;
+  else return {};
+}
+
 template <class Precision, class Scaler, class Partition, class Rule, class C>
-MPOPT_COLD any_optimizer make_erased(C&& comm, const deepspeed_config& c, const typename Scaler::options& s,
-                                     const typename Rule::options& r) {
+MPOPT_COLD any_optimizer make_erased(C&& comm, const deepspeed_config& c, const typename Scaler::options& s) {
   using impl = erased_optimizer<Precision, Scaler, Partition, Rule, host, C>;
-  any_optimizer made(std::make_unique<impl>(std::move(comm), c.options, s, r));
+  any_optimizer made(std::make_unique<impl>(std::move(comm), c.options, s, rule_options_in<Rule>(c)));
   if (c.schedule) made.set_schedule(*c.schedule);
   return made;
 }
 
 /// A compressing rule, which needs the whole momentum on every rank: replicated only.
 template <class Precision, class Scaler, class Partition, class Rule, class C>
-any_optimizer make_compressing(C&& comm, const deepspeed_config& c, const typename Scaler::options& s,
-                               const typename Rule::options& r) {
+any_optimizer make_compressing(C&& comm, const deepspeed_config& c, const typename Scaler::options& s) {
   if constexpr (std::is_same_v<Partition, replicated>)
-    return make_erased<Precision, Scaler, Partition, Rule>(std::move(comm), c, s, r);
+    return make_erased<Precision, Scaler, Partition, Rule>(std::move(comm), c, s);
   else
     fail("zero_optimization.stage: ", c.zero_stage, " does not go with ", Rule::title,
          " (its compression needs the whole momentum on every rank)");
@@ -183,14 +200,12 @@ any_optimizer make_compressing(C&& comm, const deepspeed_config& c, const typena
 template <class Precision, class Scaler, class Partition, class C>
 any_optimizer make_with_rule(C&& comm, const deepspeed_config& c, const typename Scaler::options& s) {
   switch (c.rule) {
-    case config_rule::adam: return make_erased<Precision, Scaler, Partition, adam>(std::move(comm), c, s, c.adam_options);
-    case config_rule::lamb: return make_erased<Precision, Scaler, Partition, lamb>(std::move(comm), c, s, c.lamb_options);
-    case config_rule::onebit_lamb:
-      return make_compressing<Precision, Scaler, Partition, onebit_lamb>(std::move(comm), c, s, c.onebit_lamb_options);
-    case config_rule::onebit_adam:
-      return make_compressing<Precision, Scaler, Partition, onebit_adam>(std::move(comm), c, s, c.onebit_adam_options);
+    case config_rule::adam: return make_erased<Precision, Scaler, Partition, adam>(std::move(comm), c, s);
+    case config_rule::lamb: return make_erased<Precision, Scaler, Partition, lamb>(std::move(comm), c, s);
+    case config_rule::onebit_lamb: return make_compressing<Precision, Scaler, Partition, onebit_lamb>(std::move(comm), c, s);
+    case config_rule::onebit_adam: return make_compressing<Precision, Scaler, Partition, onebit_adam>(std::move(comm), c, s);
     case config_rule::zero_one_adam:
-      return make_compressing<Precision, Scaler, Partition, zero_one_adam>(std::move(comm), c, s, c.zero_one_adam_options);
+      return make_compressing<Precision, Scaler, Partition, zero_one_adam>(std::move(comm), c, s);
   }
   fail("deepspeed_config.rule: not one of adam, lamb, onebit_lamb, onebit_adam, zero_one_adam");
 }
@@ -203,6 +218,62 @@ any_optimizer make_with_partition(C&& comm, const deepspeed_config& c, const typ
     case 2: return make_with_rule<Precision, Scaler, zero2>(std::move(comm), c, s);
   }
   fail("zero_optimization.stage: ", c.zero_stage, " is not supported (mpopt has stages 0, 1 and 2)");
+}
+
+/// What a configuration says of an optimizer's types.
+struct configured_types {
+  config_precision precision;
+  config_scaler scaler;
+  int zero_stage;
+  config_rule rule;
+};
+
+template <class Precision, class Scaler, class Partition, class Rule>
+constexpr configured_types configured_types_of() {
+  using P = typename Precision::param_type;
+  static_assert(std::is_same_v<Scaler, no_scaling> || std::is_same_v<Scaler, static_scale> ||
+                    std::is_same_v<Scaler, dynamic_scale>,
+                "a DeepSpeed configuration's loss scale is mpopt::no_scaling, static_scale or dynamic_scale");
+  static_assert(std::is_same_v<Partition, replicated> || std::is_same_v<Partition, zero1> || std::is_same_v<Partition, zero2>,
+                "a DeepSpeed configuration's ZeRO stage is mpopt::replicated, zero1 or zero2");
+  return {.precision = std::is_same_v<P, float> ? config_precision::fp32
+                       : std::is_same_v<P, half> ? config_precision::fp16
+                                                 : config_precision::bf16,
+          .scaler = std::is_same_v<Scaler, static_scale>    ? config_scaler::static_scale
+                    : std::is_same_v<Scaler, dynamic_scale> ? config_scaler::dynamic_scale
+                                                            : config_scaler::none,
+          .zero_stage = std::is_same_v<Partition, replicated> ? 0 : std::is_same_v<Partition, zero1> ? 1 : 2,
+          .rule = std::is_same_v<Rule, adam>          ? config_rule::adam
+                  : std::is_same_v<Rule, lamb>        ? config_rule::lamb
+                  : std::is_same_v<Rule, onebit_lamb> ? config_rule::onebit_lamb
+                  : std::is_same_v<Rule, onebit_adam> ? config_rule::onebit_adam
+                                                      : config_rule::zero_one_adam};
+}
+
+/// Refuses a configuration whose accumulation steps were worked out for another number of ranks.
+MPOPT_COLD inline void check_configured_world(const deepspeed_config& c, int ranks) {
+  if (c.accumulation_from_batch_sizes && c.world_size != ranks)
+    fail("the configuration was read for ", c.world_size, " ranks, which its train_batch_size divides into ",
+         c.options.accumulation_steps, " accumulation steps; the communicator has ", ranks,
+         ": read it with deepspeed_config::parse(json, ", ranks, ")");
+}
+
+/// Refuses a configuration that says otherwise than `t`, the types of `policies`.
+MPOPT_COLD inline void check_configured_types(const deepspeed_config& c, const configured_types& t,
+                                              std::string_view policies) {
+  static constexpr std::string_view precisions[] = {"fp32 parameters", "fp16 parameters", "bf16 parameters"};
+  static constexpr std::string_view scalers[] = {"no loss scale", "a static loss scale", "a dynamic loss scale"};
+  static constexpr std::string_view rules[] = {"adam", "lamb", "onebit_lamb", "onebit_adam", "zero_one_adam"};
+  std::string differences;
+  auto differ = [&](const std::string& configured, const std::string& typed) {
+    if (configured != typed) (differences += differences.empty() ? "" : "; ") += configured + " where the types have " + typed;
+  };
+  differ(std::string(precisions[int(c.precision)]), std::string(precisions[int(t.precision)]));
+  differ(std::string(scalers[int(c.scaler)]), std::string(scalers[int(t.scaler)]));
+  differ("ZeRO stage " + std::to_string(c.zero_stage), "ZeRO stage " + std::to_string(t.zero_stage));
+  differ("rule " + std::string(rules[int(c.rule)]), "rule " + std::string(rules[int(t.rule)]));
+  if (!differences.empty())
+    fail("make_optimizer_as<", policies, ">: the configuration says ", differences);
 }
 
 }  // namespace detail
@@ -231,10 +302,7 @@ MPOPT_FACTORY_PARTS(extern)
 template <communicator C = single_process>
 any_optimizer make_optimizer(const deepspeed_config& c, C comm = {}) {
   using detail::fail;
-  if (c.accumulation_from_batch_sizes && c.world_size != comm.size())
-    fail("the configuration was read for ", c.world_size, " ranks, which its train_batch_size divides into ",
-         c.options.accumulation_steps, " accumulation steps; the communicator has ", comm.size(),
-         ": read it with deepspeed_config::parse(json, ", comm.size(), ")");
+  detail::check_configured_world(c, comm.size());
   switch (c.precision) {
     case config_precision::fp32:
       if (c.scaler != config_scaler::none) fail("fp32 trains without a loss scale (deepspeed_config.scaler is not none)");
@@ -250,6 +318,22 @@ any_optimizer make_optimizer(const deepspeed_config& c, C comm = {}) {
       fail("fp16 from a DeepSpeed configuration has a loss scale, static or dynamic (deepspeed_config.scaler is none)");
   }
   fail("deepspeed_config.precision: not one of fp32, fp16, bf16");
+}
+
+/// The optimizer `c` describes, of the types given, over `comm`: how a program reaches what a
+/// configuration cannot name, such as a state precision (with_state<bf16, blockwise8_state,
+/// remainder16>) or stochastic rounding. `c` must agree with the types on precision (the parameter
+/// type), loss scaling, ZeRO stage and rule, and gives the options and schedule as for
+/// make_optimizer. Only this type is instantiated, where it is called.
+template <class Precision, class Scaler, class Partition, class Rule, communicator C = single_process>
+any_optimizer make_optimizer_as(const deepspeed_config& c, C comm = {}) {
+  const std::string_view names[] = {Precision::name, Scaler::name, Partition::name, Rule::name};
+  std::string policies;
+  for (std::string_view n : names) (policies += policies.empty() ? "" : ", ") += n;
+  detail::check_configured_world(c, comm.size());
+  detail::check_configured_types(c, detail::configured_types_of<Precision, Scaler, Partition, Rule>(), policies);
+  return detail::make_erased<Precision, Scaler, Partition, Rule>(std::move(comm), c,
+                                                                 detail::scaler_options_in<Scaler>(c));
 }
 
 /// The same from a parsed DeepSpeed JSON (deepspeed_config::parse with comm.size() ranks).
