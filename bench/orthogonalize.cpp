@@ -81,16 +81,15 @@ int main(int argc, char** argv) {
       quick ? std::vector<shape>{{64, 64}, {64, 256}} : std::vector<shape>{{768, 768}, {768, 3072}, {4096, 4096}};
   mpopt::detail::newton_schulz ns;
   for (const shape& sh : shapes) {
-    const std::size_t rows = sh.rows, cols = sh.cols;
+    const std::size_t rows = sh.rows, cols = sh.cols, mi = std::min(rows, cols), ni = std::max(rows, cols);
     for (const auto precision : {newton_schulz_precision::fp32, newton_schulz_precision::bf16}) {
       const mpopt::detail::newton_schulz_settings s{.precision = precision};
-      const double m = double(std::min(rows, cols)), n = double(std::max(rows, cols));
+      const double m = double(mi), n = double(ni);
       const double flops = s.steps * (4 * m * m * n + 2 * m * m * m);
       const std::vector<float> g = random_values(rows * cols, 3);
       std::vector<float> x = g;
       ns(x, rows, cols, s);  // sizes the buffers
       // The plain iteration's GEMMs on buffers of its sizes.
-      const std::size_t mi = std::min(rows, cols), ni = std::max(rows, cols);
       const std::vector<float> xs = random_values(mi * ni, 4), sq = random_values(mi * mi, 5);
       std::vector<float> out(mi * ni);
       auto gemm = [&](const float* a, const float* b, bool b_transposed, std::size_t r, std::size_t c, std::size_t k) {

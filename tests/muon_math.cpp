@@ -9,7 +9,6 @@
 #include <cmath>
 #include <cstddef>
 #include <random>
-#include <span>
 #include <vector>
 
 #include <doctest/doctest.h>
@@ -61,17 +60,6 @@ void float_step(std::vector<float>& p, std::vector<float>& buf, const std::vecto
   for (std::size_t k = 0; k < p.size(); ++k) p[k] = mpopt::detail::muon_apply(p[k], update[k], c.decay, rate);
 }
 
-/// ||a - b|| / ||b||, Frobenius.
-template <class A>
-double relative(const std::vector<A>& a, const std::vector<double>& b) {
-  double d = 0, n = 0;
-  for (std::size_t k = 0; k < b.size(); ++k) {
-    d += (double(a[k]) - b[k]) * (double(a[k]) - b[k]);
-    n += b[k] * b[k];
-  }
-  return std::sqrt(d / n);
-}
-
 }  // namespace
 
 TEST_CASE("the adjusted rate is torch's _adjust_lr") {
@@ -118,14 +106,14 @@ TEST_CASE("Muon's steps on one matrix follow the float64 algorithm: tall, wide, 
             // The buffer: torch's, (1 - mu) times the documented one, to float rounding.
             std::vector<double> scaled(b_ref);
             for (double& v : scaled) v *= 1 - s.momentum;
-            CHECK(relative(buf, scaled) < 1e-6);
+            CHECK(newton_schulz_reference::relative_error(buf, scaled) < 1e-6);
             // The parameters' movement: to float rounding (observed: at most 2e-6). In bf16 a value
             // within float error of a bf16 midpoint may round the other way than the reference's
             // exact one (a BLAS sums in its own order), costing about 1e-3; one rounding left out
             // costs 2-4%.
             std::vector<double> moved(n), want(n);
             for (std::size_t k = 0; k < n; ++k) moved[k] = double(p[k]) - p0[k], want[k] = p_ref[k] - p0[k];
-            CHECK(relative(moved, want) < (precision == newton_schulz_precision::fp32 ? 1e-5 : 5e-3));
+            CHECK(newton_schulz_reference::relative_error(moved, want) < (precision == newton_schulz_precision::fp32 ? 1e-5 : 5e-3));
           }
         }
 }

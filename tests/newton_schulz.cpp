@@ -5,7 +5,6 @@
 #include <cmath>
 #include <cstddef>
 #include <random>
-#include <span>
 #include <vector>
 
 #include <doctest/doctest.h>
@@ -25,16 +24,6 @@ std::vector<float> random_matrix(std::size_t rows, std::size_t cols, unsigned se
   std::vector<float> g(rows * cols);
   for (float& v : g) v = float(normal(gen));
   return g;
-}
-
-/// ||out - want||_F / ||want||_F.
-double relative_error(std::span<const float> out, const matrix& want) {
-  double diff = 0, size = 0;
-  for (std::size_t k = 0; k < want.size(); ++k) {
-    diff += (out[k] - want[k]) * (out[k] - want[k]);
-    size += want[k] * want[k];
-  }
-  return std::sqrt(diff / size);
 }
 
 struct shape {

@@ -64,4 +64,15 @@ matrix reference(const std::vector<T>& g, std::size_t rows, std::size_t cols, co
   return tall ? transpose(x, m, n) : x;
 }
 
+/// ||got - want||_F / ||want||_F.
+template <class T>
+double relative_error(const std::vector<T>& got, const matrix& want) {
+  double diff = 0, size = 0;
+  for (std::size_t k = 0; k < want.size(); ++k) {
+    diff += (double(got[k]) - want[k]) * (double(got[k]) - want[k]);
+    size += want[k] * want[k];
+  }
+  return std::sqrt(diff / size);
+}
+
 }  // namespace newton_schulz_reference

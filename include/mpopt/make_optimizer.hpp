@@ -236,6 +236,9 @@ constexpr configured_types configured_types_of() {
                 "a DeepSpeed configuration's loss scale is mpopt::no_scaling, static_scale or dynamic_scale");
   static_assert(std::is_same_v<Partition, replicated> || std::is_same_v<Partition, zero1> || std::is_same_v<Partition, zero2>,
                 "a DeepSpeed configuration's ZeRO stage is mpopt::replicated, zero1 or zero2");
+  static_assert(std::is_same_v<Rule, adam> || std::is_same_v<Rule, lamb> || std::is_same_v<Rule, onebit_lamb> ||
+                    std::is_same_v<Rule, onebit_adam> || std::is_same_v<Rule, zero_one_adam>,
+                "a DeepSpeed configuration names adam, lamb, onebit_lamb, onebit_adam or zero_one_adam");
   return {.precision = std::is_same_v<P, float> ? config_precision::fp32
                        : std::is_same_v<P, half> ? config_precision::fp16
                                                  : config_precision::bf16,

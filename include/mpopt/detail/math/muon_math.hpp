@@ -36,9 +36,9 @@ struct muon_coefficients {
 /// (1 - mu) g + mu buf with Nesterov, else buf. g is the true, clipped gradient.
 template <class V>
 MPOPT_HOST_DEVICE V muon_momentum(V g, V& buf, const muon_coefficients& c) {
-  const V mu(c.momentum), rest(c.one_minus_momentum);
-  buf = fma(mu, buf, rest * g);
-  return c.nesterov ? fma(mu, buf, rest * g) : buf;
+  const V mu(c.momentum), scaled_g = V(c.one_minus_momentum) * g;
+  buf = fma(mu, buf, scaled_g);
+  return c.nesterov ? fma(mu, buf, scaled_g) : buf;
 }
 
 /// The parameter after the step: decayed, then moved by the orthogonalized update o at the
