@@ -3,15 +3,15 @@
 static assertions whose messages contain A and B, raised from that line and from no other, and
 nothing else may fail; with -DMALFORMED_FIXED the same file, mended, must compile without a warning.
 
-usage: compile_fail.py CXX INCLUDE_DIR SOURCE (g++'s diagnostics)"""
+usage: compile_fail.py CXX INCLUDE_DIR SOURCE [FLAG...] (g++'s diagnostics; FLAGs: more include paths)"""
 import re
 import subprocess
 import sys
 
 
-def compile_source(cxx, include_dir, source, *defines):
+def compile_source(cxx, include_dir, source, *flags):
     command = [cxx, "-std=c++20", "-fsyntax-only", "-Wall", "-Wextra", "-Werror", "-fdiagnostics-plain-output",
-               "-I" + include_dir, *defines, source]
+               "-I" + include_dir, *flags, source]
     return subprocess.run(command, capture_output=True, text=True)
 
 
@@ -33,6 +33,7 @@ def failures_by_line(output, source):
 
 def main():
     cxx, include_dir, source = sys.argv[1:4]
+    flags = sys.argv[4:]
     expected = {}
     with open(source) as f:
         for number, text in enumerate(f, 1):
@@ -41,12 +42,12 @@ def main():
     if not expected:
         sys.exit(f"FAIL: no `// expect:` line in {source}")
 
-    mended = compile_source(cxx, include_dir, source, "-DMALFORMED_FIXED")
+    mended = compile_source(cxx, include_dir, source, "-DMALFORMED_FIXED", *flags)
     if mended.returncode != 0:
         print(mended.stderr)
         sys.exit("FAIL: the mended policies do not compile")
 
-    malformed = compile_source(cxx, include_dir, source)
+    malformed = compile_source(cxx, include_dir, source, *flags)
     if malformed.returncode == 0:
         sys.exit("FAIL: the malformed policies compile")
     found, other = failures_by_line(malformed.stderr, source)

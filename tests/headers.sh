@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The public headers compile on their own with -Wall -Wextra -Wpedantic -Werror and no CUDA or MPI
 # directory on the include path (mpi.hpp and nccl.hpp get MPI's, nccl.hpp CUDA's, cuda.hpp and offload.hpp CCCL's
-# for its Thrust-OMP build, nothing more): mpopt.hpp with every given
+# for its Thrust-OMP build, muon.hpp and matrix_rule.hpp the CBLAS's, nothing more): mpopt.hpp with every given
 # compiler, with and without -march=native; every other public header with the first compiler.
 # The separately compiled mode (src.hpp): mpopt.hpp declares without defining, src.hpp includes every
 # .ipp file, and src_optimizers.hpp compiles with every other compiler (with the first, the build's
@@ -41,6 +41,12 @@ check() {
         [ -f "$cuda/nccl.h" ] || { echo "skip: nccl.hpp (no NCCL)"; return 0; }
         flags+=(-I"$cuda")
       fi
+      ;;
+    muon.hpp | matrix_rule.hpp)  # the host's CBLAS
+      blas=$(pkg-config --cflags openblas 2>/dev/null || pkg-config --cflags blis 2>/dev/null) ||
+        { echo "skip: $header (no CBLAS)"; return 0; }
+      read -r -a blas_flags <<<"$blas"
+      flags+=("${blas_flags[@]}")
       ;;
     cuda.hpp | offload.hpp)  # the Thrust-OMP build of the device backend
       [ -d "$cuda/cccl" ] || { echo "skip: cuda.hpp (no CCCL)"; return 0; }

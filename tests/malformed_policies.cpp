@@ -13,12 +13,8 @@
 #include <mpopt/mpopt.hpp>
 
 #include "blocking_communicator.hpp"
+#include "either.hpp"
 
-#ifdef MALFORMED_FIXED
-#define EITHER(bad, ...) __VA_ARGS__
-#else
-#define EITHER(bad, ...) bad
-#endif
 
 namespace {
 

@@ -1,11 +1,7 @@
 // Muon's element formulas (detail/math/muon_math.hpp) with its orthogonalization, step after step on
-// one matrix, against a float64 Muon written from torch.optim.Muon's documented algorithm:
-//   B = mu B + g;  B~ = g + mu B with Nesterov, else B;  O = NS(B~);
-//   p = p - lr wd p;  p = p - lr' O,  lr' = lr sqrt(max(1, A/B)) or 0.2 lr sqrt(max(A, B)).
-// torch's code keeps (1 - mu) B as the buffer, and orthogonalizes (1 - mu) B~: the same direction,
-// which the normalization keeps but for eps and, in bf16, the roundings; so the reference hands the
-// iteration (1 - mu) B~ and the buffer is checked against (1 - mu) B. Tall, wide and square matrices,
-// Nesterov on and off, both rate adjustments, the iteration in fp32 and in bf16.
+// one matrix, against the float64 Muon of muon_reference.hpp, written from torch.optim.Muon's
+// documented algorithm: tall, wide and square matrices, Nesterov on and off, both rate adjustments,
+// the iteration in fp32 and in bf16.
 #include <cmath>
 #include <cstddef>
 #include <random>
@@ -16,6 +12,7 @@
 #include <mpopt/detail/math/muon_math.hpp>
 #include <mpopt/detail/math/newton_schulz.hpp>
 
+#include "muon_reference.hpp"
 #include "newton_schulz_reference.hpp"
 
 namespace {
@@ -23,28 +20,8 @@ namespace {
 using mpopt::detail::muon_lr_adjustment;
 using mpopt::detail::newton_schulz_precision;
 using mpopt::detail::newton_schulz_settings;
-
-struct muon_settings {
-  double lr = 0.02, weight_decay = 0.1, momentum = 0.95;
-  bool nesterov = true;
-  muon_lr_adjustment adjustment = muon_lr_adjustment::original;
-  newton_schulz_settings ns;
-};
-
-/// The documented algorithm in double, one step on p (rows x cols) with buffer b.
-void reference_step(std::vector<double>& p, std::vector<double>& b, const std::vector<float>& g, std::size_t rows,
-                    std::size_t cols, const muon_settings& s) {
-  std::vector<double> update(p.size());
-  for (std::size_t k = 0; k < p.size(); ++k) {
-    b[k] = s.momentum * b[k] + g[k];
-    update[k] = (1 - s.momentum) * (s.nesterov ? g[k] + s.momentum * b[k] : b[k]);  // torch's scale
-  }
-  const std::vector<double> o = newton_schulz_reference::reference(update, rows, cols, s.ns);
-  const double A = double(rows), B = double(cols);
-  const double rate = s.lr * (s.adjustment == muon_lr_adjustment::original ? std::sqrt(std::max(1.0, A / B))
-                                                                            : 0.2 * std::sqrt(std::max(A, B)));
-  for (std::size_t k = 0; k < p.size(); ++k) p[k] = p[k] - s.lr * s.weight_decay * p[k] - rate * o[k];
-}
+using muon_reference::muon_settings;
+using muon_reference::reference_step;
 
 /// The same with muon_math.hpp's formulas in float and the orthogonalization of newton_schulz.hpp.
 void float_step(std::vector<float>& p, std::vector<float>& buf, const std::vector<float>& g, std::size_t rows,

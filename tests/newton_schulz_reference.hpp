@@ -36,7 +36,7 @@ inline matrix transpose(const matrix& a, std::size_t r, std::size_t c) {
 }
 
 /// The iteration on g (rows x cols), in double; in bf16, each value PyTorch's bf16 tensors hold
-/// rounded to bfloat16.
+/// rounded to bfloat16 (the input from the fp32 value PyTorch holds it in).
 template <class T>
 matrix reference(const std::vector<T>& g, std::size_t rows, std::size_t cols, const newton_schulz_settings& s) {
   const bool bf16 = s.precision == newton_schulz_precision::bf16;
@@ -44,7 +44,7 @@ matrix reference(const std::vector<T>& g, std::size_t rows, std::size_t cols, co
   const bool tall = rows > cols;
   const std::size_t m = tall ? cols : rows, n = tall ? rows : cols;
   matrix x(g.begin(), g.end());
-  for (double& v : x) v = r(v);
+  for (double& v : x) v = r(float(v));  // the input: an fp32 tensor, as PyTorch's Muon holds it
   if (tall) x = transpose(x, rows, cols);
   double squares = 0;
   for (double v : x) squares += v * v;

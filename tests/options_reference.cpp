@@ -10,6 +10,7 @@
 // In the page each table sits between "<!-- options: NAME -->" and "<!-- end options -->"; the
 // prose around them is the page's own.
 #include <mpopt/mpopt.hpp>
+#include <mpopt/muon_options.hpp>
 
 #include <cfloat>
 #include <cmath>
@@ -137,6 +138,7 @@ std::vector<std::pair<std::string, std::string>> tables() {
           {"onebit_lamb_options", table<mpopt::onebit_lamb_options>("onebit_lamb_options", true)},
           {"onebit_adam_options", table<mpopt::onebit_adam_options>("onebit_adam_options", true)},
           {"zero_one_adam_options", table<mpopt::zero_one_adam_options>("zero_one_adam_options", true)},
+          {"muon_options", table<mpopt::muon_options>("muon_options")},
           {"optimizer_options", table<mpopt::optimizer_options>("optimizer_options")},
           {"static_scale_options", table<mpopt::static_scale_options>("static_scale_options")},
           {"dynamic_scale_options", table<mpopt::dynamic_scale_options>("dynamic_scale_options")}};

@@ -8,7 +8,8 @@
 //   e.param()             the fp32 master weight;  e.set_param(x) writes it (and the 16-bit copy)
 //   e.state(k)            state buffer k;          e.set_state(k, x) writes it
 //   e.norm(j, x)          adds x^2 to per-tensor sum j (j = 0, 1): a rule with a reduction
-//   e.tensor_scale()      the per-tensor factor computed from those sums (the stage after them)
+//   e.tensor_scale()      the per-tensor factor computed from those sums, or the matrix stage's
+//   e.matrix()            a matrix rule's buffer: e.set_matrix(x) writes it (matrix_rule below)
 // Each accessor loads or stores when called, so a stage moves exactly the bytes it names.
 #pragma once
 
@@ -23,6 +24,7 @@
 
 #include "detail/config.hpp"
 #include "detail/lanes/lanes.hpp"
+#include "detail/math/newton_schulz_settings.hpp"
 #include "detail/passes/step_data.hpp"
 #include "fields.hpp"
 
@@ -84,6 +86,15 @@ struct element_probe {
   void set_state(std::size_t, float) const;
   void norm(std::size_t, float) const;
   float tensor_scale() const;
+  float matrix() const;
+  void set_matrix(float) const;
+};
+
+/// Stands in for the matrix a matrix stage is handed (matrix_rule).
+struct matrix_view_probe {
+  std::size_t rows() const;
+  std::size_t cols() const;
+  void orthogonalize(const newton_schulz_settings&);
 };
 }  // namespace detail
 
@@ -116,6 +127,10 @@ concept rule_direction = requires(const typename R::scalars& k, element_probe& e
 template <class R>
 concept rule_tensor_scale = requires(const typename R::scalars& k, double& kept) {
   { R::tensor_scale(k, 0.0, 0.0, kept) } -> std::same_as<float>;
+};
+template <class R>
+concept rule_matrix = requires(const typename R::scalars& k, matrix_view_probe& m) {
+  { R::matrix(k, m) } -> std::same_as<float>;
 };
 template <class R>
 concept rule_tensor_state = requires {
@@ -152,5 +167,17 @@ constexpr std::uint32_t nonnegative_state_bits() {
 template <class R>
 concept reducing_rule =
     update_rule<R> && detail::rule_direction<R> && detail::rule_tensor_scale<R> && detail::rule_tensor_state<R>;
+
+/// A rule that works on whole matrices (Muon): `direction` runs over every element and writes each
+/// element's input to the matrix stage with e.set_matrix(x); then, per tensor, on the rank that
+/// holds it whole, `matrix(k, m)` receives it as a rows x cols matrix in row-major order (rows: the
+/// registered shape's first dimension; cols: the product of the others) and returns the factor
+/// that `update` reads as e.tensor_scale(), where e.matrix() reads what the matrix stage left.
+/// The matrix m offers rows(), cols(), and the backend's operations on it in place:
+///   m.orthogonalize(s)   the Newton-Schulz iteration (detail/math/newton_schulz.hpp), on the BLAS
+/// Every tensor of a matrix rule is registered with a shape of two or more dimensions. A matrix
+/// rule has no reduction (reducing_rule), and needs <mpopt/matrix_rule.hpp>, which runs it.
+template <class R>
+concept matrix_rule = update_rule<R> && detail::rule_direction<R> && detail::rule_matrix<R>;
 
 }  // namespace mpopt

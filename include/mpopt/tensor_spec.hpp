@@ -20,9 +20,9 @@
 namespace mpopt {
 
 /// A tensor's dimensions, as the model sees them ([out, in] for a linear layer's weight). The
-/// optimizer works on the flat elements; the shape is only stored in checkpoints, so that other
-/// tools (PyTorch, tools/mpopt_checkpoint.py) get [64, 32] rather than [2048]. Empty: none given,
-/// and the file says [n].
+/// optimizer works on the flat elements; the shape is stored in checkpoints, so that other tools
+/// (PyTorch, tools/mpopt_checkpoint.py) get [64, 32] rather than [2048], and a matrix rule (Muon,
+/// rule.hpp) reads it. Empty: none given, and the file says [n].
 class tensor_shape {
   // Integers that can count elements: not bool, not characters (a string is no shape).
   template <class V>

@@ -37,6 +37,7 @@
 
 #include "../../memory_report.hpp"
 #include "../../options.hpp"
+#include "../../rule.hpp"
 #include "../../status.hpp"
 #include "../passes/step_data.hpp"
 
@@ -62,12 +63,16 @@ struct rule_context : Exchange::context {
 
 template <class Rule, class Precision, class Backend, class Communicator>
 class staged_driver;
+/// A matrix rule's (rule.hpp, matrix_rule), defined in <mpopt/matrix_rule.hpp>, which such a rule includes.
+template <class Rule, class Precision, class Backend, class Communicator>
+class matrix_driver;
 
 /// Rule names a driver of its own for these policies.
 template <class Rule, class Precision, class Partition, class Backend, class Communicator>
 concept names_driver = requires { typename Rule::template driver<Precision, Partition, Backend, Communicator>; };
 
-/// The driver of Rule: its own if it names one, else the staged passes.
+/// The driver of Rule: its own if it names one, else the matrix driver for a matrix rule, else the
+/// staged passes.
 template <class Rule, class Precision, class Partition, class Backend, class Communicator>
 struct driver_of {
   using type = staged_driver<Rule, Precision, Backend, Communicator>;
@@ -76,6 +81,11 @@ template <class Rule, class Precision, class Partition, class Backend, class Com
   requires names_driver<Rule, Precision, Partition, Backend, Communicator>
 struct driver_of<Rule, Precision, Partition, Backend, Communicator> {
   using type = typename Rule::template driver<Precision, Partition, Backend, Communicator>;
+};
+template <class Rule, class Precision, class Partition, class Backend, class Communicator>
+  requires(!names_driver<Rule, Precision, Partition, Backend, Communicator> && matrix_rule<Rule>)
+struct driver_of<Rule, Precision, Partition, Backend, Communicator> {
+  using type = matrix_driver<Rule, Precision, Backend, Communicator>;
 };
 template <class Rule, class Precision, class Partition, class Backend, class Communicator>
 using driver_of_t = typename driver_of<Rule, Precision, Partition, Backend, Communicator>::type;

@@ -23,20 +23,9 @@
 #include "../../numeric.hpp"
 #include "../config.hpp"
 #include "../options/validate.hpp"
+#include "newton_schulz_settings.hpp"
 
 namespace mpopt::detail {
-
-/// How the iteration keeps its values.
-enum class newton_schulz_precision { fp32, bf16 };
-
-/// The iteration: the quintic's coefficients, the steps and the norm's floor (torch.optim.Muon's
-/// defaults, from Keller Jordan's Muon).
-struct newton_schulz_settings {
-  double a = 3.4445, b = -4.7750, c = 2.0315;
-  int steps = 5;
-  double eps = 1e-7;
-  newton_schulz_precision precision = newton_schulz_precision::fp32;
-};
 
 /// The buffers of one orthogonalization, kept between calls: none is allocated once they have held
 /// the largest matrix.
@@ -76,6 +65,11 @@ class newton_schulz {
 
     for (std::size_t i = 0; i < rows; ++i)
       for (std::size_t j = 0; j < cols; ++j) g[i * cols + j] = x_[transposed ? j * n + i : i * n + j];
+  }
+
+ /// The bytes its buffers hold.
+  std::size_t bytes() const {
+    return (x_.capacity() + next_.capacity() + gram_.capacity() + update_.capacity()) * sizeof(float);
   }
 
  private:

@@ -82,6 +82,7 @@ struct chunk_slice : block_scale_slots<P> {
   std::conditional_t<P::has_master, padded<master_element_t<P>>, typename P::param_type*> master;
   padded<state_element_t<P>> state[max_state_buffers];  // the rule's; null past its count
   padded<typename P::accumulate_type> accum;
+  padded<float> matrix;  // a matrix rule's buffer
   bool reduced;  // the gradient is accum alone (already summed over ranks)
   std::size_t n;
   std::uint32_t tensor, group;
@@ -110,6 +111,7 @@ MPOPT_HOST_DEVICE chunk_slice<P> slice_of(const step_data<P>& d, const chunk& c)
     for (std::size_t k = 0; k < max_state_buffers; ++k) s.state[k] = at(d.state[k]);
   }
   s.accum = at(d.accum);
+  s.matrix = at(d.matrix);
   s.reduced = d.grads_reduced;
   s.n = c.size;
   s.tensor = c.tensor;
@@ -268,6 +270,8 @@ struct element {
   MPOPT_HOST_DEVICE void set_state(std::size_t k, vec x) const {
     vstore<L>(s.state[k] + i, state_to_store<L, typename S::precision>(x, s.rounding_key, k, s.index + i), tail);
   }
+  MPOPT_HOST_DEVICE vec matrix() const { return vload<L>(s.matrix + i, tail); }
+  MPOPT_HOST_DEVICE void set_matrix(vec x) const { vstore<L>(s.matrix + i, x, tail); }
   MPOPT_HOST_DEVICE void norm(std::size_t j, vec x) const {
     if (j == 0) sums.square(i, x, tail);
     else sums.square2(i, x, tail);
@@ -302,7 +306,7 @@ struct block_element : element<L, S, Tail, R> {
 };
 
 /// Which of a rule's stages a pass runs: `update`, or `direction` before a reduction (feeding the
-/// per-chunk sums of squares, square and square2).
+/// per-chunk sums of squares, square and square2) or before a matrix stage.
 struct update_stage {
   static constexpr bool feeds_norms = false;
   template <class Rule, class K, class E>
@@ -312,6 +316,15 @@ struct update_stage {
 };
 struct direction_stage {
   static constexpr bool feeds_norms = true;
+  template <class Rule, class K, class E>
+  MPOPT_HOST_DEVICE static void run(const K& k, E& e) {
+    Rule::direction(k, e);
+  }
+};
+
+/// A matrix rule's `direction`, which writes the matrix stage's input (e.set_matrix) and feeds no sums.
+struct matrix_input_stage {
+  static constexpr bool feeds_norms = false;
   template <class Rule, class K, class E>
   MPOPT_HOST_DEVICE static void run(const K& k, E& e) {
     Rule::direction(k, e);

@@ -98,6 +98,8 @@ struct step_data : block_scale_slots<Precision> {
   master_element_t<Precision>* master = nullptr;
   state_element_t<Precision>* state[max_state_buffers] = {};  ///< the rule's state buffers, state_count of them
   std::uint32_t state_count = 0;
+  /// A matrix rule's buffer (rule.hpp: e.matrix()): fp32, indexed as the state; null for other rules.
+  float* matrix = nullptr;
   accumulate_type* accum = nullptr;  ///< gradient accumulator, null when not accumulating
   float* chunk_sum = nullptr;     ///< per-chunk partial sums of squares
   float* chunk_sum2 = nullptr;    ///< a second per-chunk partial (LAMB: update norms)

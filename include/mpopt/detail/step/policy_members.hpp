@@ -36,6 +36,7 @@ namespace mpopt::detail {
   concept declares_##M = std::is_class_v<T> && !std::is_final_v<T> && !requires { &M##_probed<T>::M; };
 
 MPOPT_DETAIL_MEMBER_PROBE(direction)
+MPOPT_DETAIL_MEMBER_PROBE(matrix)
 MPOPT_DETAIL_MEMBER_PROBE(tensor_scale)
 MPOPT_DETAIL_MEMBER_PROBE(tensor_state)
 MPOPT_DETAIL_MEMBER_PROBE(initial_state)
@@ -92,7 +93,14 @@ consteval bool rule_members_checked() {
   static_assert(!declares_nonnegative_state<R> || rule_nonnegative_state<R>,
                 "mpopt: the rule's member `nonnegative_state` must be: static constexpr std::array<bool, N> "
                 "nonnegative_state = {...}; one flag per state buffer (whether it never holds a negative value)");
-  static_assert(declares_direction<R> == declares_tensor_scale<R> && declares_direction<R> == declares_tensor_state<R>,
+  static_assert(!declares_matrix<R> || rule_matrix<R>,
+                "mpopt: the rule's member `matrix` must be a matrix stage: "
+                "template <class M> static float matrix(const scalars& k, M& m) (rule.hpp, matrix_rule)");
+  static_assert(!declares_matrix<R> || (declares_direction<R> && !declares_tensor_scale<R> && !declares_tensor_state<R>),
+                "mpopt: a matrix rule declares `direction` (the stage that writes what its matrix stage receives) "
+                "and no per-tensor reduction (`tensor_scale`, `tensor_state`): rule.hpp, matrix_rule");
+  static_assert(declares_matrix<R> ||
+                    (declares_direction<R> == declares_tensor_scale<R> && declares_direction<R> == declares_tensor_state<R>),
                 "mpopt: a rule with a per-tensor reduction declares all three of `direction`, `tensor_scale` and "
                 "`tensor_state` (rule.hpp, reducing_rule); this one declares only some of them");
   static_assert(!declares_driver<R> || names_driver<R, Precision, Partition, Backend, Communicator>,

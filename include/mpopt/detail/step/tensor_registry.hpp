@@ -75,7 +75,8 @@ class tensor_registry {
     /// Registers a user-owned parameter and its gradient. Both must stay alive and in place. Their
     /// elements are the precision's param_type and grad_type, or types with their bits
     /// (numeric_traits: Eigen::half for mpopt::half, say), read and written as those. `shape`, if
-    /// given, is what checkpoints store for it (its product must be the element count).
+    /// given, is what checkpoints store for it, and a matrix rule's matrix (its product must be the
+    /// element count).
     template <tensor P, tensor G>
     void add(P&& param, G&& grad, std::string name = {}, tensor_shape shape = {}) {
       using pe = tensor_element_t<P>;
