@@ -284,8 +284,8 @@ TEST_SUITE("simd") {
 
 #ifndef MPOPT_TEST_DEVICE_BACKEND
 TEST_SUITE("layout") {
-  TEST_CASE("for any shard order, every bucket's pieces and padding tile it once, each rank's piece where rank "
-            "order puts it, and the ranks' owned elements tile every tensor once") {
+  TEST_CASE("for any shard order, equal shards or shards of whole tensors, every bucket's pieces and padding tile "
+            "it once, each rank's piece where rank order puts it, and the ranks' owned elements tile every tensor once") {
     std::mt19937_64 rng(0x5AAD);
     for (int trial = 0; trial < 300; ++trial) {
       CAPTURE(trial);
@@ -301,14 +301,26 @@ TEST_SUITE("layout") {
       std::iota(ranks.begin(), ranks.end(), std::size_t{0});
       std::shuffle(ranks.begin(), ranks.end(), rng);
       const std::size_t bucket_elements = 1 + rng() % 2000;
+      const bool whole = trial % 2 == 1;  // shards start at tensors (a layer-wise layout)
+      CAPTURE(whole);
+      std::vector<std::vector<std::size_t>> cuts(group_count);  // of each group, when whole
+      for (std::uint32_t g = 0; whole && g < group_count; ++g) {
+        std::vector<double> costs;
+        for (std::size_t t = 0; t < sizes.size(); ++t)
+          if (groups[t] == g) costs.push_back(double(1 + rng() % 1000));
+        cuts[g] = mpopt::detail::balanced_cuts(costs, w);
+      }
       std::vector<std::vector<int>> owned(sizes.size());
       for (std::size_t t = 0; t < sizes.size(); ++t) owned[t].assign(sizes[t], 0);
       for (std::size_t me = 0; me < w; ++me) {
         const auto shard = std::size_t(std::find(ranks.begin(), ranks.end(), me) - ranks.begin());
-        const mpopt::detail::flat_layout layout(groups, sizes, group_count, int(w), int(shard), true, ranks);
+        std::vector<mpopt::detail::shard_plan> plans;
+        for (std::uint32_t g = 0; g < group_count; ++g) plans.push_back({w, shard, ranks, true, cuts[g]});
+        const mpopt::detail::flat_layout layout(groups, sizes, plans, true, true);
         CHECK(layout.shards_in_rank_order() == std::is_sorted(ranks.begin(), ranks.end()));
         for (std::size_t t = 0; t < sizes.size(); ++t) {
           const auto o = layout.owned(t);
+          if (whole) CHECK((o.count == 0 || o.count == sizes[t]));
           for (std::size_t i = o.first; i < o.first + o.count; ++i) ++owned[t][i];
           CHECK(layout.pieces(t)[me].first == o.first);
           CHECK(layout.pieces(t)[me].count == o.count);
@@ -339,6 +351,41 @@ TEST_SUITE("layout") {
       }
       for (std::size_t t = 0; t < sizes.size(); ++t)
         CHECK(std::count(owned[t].begin(), owned[t].end(), 1) == std::ptrdiff_t(sizes[t]));
+    }
+  }
+
+  TEST_CASE("whole tensors are cut where each rank's cost is nearest its share, never above it by more than one "
+            "tensor; bad cuts are refused") {
+    using mpopt::detail::balanced_cuts;
+    using cuts = std::vector<std::size_t>;
+    CHECK(balanced_cuts(std::vector<double>{1, 1, 1, 1}, 2) == cuts{0, 2});
+    CHECK(balanced_cuts(std::vector<double>{9, 1, 1, 1}, 2) == cuts{0, 1});
+    CHECK(balanced_cuts(std::vector<double>{5}, 3) == cuts{0, 0, 1});  // ranks 0 and 2 own no tensor
+    CHECK(balanced_cuts(std::vector<double>{}, 2) == cuts{0, 0});
+    std::mt19937_64 rng(0xC075);
+    for (int trial = 0; trial < 500; ++trial) {
+      const std::size_t n = rng() % 30, w = 1 + rng() % 6;
+      std::vector<double> costs(n);
+      for (double& c : costs) c = double(rng() % 1000);
+      const cuts c = balanced_cuts(costs, w);
+      REQUIRE(c.size() == w);
+      CHECK(c.front() == 0);
+      CHECK(std::is_sorted(c.begin(), c.end()));
+      CHECK(c.back() <= n);
+      const double total = std::accumulate(costs.begin(), costs.end(), 0.0);
+      const double largest = n ? *std::max_element(costs.begin(), costs.end()) : 0.0;
+      for (std::size_t r = 0; r < w; ++r) {
+        const std::size_t end = r + 1 < w ? c[r + 1] : n;
+        const double cost = std::accumulate(costs.begin() + std::ptrdiff_t(c[r]), costs.begin() + std::ptrdiff_t(end), 0.0);
+        CHECK(cost <= total / double(w) + largest);
+      }
+    }
+    const std::vector<std::uint32_t> groups = {0, 0, 0};
+    const std::vector<std::size_t> sizes = {5, 300, 7};
+    for (const cuts& bad : {cuts{0, 2}, cuts{1, 2, 3}, cuts{0, 2, 1}, cuts{0, 1, 4}}) {
+      const std::vector<mpopt::detail::shard_plan> plans = {{3, 0, {}, true, bad}};
+      CHECK_THROWS_WITH_AS(mpopt::detail::flat_layout(groups, sizes, plans, true, true),
+                           doctest::Contains("first_tensors must give each of the 3 shards its first tensor"), mpopt::error);
     }
   }
 

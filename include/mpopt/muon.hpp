@@ -7,7 +7,9 @@
 
 #include "version.hpp"  // first: C++20, or a clear error
 
+#include <algorithm>
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <string_view>
 
@@ -53,6 +55,12 @@ struct muon {
   static float matrix(const scalars& k, M& m) {
     m.orthogonalize(k.iteration);
     return float(detail::muon_adjusted_lr(k.lr, m.rows(), m.cols(), k.adjustment));
+  }
+  /// The iteration's multiply-adds per step on a rows x cols matrix, m <= n its sides: the Gram
+  /// matrix (half of m x n x m), (c A) A and B X; what a layer-wise partition balances.
+  static double matrix_cost(std::size_t rows, std::size_t cols) {
+    const double m = double(std::min(rows, cols)), n = double(std::max(rows, cols));
+    return m * m * n / 2 + m * m * m + m * m * n;
   }
   template <class E>
   MPOPT_HOST_DEVICE static void update(const scalars& k, E& e) {

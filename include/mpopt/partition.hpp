@@ -34,6 +34,13 @@ struct one_shard_each {
   static std::size_t owner(std::size_t shard, std::size_t /*world*/) { return shard; }
 };
 
+/// Each rank holds whole tensors of every group: shard s starts at a tensor and is rank s's. The
+/// tensors are split in their order, balancing what updating them costs (a matrix rule's
+/// matrix_cost, else their elements).
+struct whole_tensors_each : one_shard_each {
+  static constexpr bool whole_tensors = true;
+};
+
 template <class L>
 concept partition_layout = requires {
   { L::sharded } -> std::convertible_to<bool>;
@@ -74,6 +81,16 @@ struct zero2 {
   static constexpr bool reduce_every_micro_step = true;
   template <class Precision, class Backend, class Communicator>
   using exchange = detail::zero2_exchange<Precision, Backend, Communicator>;
+};
+
+/// Layer-wise: each tensor's master and state on one rank, whole, which updates it; ranks balanced
+/// by the update's cost (a matrix rule's matrix stage: Muon's orthogonalization of each matrix, on
+/// the rank that holds its momentum). Gradients travel as zero2's, reduce-scattered bucket by
+/// bucket as optimizer::grad_ready reports tensors done, each rank receiving its tensors' sums;
+/// the updated parameters are all-gathered.
+struct layerwise : zero2 {
+  static constexpr std::string_view name = "layerwise";
+  using layout = whole_tensors_each;
 };
 
 /// What the optimizer asks of a partition's exchange E, in the order of a step:

@@ -21,12 +21,14 @@
 #include <cstdint>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 
 #include "detail/config.hpp"
 #include "detail/lanes/lanes.hpp"
 #include "detail/math/newton_schulz_settings.hpp"
 #include "detail/passes/step_data.hpp"
 #include "fields.hpp"
+#include "tensor_spec.hpp"
 
 namespace mpopt {
 
@@ -133,6 +135,10 @@ concept rule_matrix = requires(const typename R::scalars& k, matrix_view_probe& 
   { R::matrix(k, m) } -> std::same_as<float>;
 };
 template <class R>
+concept rule_matrix_cost = requires(std::size_t n) {
+  { R::matrix_cost(n, n) } -> std::same_as<double>;
+};
+template <class R>
 concept rule_tensor_state = requires {
   { R::tensor_state } -> std::convertible_to<std::string_view>;
 };
@@ -176,8 +182,35 @@ concept reducing_rule =
 /// The matrix m offers rows(), cols(), and the backend's operations on it in place:
 ///   m.orthogonalize(s)   the Newton-Schulz iteration (detail/math/newton_schulz.hpp), on the BLAS
 /// Every tensor of a matrix rule is registered with a shape of two or more dimensions. A matrix
-/// rule has no reduction (reducing_rule), and needs <mpopt/matrix_rule.hpp>, which runs it.
+/// rule has no reduction (reducing_rule), and needs <mpopt/matrix_rule.hpp>, which runs it. It may
+/// say what its stage costs on a rows x cols matrix, `static double matrix_cost(std::size_t rows,
+/// std::size_t cols)`, which a layer-wise partition balances across ranks (else: the elements).
 template <class R>
 concept matrix_rule = update_rule<R> && detail::rule_direction<R> && detail::rule_matrix<R>;
+
+namespace detail {
+/// The matrix a matrix rule sees in a tensor registered with `shape` (two or more dimensions):
+/// rows x cols, the first dimension by the product of the others, as Keller Jordan's Muon views a
+/// convolution's weight (torch.optim.Muon takes 2-D parameters only).
+inline std::pair<std::size_t, std::size_t> matrix_shape(const tensor_shape& shape) {
+  const auto dims = shape.dims();
+  std::size_t cols = 1;
+  for (std::size_t k = 1; k < dims.size(); ++k) cols *= std::size_t(dims[k]);
+  return {std::size_t(dims[0]), cols};
+}
+
+/// What updating a tensor of `size` elements registered with `shape` costs under rule R, to balance
+/// whole tensors across ranks: R's matrix_cost where it declares one, else its elements.
+template <class R>
+double update_cost(const tensor_shape& shape, std::size_t size) {
+  if constexpr (matrix_rule<R> && rule_matrix_cost<R>) {
+    if (shape.dims().size() >= 2) {
+      const auto [rows, cols] = matrix_shape(shape);
+      return R::matrix_cost(rows, cols);
+    }
+  }
+  return double(size);
+}
+}  // namespace detail
 
 }  // namespace mpopt

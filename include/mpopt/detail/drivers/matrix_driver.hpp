@@ -1,7 +1,7 @@
 // mpopt — the driver of a matrix rule (rule.hpp, matrix_rule): the rule's `direction` over every
 // element, writing each matrix's input; then, per matrix this rank holds whole, the rule's matrix
 // stage on it; then `update`, with each matrix's factor. The matrices are the registered shapes,
-// flattened to rows x cols as PyTorch's Muon flattens them: the first dimension by the rest.
+// flattened to rows x cols (detail::matrix_shape): the first dimension by the rest.
 #pragma once
 
 #include <algorithm>
@@ -39,14 +39,6 @@ class host_matrix {
   std::size_t rows_, cols_;
   newton_schulz* ns_;
 };
-
-/// rows x cols of a tensor registered with `shape` (two or more dimensions): the first by the rest.
-inline std::pair<std::size_t, std::size_t> matrix_shape(const tensor_shape& shape) {
-  const auto dims = shape.dims();
-  std::size_t cols = 1;
-  for (std::size_t k = 1; k < dims.size(); ++k) cols *= std::size_t(dims[k]);
-  return {std::size_t(dims[0]), cols};
-}
 
 template <class Rule, class Precision, class Backend, class Communicator>
 class matrix_driver : public staged_driver<Rule, Precision, Backend, Communicator> {
@@ -94,7 +86,8 @@ class matrix_driver : public staged_driver<Rule, Precision, Backend, Communicato
         if (owned[t] == 0) continue;  // another rank's
         if (owned[t] != size || !contiguous[t])
           fail(Rule::name, " works on whole matrices, and the partition splits tensor '", g->name(i), "' (",
-               shape_text(g->shape(i)), ") across ranks: use mpopt::replicated");
+               shape_text(g->shape(i)), ") across ranks: use mpopt::layerwise, which keeps each tensor whole on one rank, "
+               "or mpopt::replicated");
         const auto [rows, cols] = matrix_shape(g->shape(i));
         matrices_.push_back({std::uint32_t(t), std::uint32_t(c.tensors.tensors[t].group), state[t], rows, cols});
       }

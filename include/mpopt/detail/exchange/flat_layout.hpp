@@ -1,6 +1,7 @@
 // mpopt — where every element lives. Each group's tensors lie end to end in one flat space (each
 // start at a multiple of `align` elements: 16, 64 bytes of fp32, or a quantized state's block),
-// padded so that it splits into `parts` equal shards whose starts are such multiples too; the groups' spaces follow each other. A group's shards are those of its data-parallel
+// padded so that it splits into `parts` equal shards whose starts are such multiples too, or split
+// at tensors, each whole on one rank (shard_plan::first_tensors); the groups' spaces follow each other. A group's shards are those of its data-parallel
 // communicator (the optimizer's, or an expert group's own: shard_plan). A sharded rank keeps state
 // for its shard of every group, back to back; a replicated rank keeps all of it, in flat order.
 // Either way, work is cut at the shard boundaries, so that partial sums are formed, and combined in
@@ -46,6 +47,10 @@ struct shard_plan {
   /// Whether this rank's partial sums of squares of the group count in the global norm: each element
   /// is counted by one rank (replicas of an expert group: the first of them).
   bool counted = true;
+  /// Where shards start at tensors instead of being equal: shard s starts at the group's tensor
+  /// first_tensors[s] (counted from the group's first; ascending; the group's count: an empty
+  /// shard at the end). Empty: equal shards.
+  std::vector<std::size_t> first_tensors;
 };
 
 /// Heap bytes of a list of buckets.
@@ -66,7 +71,7 @@ class flat_layout {
   flat_layout(const std::vector<std::uint32_t>& tensor_groups, const std::vector<std::size_t>& tensor_sizes,
               std::size_t groups, int parts, int part, bool sharded, std::vector<std::size_t> shard_ranks = {})
       : flat_layout(tensor_groups, tensor_sizes,
-                    std::vector<shard_plan>(groups, {std::size_t(parts), std::size_t(part), std::move(shard_ranks), true}),
+                    std::vector<shard_plan>(groups, {std::size_t(parts), std::size_t(part), std::move(shard_ranks), true, {}}),
                     sharded, sharded) {}
 
   std::size_t flat_elements() const { return flat_elements_; }
@@ -122,7 +127,7 @@ class flat_layout {
   struct space {
     std::size_t begin;        ///< flat start of the group
     std::size_t size;         ///< padded elements
-    std::size_t shard;        ///< elements per rank
+    std::vector<std::size_t> bounds;  ///< shard s is [begin + bounds[s], begin + bounds[s + 1])
     std::size_t local_begin;  ///< where the group starts in the local state
     shard_plan plan;
     std::vector<std::size_t> shard_of;  ///< the shard each rank holds
@@ -137,7 +142,11 @@ class flat_layout {
   /// Shard sh of space s within the flat range [begin, end) (empty when lo >= hi).
   static std::pair<std::size_t, std::size_t> shard_in_range(const space& s, std::size_t sh, std::size_t begin,
                                                             std::size_t end) {
-    return {std::max(begin, s.begin + sh * s.shard), std::min(end, s.begin + (sh + 1) * s.shard)};
+    return {std::max(begin, s.begin + s.bounds[sh]), std::min(end, s.begin + s.bounds[sh + 1])};
+  }
+  /// The shard of space s that holds flat position x (of the space): the last that starts at or before it.
+  static std::size_t shard_at(const space& s, std::size_t x) {
+    return std::size_t(std::upper_bound(s.bounds.begin(), s.bounds.end() - 1, x - s.begin) - s.bounds.begin()) - 1;
   }
 
   /// The flat range of tensor t's elements in shard r (empty when lo >= hi).
@@ -159,7 +168,7 @@ class flat_layout {
   std::size_t local_index(std::size_t x) const {
     if (!sharded_) return x;
     const space& s = spaces_[group_of_flat(x)];
-    return s.local_begin + (x - s.begin - s.plan.part * s.shard);
+    return s.local_begin + (x - s.begin - s.bounds[s.plan.part]);
   }
 
   /// Calls f(tensor, a, b, owner) for every maximal flat range [a, b) of tensor elements within
@@ -171,8 +180,8 @@ class flat_layout {
       const space& s = spaces_[groups_[t]];
       const std::size_t first = std::max(lo, offset_[t]), last = std::min(hi, offset_[t] + sizes_[t]);
       for (std::size_t a = first; a < last;) {
-        const std::size_t owner = (a - s.begin) / s.shard;
-        const std::size_t b = std::min(last, s.begin + (owner + 1) * s.shard);
+        const std::size_t owner = shard_at(s, a);
+        const std::size_t b = std::min(last, s.begin + s.bounds[owner + 1]);
         f(t, a, b, owner);
         a = b;
       }

@@ -25,17 +25,28 @@ MPOPT_DECL flat_layout::flat_layout(const std::vector<std::uint32_t>& tensor_gro
   first_tensor_.assign(groups + 1, tensor_sizes.size());
   for (std::uint32_t g = 0, t = 0; g < groups; ++g) {
     first_tensor_[g] = t;
-    space s{flat, 0, 0, 0, std::move(plans[g]), {}};
+    space s{flat, 0, {}, 0, std::move(plans[g]), {}};
     order_shards(s);
     std::size_t at = flat;
     for (; t < tensor_sizes.size() && tensor_groups[t] == g; ++t) {
       offset_.push_back(at);
       at = round_up(at + tensor_sizes[t], align);
     }
-    s.size = round_up(at - flat, align * s.plan.parts);
-    s.shard = s.size / s.plan.parts;
+    const std::size_t parts = s.plan.parts, tensors = t - first_tensor_[g];
+    if (s.plan.first_tensors.empty()) {
+      s.size = round_up(at - flat, align * parts);
+      for (std::size_t sh = 0; sh <= parts; ++sh) s.bounds.push_back(sh * (s.size / parts));
+    } else {
+      const auto& firsts = s.plan.first_tensors;
+      if (firsts.size() != parts || !std::is_sorted(firsts.begin(), firsts.end()) || firsts.front() != 0 ||
+          firsts.back() > tensors)
+        fail("flat_layout: first_tensors must give each of the ", parts, " shards its first tensor, from 0, ascending");
+      s.size = at - flat;
+      for (std::size_t f : firsts) s.bounds.push_back(f < tensors ? offset_[first_tensor_[g] + f] - flat : s.size);
+      s.bounds.push_back(s.size);
+    }
     s.local_begin = sharded ? local : flat;
-    local += s.shard;
+    local += s.bounds[s.plan.part + 1] - s.bounds[s.plan.part];
     flat += s.size;
     spaces_.push_back(std::move(s));
   }
@@ -65,7 +76,9 @@ MPOPT_DECL std::size_t flat_layout::bytes() const {
   std::size_t bytes = spaces_.capacity() * sizeof(space) +
                       (offset_.capacity() + sizes_.capacity() + first_tensor_.capacity()) * sizeof(std::size_t) +
                       groups_.capacity() * sizeof(std::uint32_t);
-  for (const space& s : spaces_) bytes += (s.plan.rank_of.capacity() + s.shard_of.capacity()) * sizeof(std::size_t);
+  for (const space& s : spaces_)
+    bytes += (s.plan.rank_of.capacity() + s.plan.first_tensors.capacity() + s.shard_of.capacity() + s.bounds.capacity()) *
+             sizeof(std::size_t);
   return bytes;
 }
 
@@ -146,13 +159,13 @@ MPOPT_DECL bucket flat_layout::make_bucket(std::size_t g, std::size_t begin, std
     at += k.counts.back();
   }
   auto packed = [&](std::size_t x) {  // where flat position x goes in the packed bucket
-    const std::size_t sh = (x - s.begin) / s.shard;
+    const std::size_t sh = shard_at(s, x);
     return block[sh] + (x - shard_in_range(s, sh, begin, end).first);
   };
   // Padding, cut at shard boundaries; pieces that stay adjacent once packed are one gap.
   auto add_gap = [&](std::size_t lo, std::size_t hi) {
     for (std::size_t x = lo; x < hi;) {
-      const std::size_t y = std::min(hi, s.begin + ((x - s.begin) / s.shard + 1) * s.shard);
+      const std::size_t y = std::min(hi, s.begin + s.bounds[shard_at(s, x) + 1]);
       if (!k.gaps.empty() && k.gaps.back().first + k.gaps.back().second == packed(x)) k.gaps.back().second += y - x;
       else k.gaps.push_back({packed(x), y - x});
       x = y;

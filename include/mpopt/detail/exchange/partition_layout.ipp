@@ -20,7 +20,20 @@ MPOPT_DECL shard_plan sharded_plan(std::vector<std::size_t> rank_of, std::size_t
     taken[r] = true;
     if (r == rank) part = s;
   }
-  return {world, part, std::move(rank_of), true};
+  return {world, part, std::move(rank_of), true, {}};
+}
+
+MPOPT_DECL std::vector<std::size_t> balanced_cuts(std::span<const double> costs, std::size_t parts) {
+  std::vector<double> before(costs.size() + 1, 0.0);  // before[i]: the costs of tensors [0, i)
+  for (std::size_t i = 0; i < costs.size(); ++i) before[i + 1] = before[i] + costs[i];
+  std::vector<std::size_t> cuts(1, 0);
+  for (std::size_t r = 1, i = 0; r < parts; ++r) {
+    const double target = before.back() * double(r) / double(parts);
+    while (i < costs.size() && before[i + 1] <= target) ++i;
+    if (i < costs.size() && before[i + 1] - target < target - before[i]) ++i;
+    cuts.push_back(std::max(i, cuts.back()));
+  }
+  return cuts;
 }
 
 }  // namespace mpopt::detail

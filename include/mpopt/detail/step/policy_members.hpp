@@ -37,6 +37,7 @@ namespace mpopt::detail {
 
 MPOPT_DETAIL_MEMBER_PROBE(direction)
 MPOPT_DETAIL_MEMBER_PROBE(matrix)
+MPOPT_DETAIL_MEMBER_PROBE(matrix_cost)
 MPOPT_DETAIL_MEMBER_PROBE(tensor_scale)
 MPOPT_DETAIL_MEMBER_PROBE(tensor_state)
 MPOPT_DETAIL_MEMBER_PROBE(initial_state)
@@ -96,6 +97,9 @@ consteval bool rule_members_checked() {
   static_assert(!declares_matrix<R> || rule_matrix<R>,
                 "mpopt: the rule's member `matrix` must be a matrix stage: "
                 "template <class M> static float matrix(const scalars& k, M& m) (rule.hpp, matrix_rule)");
+  static_assert(!declares_matrix_cost<R> || (rule_matrix_cost<R> && declares_matrix<R>),
+                "mpopt: the rule's member `matrix_cost` must be a matrix rule's: "
+                "static double matrix_cost(std::size_t rows, std::size_t cols) (rule.hpp, matrix_rule)");
   static_assert(!declares_matrix<R> || (declares_direction<R> && !declares_tensor_scale<R> && !declares_tensor_state<R>),
                 "mpopt: a matrix rule declares `direction` (the stage that writes what its matrix stage receives) "
                 "and no per-tensor reduction (`tensor_scale`, `tensor_state`): rule.hpp, matrix_rule");

@@ -218,8 +218,8 @@ class step_pipeline {
       tensor_groups.push_back(t.group);
       sizes.push_back(t.size);
     }
-    state.allocate(lay_out<typename Partition::layout>(Partition::name, tensor_groups, sizes, groups().size(), context(),
-                                                       state_alignment<Precision>()),
+    state.allocate(lay_out<typename Partition::layout>(Partition::name, tensor_groups, sizes, update_costs(),
+                                                       groups().size(), context(), state_alignment<Precision>()),
                    std::move(table), groups().size());
     exchange.allocate(*state.layout, context());
     if (options.leave_param_gather_in_flight) progress.unwaited.reserve(state.tensors.size());
@@ -232,6 +232,15 @@ class step_pipeline {
     wait();
     driver.started(c);
     comms.comm.take_bytes();  // setup traffic is not a step's
+  }
+
+  /// What updating each tensor costs (update_cost), in registration order: what a layout that keeps
+  /// tensors whole balances across ranks.
+  std::vector<double> update_costs() const {
+    std::vector<double> costs;
+    for (const auto& g : groups())
+      for (std::size_t i = 0; i < g->size(); ++i) costs.push_back(update_cost<UpdateRule>(g->shape(i), g->entries_[i].size));
+    return costs;
   }
 
   /// What each state buffer starts at, per group (the rule's initial_state; empty: zero).

@@ -1,0 +1,177 @@
+// The layer-wise partition (mpopt::layerwise) over MPI: each tensor whole on one rank, which holds
+// its state and, under Muon, orthogonalizes it. With exact gradients (rank 0 sends them, the others
+// zeros, summed) every rank's step is one process's, bit for bit, for Muon and for Adam; checkpoints
+// move between W ranks and one process; the ranks' state adds up to one process's; and a partition
+// that splits a matrix is refused.
+#include <doctest/doctest.h>
+
+#include "error_of.hpp"
+#include "mpi_harness.hpp"
+
+#include <mpopt/checkpoint.hpp>
+#include <mpopt/muon.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace {
+
+/// Two groups of matrices: tall, wide, square, 3-D, one row, and one larger than a bucket.
+const std::vector<std::vector<mpopt::tensor_spec>> matrices = {
+    {{"a", 64 * 32, {64, 32}}, {"b", 32 * 64, {32, 64}}, {"c", 48 * 48, {48, 48}}, {"d", 3 * 64, {3, 8, 8}}},
+    {{"e", 9, {1, 9}}, {"f", 100 * 60, {100, 60}}, {"g", 24 * 24, {24, 24}}}};
+
+const mpopt::optimizer_options exact{.clip_grad = 0, .combine = mpopt::accumulation::sum, .bucket_elements = 3000};
+
+template <class Rule>
+typename Rule::options rule_options() {
+  typename Rule::options o;
+  o.lr = 0.01;
+  if constexpr (std::is_same_v<Rule, mpopt::muon>) o.ns_precision = mpopt::muon::iteration_precision::bf16;
+  return o;
+}
+
+/// An optimizer over `matrices`, its parameters and gradients in order.
+template <class Opt>
+struct model {
+  using T = typename Opt::param_type;
+  Opt opt;
+  std::vector<std::span<T>> params, grads;
+
+  template <class... A>
+  explicit model(A&&... a) : opt(std::forward<A>(a)...) {
+    for (const auto& specs : matrices) {
+      auto& g = opt.add_flat_group(rule_options<typename Opt::rule>(), specs);
+      for (std::size_t t = 0; t < specs.size(); ++t) {
+        params.push_back(g.param(t));
+        grads.push_back(g.grad(t));
+        for (std::size_t k = 0; k < specs[t].size; ++k)
+          params.back()[k] = T(float(0.1 * unit(mix((std::uint64_t(params.size()) << 32) + k))));
+      }
+    }
+  }
+  /// Step s's gradients; `sender`: whether this rank sends them (the others send zeros).
+  void gradients(int s, bool sender) {
+    for (std::size_t t = 0; t < grads.size(); ++t)
+      for (std::size_t k = 0; k < grads[t].size(); ++k)
+        grads[t][k] = sender ? T(float(0.01 * unit(mix((std::uint64_t(s) << 40) + (std::uint64_t(t) << 32) + k))))
+                             : T(0.0f);
+  }
+  template <class Other>
+  std::size_t differing(const model<Other>& other) const {
+    std::size_t n = 0;
+    for (std::size_t t = 0; t < params.size(); ++t)
+      n += std::memcmp(params[t].data(), other.params[t].data(), params[t].size_bytes()) != 0;
+    return n;
+  }
+};
+
+template <class Precision, class Rule>
+using layerwise_t = mpopt::optimizer<Precision, mpopt::no_scaling, mpopt::layerwise, Rule, mpopt::host, mpopt::mpi>;
+template <class Precision, class Rule>
+using one_process_t = mpopt::optimizer<Precision, mpopt::no_scaling, mpopt::replicated, Rule>;
+
+template <class Precision, class Rule>
+void check_one_process_bits(int steps) {
+  const int w = world_size(), rank = world_rank();
+  CAPTURE(w);
+  model<layerwise_t<Precision, Rule>> d(mpopt::mpi{MPI_COMM_WORLD}, exact);
+  model<one_process_t<Precision, Rule>> l(exact);
+  for (int s = 0; s < steps; ++s) {
+    CAPTURE(s);
+    d.gradients(s, rank == 0);
+    l.gradients(s, true);
+    const auto ds = d.opt.step(), ls = l.opt.step();
+    check_status_same_on_every_rank(ds);
+    REQUIRE(ds.applied);
+    REQUIRE(ls.applied);
+    CHECK_MESSAGE(d.differing(l) == 0, d.differing(l) << " tensors differ from one process's");
+  }
+  // Each tensor is whole on one rank, its moments one process's.
+  std::vector<int> holders(d.params.size(), 0);
+  for (std::size_t t = 0; t < d.params.size(); ++t) {
+    const auto own = d.opt.owned(t);
+    CHECK((own.count == 0 || own.count == d.params[t].size()));
+    holders[t] = own.count ? 1 : 0;
+    if (own.count == 0) continue;
+    for (std::size_t k = 0; k < Rule::state.size(); ++k) {
+      const auto a = d.opt.moment(k, t), b = l.opt.moment(k, t);
+      CHECK(std::equal(a.begin(), a.end(), b.begin(), b.end()));
+    }
+  }
+  MPI_Allreduce(MPI_IN_PLACE, holders.data(), int(holders.size()), MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  for (int h : holders) CHECK(h == 1);
+}
+
+/// Bytes of the memory report's line `name`.
+std::size_t line_bytes(const mpopt::memory_report& r, const std::string& name) {
+  for (const auto& b : r.buffers)
+    if (b.name == name) return b.bytes;
+  return 0;
+}
+
+}  // namespace
+
+TEST_SUITE("mpi") {
+  TEST_CASE("the layer-wise partition on W ranks gives one process's bits with exact gradients: Muon in fp32 and "
+            "bf16, Adam in bf16") {
+    check_one_process_bits<mpopt::fp32, mpopt::muon>(5);
+    check_one_process_bits<mpopt::bf16, mpopt::muon>(5);
+    check_one_process_bits<mpopt::bf16, mpopt::adam>(5);
+  }
+
+  TEST_CASE("a layer-wise checkpoint loads into one process and back, and both go on with the same bits") {
+    const int rank = world_rank();
+    model<layerwise_t<mpopt::bf16, mpopt::muon>> d(mpopt::mpi{MPI_COMM_WORLD}, exact);
+    model<one_process_t<mpopt::bf16, mpopt::muon>> l(exact);
+    for (int s = 0; s < 3; ++s) {
+      d.gradients(s, rank == 0);
+      REQUIRE(d.opt.step().applied);
+    }
+    std::vector<std::byte> saved;
+    d.opt.save(saved);
+    const std::string file = broadcast_string(std::string(reinterpret_cast<const char*>(saved.data()), saved.size()));
+    l.opt.load(std::as_bytes(std::span(file)));
+    CHECK(l.differing(d) == 0);
+    model<layerwise_t<mpopt::bf16, mpopt::muon>> again(mpopt::mpi{MPI_COMM_WORLD}, exact);
+    std::vector<std::byte> from_one;
+    l.opt.save(from_one);
+    again.opt.load(from_one);
+    for (int s = 3; s < 6; ++s) {
+      CAPTURE(s);
+      d.gradients(s, rank == 0);
+      again.gradients(s, rank == 0);
+      l.gradients(s, true);
+      REQUIRE(d.opt.step().applied);
+      REQUIRE(again.opt.step().applied);
+      REQUIRE(l.opt.step().applied);
+      CHECK(d.differing(l) == 0);
+      CHECK(again.differing(l) == 0);
+    }
+  }
+
+  TEST_CASE("the ranks' layer-wise state adds up to one process's, and each rank's matrix buffer to its tensors") {
+    model<layerwise_t<mpopt::bf16, mpopt::muon>> d(mpopt::mpi{MPI_COMM_WORLD}, exact);
+    model<one_process_t<mpopt::bf16, mpopt::muon>> l(exact);
+    d.opt.finalize();
+    l.opt.finalize();
+    const auto mine = d.opt.memory_report(), one = l.opt.memory_report();
+    std::size_t sums[2] = {line_bytes(mine, "momentum_buffer"), line_bytes(mine, "matrix stage")};
+    MPI_Allreduce(MPI_IN_PLACE, sums, 2, MPI_UNSIGNED_LONG, MPI_SUM, MPI_COMM_WORLD);
+    CHECK(sums[0] == line_bytes(one, "momentum_buffer"));
+    CHECK(sums[1] == line_bytes(one, "matrix stage"));
+  }
+
+  TEST_CASE("a partition that splits a matrix is refused, naming it and the layer-wise partition") {
+    if (world_size() == 1) return;  // one rank splits nothing
+    model<mpopt::optimizer<mpopt::fp32, mpopt::no_scaling, mpopt::zero1, mpopt::muon, mpopt::host, mpopt::mpi>> d(
+        mpopt::mpi{MPI_COMM_WORLD}, exact);
+    const std::string e = error_of([&] { d.opt.finalize(); });
+    CHECK(e.find("muon works on whole matrices, and the partition splits tensor") != std::string::npos);
+    CHECK(e.find("use mpopt::layerwise") != std::string::npos);
+  }
+}
