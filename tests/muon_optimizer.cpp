@@ -2,17 +2,25 @@
 // muon_reference.hpp (written from torch.optim.Muon's documented algorithm): tall, wide, square and
 // 3-D tensors (flattened to the first dimension by the rest), Nesterov on and off, both rate
 // adjustments, the iteration in fp32 and bf16; in fp32, bf16, and fp16 under static and dynamic
-// scaling, with clipping, and a skipped overflow that changes nothing. Then what it refuses.
+// scaling, with clipping, and a skipped overflow that changes nothing. Then what it refuses, and
+// its resume. Last, the steps tests/torch_muon.py compares with torch.optim.Muon (a test case
+// skipped unless it is run with --no-skip, as that script does).
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
 
 #include <doctest/doctest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <mpopt/checkpoint.hpp>
+#include <mpopt/detail/options/fields_json.hpp>
 #include <mpopt/muon.hpp>
 #include <mpopt/optimizer.hpp>
 
@@ -189,4 +197,35 @@ TEST_CASE("mpopt::muon resumes bitwise from a checkpoint, which keeps its moment
   }
   CHECK(std::string(reinterpret_cast<const char*>(saved.data()), saved.size()).find("momentum_buffer") !=
         std::string::npos);
+}
+
+// Steps of mpopt::muon (fp32 parameters, one group, no clipping) on matrices a JSON file gives:
+// MPOPT_MUON_STEPS_IN: {"options": {muon_options' fields}, "shapes": [[rows, cols, ...], ...],
+// "params": [[...], ...], "grads": [[[...], ...], ...] (per step, per tensor)}; MPOPT_MUON_STEPS_OUT
+// gets {"params": [[[...], ...], ...]}: per step, every tensor's parameters after it.
+TEST_CASE("muon_steps: the steps tests/torch_muon.py compares with torch.optim.Muon" * doctest::skip()) {
+  const char* in_path = std::getenv("MPOPT_MUON_STEPS_IN");
+  const char* out_path = std::getenv("MPOPT_MUON_STEPS_OUT");
+  REQUIRE_MESSAGE((in_path && out_path), "set MPOPT_MUON_STEPS_IN and MPOPT_MUON_STEPS_OUT");
+  const nlohmann::json in = nlohmann::json::parse(std::ifstream(in_path));
+  mpopt::optimizer<mpopt::fp32, mpopt::no_scaling, mpopt::replicated, muon> opt({.clip_grad = 0});
+  auto& group = opt.add_group(mpopt::detail::options_from_json<mpopt::muon_options>(in.at("options"), ""));
+  std::vector<std::vector<float>> params, grads;
+  for (std::size_t t = 0; t < in.at("shapes").size(); ++t) {
+    params.push_back(in.at("params")[t].get<std::vector<float>>());
+    grads.emplace_back(params.back().size());
+  }
+  for (std::size_t t = 0; t < params.size(); ++t)
+    group.add(params[t], grads[t], "w" + std::to_string(t), in.at("shapes")[t].get<std::vector<std::int64_t>>());
+  nlohmann::json out = {{"params", nlohmann::json::array()}};
+  for (const auto& step : in.at("grads")) {
+    for (std::size_t t = 0; t < grads.size(); ++t) {  // into the registered buffers, in place
+      const auto g = step[t].get<std::vector<float>>();
+      REQUIRE(g.size() == grads[t].size());
+      std::copy(g.begin(), g.end(), grads[t].begin());
+    }
+    REQUIRE(opt.step().applied);
+    out["params"].push_back(params);
+  }
+  std::ofstream(out_path) << out.dump();
 }

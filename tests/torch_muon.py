@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """mpopt::muon against torch.optim.Muon itself: the same matrices, initial weights and gradients,
-step after step (tests/muon_steps.cpp runs mpopt's side, fp32 parameters, no clipping).
+step after step (test_muon's test case "muon_steps", in tests/muon_optimizer.cpp, runs mpopt's
+side: fp32 parameters, no clipping).
 
-  torch_muon.py --muon-steps build/tests/muon_steps [--steps 6]
+  torch_muon.py --test-muon build/tests/test_muon [--steps 6]
 
 PyTorch's Muon always iterates in bf16, with the middle product fused by addmm; mpopt's bf16
 iteration rounds where PyTorch's unfused tensors do, so the two orthogonalized updates differ by
@@ -76,7 +77,8 @@ def mpopt_run(exe, shapes, params, grads, o, workdir):
     src, dst = os.path.join(workdir, "in.json"), os.path.join(workdir, "out.json")
     with open(src, "w") as f:
         json.dump({"options": o, "shapes": shapes, "params": params, "grads": grads}, f)
-    subprocess.run([exe, src, dst], check=True)
+    env = dict(os.environ, MPOPT_MUON_STEPS_IN=src, MPOPT_MUON_STEPS_OUT=dst)
+    subprocess.run([exe, "--test-case=muon_steps*", "--no-skip=true", "--minimal=true"], check=True, env=env)
     with open(dst) as f:
         return json.load(f)["params"]
 
@@ -98,7 +100,7 @@ def relative_moves(before, a, b):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--muon-steps", required=True)
+    ap.add_argument("--test-muon", required=True)
     ap.add_argument("--steps", type=int, default=6)
     args = ap.parse_args()
     gen = torch.Generator().manual_seed(46)
@@ -116,7 +118,7 @@ def main():
         for settings, bound in cases:
             o = {"lr": 0.02, "weight_decay": 0.1, "momentum": 0.95, "eps": 1e-7,
                  "ns_coefficients": {"a": 3.4445, "b": -4.775, "c": 2.0315}, **settings}
-            ours = mpopt_run(args.muon_steps, SHAPES, params, grads, o, workdir)
+            ours = mpopt_run(args.test_muon, SHAPES, params, grads, o, workdir)
             theirs = torch_run(SHAPES, params, grads, o)
             worst = max(relative_moves(params, ours, theirs))
             ok = worst < bound

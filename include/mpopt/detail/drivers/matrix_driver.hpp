@@ -86,8 +86,8 @@ class matrix_driver : public staged_driver<Rule, Precision, Backend, Communicato
         if (owned[t] == 0) continue;  // another rank's
         if (owned[t] != size || !contiguous[t])
           fail(Rule::name, " works on whole matrices, and the partition splits tensor '", g->name(i), "' (",
-               shape_text(g->shape(i)), ") across ranks: use mpopt::layerwise, which keeps each tensor whole on one rank, "
-               "or mpopt::replicated");
+               shape_text(g->shape(i)),
+               ") across ranks: use mpopt::layerwise, which keeps each tensor whole on one rank, or mpopt::replicated");
         const auto [rows, cols] = matrix_shape(g->shape(i));
         matrices_.push_back({std::uint32_t(t), std::uint32_t(c.tensors.tensors[t].group), state[t], rows, cols});
       }

@@ -1,9 +1,10 @@
 // mpopt — where every element lives. Each group's tensors lie end to end in one flat space (each
 // start at a multiple of `align` elements: 16, 64 bytes of fp32, or a quantized state's block),
 // padded so that it splits into `parts` equal shards whose starts are such multiples too, or split
-// at tensors, each whole on one rank (shard_plan::first_tensors); the groups' spaces follow each other. A group's shards are those of its data-parallel
-// communicator (the optimizer's, or an expert group's own: shard_plan). A sharded rank keeps state
-// for its shard of every group, back to back; a replicated rank keeps all of it, in flat order.
+// at tensors, each whole on one rank (shard_plan::first_tensors); the groups' spaces follow each
+// other. A group's shards are those of its data-parallel communicator (the optimizer's, or an
+// expert group's own: shard_plan). A sharded rank keeps state for its shard of every group, back
+// to back; a replicated rank keeps all of it, in flat order.
 // Either way, work is cut at the shard boundaries, so that partial sums are formed, and combined in
 // rank order, the same way under every partition policy. Shard r is rank r's unless the partition
 // says otherwise (`rank_of`); collectives always see a bucket's pieces in rank order.
@@ -71,7 +72,8 @@ class flat_layout {
   flat_layout(const std::vector<std::uint32_t>& tensor_groups, const std::vector<std::size_t>& tensor_sizes,
               std::size_t groups, int parts, int part, bool sharded, std::vector<std::size_t> shard_ranks = {})
       : flat_layout(tensor_groups, tensor_sizes,
-                    std::vector<shard_plan>(groups, {std::size_t(parts), std::size_t(part), std::move(shard_ranks), true, {}}),
+                    std::vector<shard_plan>(groups,
+                                            {std::size_t(parts), std::size_t(part), std::move(shard_ranks), true, {}}),
                     sharded, sharded) {}
 
   std::size_t flat_elements() const { return flat_elements_; }

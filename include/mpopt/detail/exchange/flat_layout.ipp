@@ -77,8 +77,8 @@ MPOPT_DECL std::size_t flat_layout::bytes() const {
                       (offset_.capacity() + sizes_.capacity() + first_tensor_.capacity()) * sizeof(std::size_t) +
                       groups_.capacity() * sizeof(std::uint32_t);
   for (const space& s : spaces_)
-    bytes += (s.plan.rank_of.capacity() + s.plan.first_tensors.capacity() + s.shard_of.capacity() + s.bounds.capacity()) *
-             sizeof(std::size_t);
+    bytes += (s.plan.rank_of.capacity() + s.plan.first_tensors.capacity() + s.shard_of.capacity() +
+              s.bounds.capacity()) * sizeof(std::size_t);
   return bytes;
 }
 

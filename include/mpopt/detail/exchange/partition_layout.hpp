@@ -30,7 +30,8 @@ concept keeps_tensors_whole = L::sharded && requires {
 };
 
 /// The layout of group g's tensors (tensor_groups[t], sizes[t]) under Layout, over each group's
-/// communicator (c.comm_of(g)); a layout that keeps tensors whole balances costs[t] across ranks. Replicated: every element mine; with sum_by_shard the work is still
+/// communicator (c.comm_of(g)); a layout that keeps tensors whole balances costs[t] across ranks.
+/// Replicated: every element mine; with sum_by_shard the work is still
 /// cut at the would-be shards; where groups are replicated over different ranks (expert groups) the
 /// global norm is a sum over every rank, in which the first replica of each element counts it.
 /// Tensors and shards start at multiples of `align` elements (flat_layout).

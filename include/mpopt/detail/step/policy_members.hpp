@@ -100,11 +100,12 @@ consteval bool rule_members_checked() {
   static_assert(!declares_matrix_cost<R> || (rule_matrix_cost<R> && declares_matrix<R>),
                 "mpopt: the rule's member `matrix_cost` must be a matrix rule's: "
                 "static double matrix_cost(std::size_t rows, std::size_t cols) (rule.hpp, matrix_rule)");
-  static_assert(!declares_matrix<R> || (declares_direction<R> && !declares_tensor_scale<R> && !declares_tensor_state<R>),
+  static_assert(!declares_matrix<R> ||
+                    (declares_direction<R> && !declares_tensor_scale<R> && !declares_tensor_state<R>),
                 "mpopt: a matrix rule declares `direction` (the stage that writes what its matrix stage receives) "
                 "and no per-tensor reduction (`tensor_scale`, `tensor_state`): rule.hpp, matrix_rule");
-  static_assert(declares_matrix<R> ||
-                    (declares_direction<R> == declares_tensor_scale<R> && declares_direction<R> == declares_tensor_state<R>),
+  static_assert(declares_matrix<R> || (declares_direction<R> == declares_tensor_scale<R> &&
+                                        declares_direction<R> == declares_tensor_state<R>),
                 "mpopt: a rule with a per-tensor reduction declares all three of `direction`, `tensor_scale` and "
                 "`tensor_state` (rule.hpp, reducing_rule); this one declares only some of them");
   static_assert(!declares_driver<R> || names_driver<R, Precision, Partition, Backend, Communicator>,

@@ -239,7 +239,8 @@ class step_pipeline {
   std::vector<double> update_costs() const {
     std::vector<double> costs;
     for (const auto& g : groups())
-      for (std::size_t i = 0; i < g->size(); ++i) costs.push_back(update_cost<UpdateRule>(g->shape(i), g->entries_[i].size));
+      for (std::size_t i = 0; i < g->size(); ++i)
+        costs.push_back(update_cost<UpdateRule>(g->shape(i), g->entries_[i].size));
     return costs;
   }
 
