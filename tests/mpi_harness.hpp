@@ -70,6 +70,14 @@ struct shape {
   return {{1, 7, mid(rng) | 1, big(rng) | 1}, {small(rng) | 1, 3, 1024, med(rng)}};
 }
 
+/// The bytes of a memory report's lines named `name`.
+[[maybe_unused]] std::size_t bytes_of(const mpopt::memory_report& r, const std::string& name) {
+  std::size_t n = 0;
+  for (const auto& b : r.buffers)
+    if (b.name == name) n += b.bytes;
+  return n;
+}
+
 template <class Rule>
 std::pair<typename Rule::options, typename Rule::options> group_options() {
   typename Rule::options a, b;

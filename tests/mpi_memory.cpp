@@ -8,13 +8,6 @@
 
 namespace {
 
-std::size_t bytes_of(const mpopt::memory_report& r, const std::string& name) {
-  std::size_t n = 0;
-  for (const auto& b : r.buffers)
-    if (b.name == name) n += b.bytes;
-  return n;
-}
-
 const shape model{{1, 7, 300001, 4097, 20000}, {3, 65, 100000}};  // P = 428174
 
 using half_sums = mpopt::mixed_precision<mpopt::half, mpopt::half, mpopt::half>;

@@ -107,13 +107,6 @@ void check_one_process_bits(int steps) {
   for (int h : holders) CHECK(h == 1);
 }
 
-/// Bytes of the memory report's line `name`.
-std::size_t line_bytes(const mpopt::memory_report& r, const std::string& name) {
-  for (const auto& b : r.buffers)
-    if (b.name == name) return b.bytes;
-  return 0;
-}
-
 }  // namespace
 
 TEST_SUITE("mpi") {
@@ -160,10 +153,10 @@ TEST_SUITE("mpi") {
     d.opt.finalize();
     l.opt.finalize();
     const auto mine = d.opt.memory_report(), one = l.opt.memory_report();
-    std::size_t sums[2] = {line_bytes(mine, "momentum_buffer"), line_bytes(mine, "matrix stage")};
+    std::size_t sums[2] = {bytes_of(mine, "momentum_buffer"), bytes_of(mine, "matrix stage")};
     MPI_Allreduce(MPI_IN_PLACE, sums, 2, MPI_UNSIGNED_LONG, MPI_SUM, MPI_COMM_WORLD);
-    CHECK(sums[0] == line_bytes(one, "momentum_buffer"));
-    CHECK(sums[1] == line_bytes(one, "matrix stage"));
+    CHECK(sums[0] == bytes_of(one, "momentum_buffer"));
+    CHECK(sums[1] == bytes_of(one, "matrix stage"));
   }
 
   TEST_CASE("a partition that splits a matrix is refused, naming it and the layer-wise partition") {
