@@ -9,6 +9,7 @@
 // its matrices). Per configuration and rank, one line: the optimizer's bytes (memory_report), its
 // state (masters and moments), the bytes it sent per step, the median step time over S steps, and
 // the share of Muon's orthogonalization cost (matrix_cost) whose tensors the rank holds.
+#define OMPI_SKIP_MPICXX 1  // Open MPI's deprecated C++ bindings: the C API only
 #include <mpi.h>
 
 #include <algorithm>

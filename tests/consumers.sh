@@ -207,7 +207,7 @@ only_app_objects "$work/cmake_fetch/build" 1
 run_ranks ./cmake_fetch/build/mpi_app
 
 echo "== below C++20: a clear #error"
-if echo '#include <mpopt/mpopt.hpp>' | g++ -std=c++17 -fsyntax-only -I"$src/include" -x c++ - 2>"$work/cxx17.err"; then
+if echo '#include <mpopt/mpopt.hpp>' | g++ -std=c++17 -fsyntax-only -Wfatal-errors -I"$src/include" -x c++ - 2>"$work/cxx17.err"; then
   echo "a C++17 build of <mpopt/mpopt.hpp> compiled"
   exit 1
 fi

@@ -21,6 +21,7 @@
 
 #include <mpopt/checkpoint.hpp>
 #include <mpopt/detail/options/fields_json.hpp>
+#include <mpopt/host_passes.hpp>  // Muon's host passes (not compiled once in libmpopt)
 #include <mpopt/muon.hpp>
 #include <mpopt/optimizer.hpp>
 
