@@ -208,24 +208,15 @@ struct combo {
   using rule = Rule;
   using scaler = std::conditional_t<std::is_same_v<typename Precision::param_type, mpopt::half>, mpopt::dynamic_scale,
                                     mpopt::no_scaling>;
-  using opt = mpopt::optimizer<Precision, scaler, mpopt::replicated, Rule, test_backend>;
+  using opt = mpopt::optimizer<Precision, scaler, mpopt::replicated, Rule>;
 };
 
 }  // namespace
 
-// On the device, every precision and rule once (the rest are the same device code in other types),
-// for 20 steps instead of 30 (a kernel per tensor makes it the longest device test; the NaN of step 9
-// and the infinity of step 17 still come).
-#ifdef MPOPT_TEST_DEVICE_BACKEND
-constexpr int layout_steps = 20;
-#else
-constexpr int layout_steps = 30;
-#endif
-
 #define LAYOUT_COMBOS                                                                                      \
   combo<mpopt::fp32, mpopt::adam>, combo<mpopt::bf16, mpopt::lamb>, combo<mpopt::fp16, mpopt::adam>,      \
-      combo<mpopt::bf16_stochastic, mpopt::adam>, combo<mpopt::fp16_stochastic, mpopt::lamb>              \
-      HOST_ONLY(combo<mpopt::bf16, mpopt::adam>, combo<mpopt::fp32, mpopt::lamb>, combo<mpopt::fp16, mpopt::lamb>)
+      combo<mpopt::bf16_stochastic, mpopt::adam>, combo<mpopt::fp16_stochastic, mpopt::lamb>,             \
+      combo<mpopt::bf16, mpopt::adam>, combo<mpopt::fp32, mpopt::lamb>, combo<mpopt::fp16, mpopt::lamb>
 
 TEST_SUITE("layout") {
   TEST_CASE_TEMPLATE("300 tensors of 1..5000 elements plus one of 200000: flat == user-owned, bit for bit, with 1, 2 and 3 threads",
@@ -239,12 +230,9 @@ TEST_SUITE("layout") {
     std::vector<std::vector<std::size_t>> groups(2);
     for (int i = 0; i < 300; ++i) groups[i % 2].push_back(size(rng));
     groups[0].insert(groups[0].begin() + 40, 200000);
-    run_layouts<opt_t>(groups, two_groups<typename C::rule>(), layout_steps);
+    run_layouts<opt_t>(groups, two_groups<typename C::rule>(), 30);
   }
 
-  // (Host only: on the device it reaches no device code the other device tests do not, and a
-  // kernel per tiny tensor made it the longest test; tests/README.md, "The device build".)
-#ifndef MPOPT_TEST_DEVICE_BACKEND
   TEST_CASE_TEMPLATE("3000 tiny tensors and tensors at chunk boundaries: flat == user-owned, bit for bit, with 1, 2 and 3 threads",
                      C, LAYOUT_COMBOS) {
     using opt_t = typename C::opt;
@@ -258,10 +246,8 @@ TEST_SUITE("layout") {
     for (std::size_t n : {65535, 65536, 65537, 131071}) groups[1].insert(groups[1].begin() + 100, n);
     run_layouts<opt_t>(groups, two_groups<typename C::rule>(), 30);
   }
-#endif
 }
 
-#ifndef MPOPT_TEST_DEVICE_BACKEND
 TEST_SUITE("simd") {
   TEST_CASE_TEMPLATE("every SIMD level this CPU runs gives the scalar path's bits, with 1, 2 and 3 threads", C,
                      LAYOUT_COMBOS, combo<mpopt::fp16, mpopt::onebit_lamb>, combo<mpopt::bf16, mpopt::onebit_lamb>,
@@ -280,9 +266,7 @@ TEST_SUITE("simd") {
     run_simd_levels<opt_t>(groups, two_groups<typename C::rule>(), 20);
   }
 }
-#endif
 
-#ifndef MPOPT_TEST_DEVICE_BACKEND
 TEST_SUITE("layout") {
   TEST_CASE("for any shard order, equal shards or shards of whole tensors, every bucket's pieces and padding tile "
             "it once, each rank's piece where rank order puts it, and the ranks' owned elements tile every tensor once") {
@@ -399,4 +383,3 @@ TEST_SUITE("layout") {
     CHECK_NOTHROW(mpopt::detail::flat_layout(groups, sizes, 1, 3, 0, true, ranks{2, 0, 1}));
   }
 }
-#endif
