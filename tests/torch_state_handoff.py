@@ -236,9 +236,19 @@ def refusals(gpt, init, torch_opt, torch_model):
         s["param_groups"][0]["amsgrad"] = True
         s["state"][first]["max_exp_avg_sq"] = s["state"][first]["exp_avg_sq"].clone()
     refused(base + [variant("amsgrad.pt", amsgrad), "--optimizer-class", "AdamW"], ["max_exp_avg_sq"], [out])
-    refused(base + [torch_opt], ["--optimizer-class AdamW or Adam"], [out])
-    refused(base + [torch_opt, "--optimizer-class", "Adam"],
+    # Which class wrote a state_dict with weight decay: said by --optimizer-class where the groups
+    # do not say it (older PyTorch wrote no decoupled_weight_decay), checked against them where
+    # they do.
+    def unsaid(s):
+        for g in s["param_groups"]:
+            g.pop("decoupled_weight_decay", None)
+    older = variant("unsaid.pt", unsaid)
+    refused(base + [older], ["--optimizer-class AdamW or Adam"], [out])
+    refused(base + [older, "--optimizer-class", "Adam"],
             ["weight decay is Adam's (L2)", "template's group 0's AdamW's (decoupled)"], [out])
+    if "decoupled_weight_decay" in state["param_groups"][0]:
+        refused(base + [torch_opt, "--optimizer-class", "Adam"],
+                ["decoupled_weight_decay True", "--optimizer-class is Adam"], [out])
 
 
 def main():

@@ -526,10 +526,8 @@ TORCH_DTYPES = {}  # torch dtype -> safetensors name, filled when torch is impor
 def torch_load(torch, path, trust_pickle, hint=None):
     """A torch.save file's object: tensors, numbers, strings and containers only, unless trusted."""
     try:
-        if trust_pickle:
-            return torch.load(path, map_location="cpu")
-        try:
-            return torch.load(path, map_location="cpu", weights_only=True)
+        try:  # (said either way: PyTorch 2.6 made weights_only=True the default)
+            return torch.load(path, map_location="cpu", weights_only=not trust_pickle)
         except TypeError:  # a torch before 1.13 has no weights_only
             return torch.load(path, map_location="cpu")
     except OSError as e:
@@ -974,17 +972,12 @@ def cmd_export(args):
     if not torch_out and not out.endswith(".safetensors"):
         fail("%s: the output must end in .safetensors or %s" % (out, ", ".join(TORCH_SUFFIXES)))
     c = MpoptCheckpoint(args.checkpoint, verify=not args.no_verify)
-    state_out = args.optimizer and args.optimizer.endswith(".safetensors")  # the state alone, no torch
-    if torch_out or (args.optimizer and not state_out):
+    state_alone = args.optimizer and args.optimizer.endswith(".safetensors")
+    torch = None
+    if torch_out or (args.optimizer and not state_alone):
         torch = import_torch("writing " + (out if torch_out else args.optimizer))
         need_numpy("writing " + out)
-    if args.optimizer:  # everything checked before either file is written
-        if os.path.abspath(args.optimizer) == os.path.abspath(out):
-            fail("%s: the weights and the optimizer state need two files" % args.optimizer)
-        if state_out:
-            optimizer_state = state_tensors(c)
-        else:
-            optimizer_state, optimizer_class = export_optimizer_checks(args, c, torch)
+    optimizer = OptimizerExport(args, c, torch) if args.optimizer else None  # checked before any file is written
     tensors = []
     for name, _ in c.tensors:
         key = c.weight_key(name, args.weights)
@@ -1010,22 +1003,41 @@ def cmd_export(args):
         write_safetensors(out, tensors, {"format": "pt"})  # "pt": what PyTorch-side readers expect
     what = "fp32 masters" if args.weights == "master" else "parameters" + (" as float32" if args.float32 else "")
     print("mpopt_checkpoint: wrote %d tensors (%s) to %s" % (len(tensors), what, out), file=sys.stderr)
-    if args.optimizer:
+    if optimizer:
+        optimizer.write(weights=out)
+    return 0
+
+
+class OptimizerExport:
+    """export --optimizer: a torch.optim state_dict written with torch.save, or (OPT.safetensors)
+    every state buffer alone in fp32. Everything is checked at construction, before either file is
+    written; write() leaves both files or neither."""
+
+    def __init__(self, args, c, torch):
+        self.c, self.torch, self.path = c, torch, args.optimizer
+        if os.path.abspath(self.path) == os.path.abspath(args.output):
+            fail("%s: the weights and the optimizer state need two files" % self.path)
+        self.alone = self.path.endswith(".safetensors")
+        if self.alone:
+            self.state = state_tensors(c)
+        else:
+            self.state, self.cls = export_optimizer_checks(args, c, torch)
+
+    def write(self, weights):
         try:
-            if state_out:
-                steps = json.dumps([g["step"] for g in c.config["groups"]])
-                write_safetensors(args.optimizer, optimizer_state, {"format": "pt", "group_steps": steps})
+            if self.alone:
+                steps = json.dumps([g["step"] for g in self.c.config["groups"]])
+                write_safetensors(self.path, self.state, {"format": "pt", "group_steps": steps})
             else:
-                torch_save(torch, optimizer_state, args.optimizer)
+                torch_save(self.torch, self.state, self.path)
         except BaseException:
-            remove_quietly(out)  # both files or neither
+            remove_quietly(weights)
             raise
-        if state_out:
-            print("mpopt_checkpoint: wrote %s: %d state tensors in fp32" % (args.optimizer, len(optimizer_state)),
+        if self.alone:
+            print("mpopt_checkpoint: wrote %s: %d state tensors in fp32" % (self.path, len(self.state)),
                   file=sys.stderr)
         else:
-            report_optimizer_export(c, optimizer_state, optimizer_class, args.optimizer)
-    return 0
+            report_optimizer_export(self.c, self.state, self.cls, self.path)
 
 
 def state_tensors(c):
