@@ -15,6 +15,11 @@ mpopt::any_optimizer make_configured_optimizer(const mpopt::deepspeed_config& c)
 /// remainder16 (state_optimizer.cpp): `c` must say bf16, no ZeRO and Adam or AdamW.
 mpopt::any_optimizer make_state_optimizer(const mpopt::deepspeed_config& c, std::string_view state);
 
+/// Muon (mpopt::rules<muon, adam>) on bf16 parameters, replicated (muon_optimizer.cpp, where a CBLAS is
+/// found): a group takes Muon with group_settings{.rule = "muon"}, AdamW with the configuration's
+/// options with {.rule = "adam"}. `c` must say bf16, no ZeRO and Adam or AdamW.
+mpopt::any_optimizer make_muon_optimizer(const mpopt::deepspeed_config& c);
+
 /// The examples' --rule (adam, lamb, onebit_adam, onebit_lamb, zero_one_adam) as a configuration's
 /// rule and optimizer.type.
 inline void set_rule(mpopt::deepspeed_config& ds, std::string_view rule) {

@@ -39,14 +39,17 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <functional>
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
 #include <unistd.h>
+#include <utility>
 #include <vector>
 
 #ifndef MPOPT_GPT_DEFAULT_DATA
@@ -140,6 +143,12 @@ void fill_batch(const std::vector<int>& text, std::uint64_t seed, int step, int 
 // ---------------------------------------------------------------------------------------------
 // Flags
 
+#if MPOPT_EXAMPLE_MUON
+constexpr bool with_muon = true;
+#else
+constexpr bool with_muon = false;
+#endif
+
 struct config {
   std::string data = MPOPT_GPT_DEFAULT_DATA;
   std::string precision = "fp16";
@@ -153,6 +162,7 @@ struct config {
   int batch = 16;
   int accumulate = 1;
   double lr = 2e-3;
+  double muon_lr = 0.02;
   double weight_decay = 0.1;
   double clip = 1.0;
   int warmup = 20;
@@ -177,9 +187,14 @@ optimizer on every rank, then prints a sample of generated text.
                                 last 10% is the validation split
   --precision fp16|bf16|fp32    parameter and gradient type (default fp16, with a dynamic loss
                                 scale starting at 2^16, as DeepSpeed's)
-  --rule adam|lamb|onebit_adam|onebit_lamb|zero_one_adam
+  --rule adam|lamb|onebit_adam|onebit_lamb|zero_one_adam|muon
                                 the update rule (default adam: AdamW). The compressing rules
-                                warm up for 20% of the steps, and need --zero 0
+                                warm up for 20% of the steps, and need --zero 0. muon: Muon for
+                                the blocks' matrices (--muon-lr), AdamW for the embeddings, biases
+                                and LayerNorm parameters, in one optimizer (mpopt::rules); needs
+                                --precision bf16 and --zero 0, and a build with a CBLAS
+  --muon-lr X                   Muon's peak learning rate under --rule muon (default 0.02),
+                                scheduled as --lr is
   --state fp32|bf16|blockwise8|blockwise4
                                 how AdamW's moments are stored (default fp32): in bf16, or in
                                 8-bit or 4-bit codes with a scale per block. Other than fp32,
@@ -216,7 +231,8 @@ optimizer on every rank, then prints a sample of generated text.
   --eval-windows N              validation windows of --context characters (default 64)
   --print-every N               a progress line every N steps when the output is not a terminal
                                 (default 20; 0: none); a terminal sees one line updated in place
-  --csv FILE                    step,loss,val_loss,lr,loss_scale,skipped,tokens_per_s per step
+  --csv FILE                    step,loss,val_loss,lr,loss_scale,skipped,tokens_per_s,seconds per
+                                step (seconds: training time so far, evaluation apart)
   --sample N                    characters to generate at the end (default 300; 0: none)
   --prompt TEXT                 where the sample starts (default "And God said")
   --load FILE / --save FILE     a checkpoint (mpopt's, with every tensor's name and shape) before
@@ -236,7 +252,8 @@ bool parse_args(int argc, char** argv, config& c) {
     c.given.push_back(flag);
     if (flag == "--data") c.data = value;
     else if (flag == "--precision") c.precision = check_choice(flag, value, {"fp16", "bf16", "fp32"});
-    else if (flag == "--rule") c.rule = check_choice(flag, value, {"adam", "lamb", "onebit_adam", "onebit_lamb", "zero_one_adam"});
+    else if (flag == "--rule")
+      c.rule = check_choice(flag, value, {"adam", "lamb", "onebit_adam", "onebit_lamb", "zero_one_adam", "muon"});
     else if (flag == "--state") c.state = check_choice(flag, value, {"fp32", "bf16", "blockwise8", "blockwise4"});
     else if (flag == "--zero") c.zero = std::stoi(check_choice(flag, value, {"0", "1", "2"}));
     else if (flag == "--overlap") c.overlap = check_choice(flag, value, {"on", "off"}) == "on";
@@ -250,6 +267,7 @@ bool parse_args(int argc, char** argv, config& c) {
     else if (flag == "--steps") c.steps = parse_number<int>(flag, value, 0);
     else if (flag == "--schedule-steps") c.schedule_steps = parse_number<int>(flag, value, 0);
     else if (flag == "--lr") c.lr = parse_number<double>(flag, value, 0);
+    else if (flag == "--muon-lr") c.muon_lr = parse_number<double>(flag, value, 0);
     else if (flag == "--warmup") c.warmup = parse_number<int>(flag, value, 0);
     else if (flag == "--weight-decay") c.weight_decay = parse_number<double>(flag, value, 0);
     else if (flag == "--clip") c.clip = parse_number<double>(flag, value, 0);
@@ -274,6 +292,11 @@ bool parse_args(int argc, char** argv, config& c) {
         throw usage_error{std::string(f) + " conflicts with --config: the configuration decides it"};
   if (c.state != "fp32" && c.config_file.empty() && (c.precision != "bf16" || c.rule != "adam" || c.zero != 0))
     throw usage_error{"--state " + c.state + " needs --precision bf16, --rule adam and --zero 0"};
+  if (c.rule == "muon" && (c.precision != "bf16" || c.zero != 0))
+    throw usage_error{"--rule muon needs --precision bf16 and --zero 0"};
+  if (c.rule == "muon" && !with_muon) throw usage_error{"--rule muon needs a build with a CBLAS (docs/install.md)"};
+  if (c.rule != "muon" && std::ranges::find(c.given, "--muon-lr") != c.given.end())
+    throw usage_error{"--muon-lr needs --rule muon"};
   if (c.data.empty())
     throw usage_error{"no text: pass --data FILE (the default, the King James Bible, is made at build time from "
                       "Debian's bible-kjv: apt-get install bible-kjv, then reconfigure)"};
@@ -314,7 +337,7 @@ mpopt::deepspeed_config optimizer_config(const config& c) {
   ds.onebit_adam_options = {.lr = c.lr, .beta2 = 0.99, .weight_decay = c.weight_decay, .freeze_step = freeze};
   ds.onebit_lamb_options = {.lr = c.lr, .beta2 = 0.99, .weight_decay = c.weight_decay, .freeze_step = freeze};
   ds.zero_one_adam_options = {.lr = c.lr, .beta2 = 0.99, .weight_decay = c.weight_decay, .var_freeze_step = freeze};
-  set_rule(ds, c.rule);
+  set_rule(ds, c.rule == "muon" ? "adam" : c.rule);  // muon: the AdamW groups' configuration
   ds.schedule = flags_schedule(c);
   return ds;
 }
@@ -330,10 +353,11 @@ struct engine {
   // The optimizer numbers tensors group by group: model tensor i is its tensor optimizer_index[i].
   std::vector<std::size_t> optimizer_index;
 
-  engine(const gpt::shape& s, const mpopt::deepspeed_config& ds, const std::string& state)
-      : model(s), opt(state == "fp32" ? make_configured_optimizer(ds) : make_state_optimizer(ds, state)) {
+  engine(const gpt::shape& s, const mpopt::deepspeed_config& ds, const config& c)
+      : model(s), opt(make_optimizer(ds, c)) {
     // Two groups: the configuration's weight decay (--weight-decay, or the JSON's) on the
-    // embeddings and linear weights, none on biases and LayerNorm parameters.
+    // embeddings and linear weights, none on biases and LayerNorm parameters. Under --rule muon, a
+    // third first: Muon for the blocks' matrices, with the same weight decay.
     const auto& tensors = model.tensors();
     weights.reserve(tensors.size());  // no reallocation: the optimizer keeps pointers into them
     grads.reserve(tensors.size());
@@ -341,17 +365,31 @@ struct engine {
       weights.emplace_back(t.size);
       grads.emplace_back(t.size);
     }
-    const mpopt::group_settings decay, no_decay{.weight_decay = 0.0};
+    const bool muon = c.rule == "muon";
+    const auto adam = muon ? std::optional<std::string>("adam") : std::nullopt;
+    auto hidden = [&](const gpt::tensor_info& t) { return muon && t.decay && t.name.starts_with("h."); };
+    const std::vector<std::pair<mpopt::group_settings, std::function<bool(const gpt::tensor_info&)>>> groups = {
+        {{.lr = c.muon_lr, .weight_decay = ds.adam_options.weight_decay, .rule = "muon"}, hidden},
+        {{.rule = adam}, [&](const gpt::tensor_info& t) { return t.decay && !hidden(t); }},
+        {{.weight_decay = 0.0, .rule = adam}, [](const gpt::tensor_info& t) { return !t.decay; }}};
     optimizer_index.resize(tensors.size());
     std::size_t next = 0;
-    for (bool with_decay : {true, false}) {
-      auto&& group = opt.add_group(with_decay ? decay : no_decay);
+    for (const auto& [settings, takes] : groups) {
+      if (!muon && settings.rule == "muon") continue;
+      auto&& group = opt.add_group(settings);
       for (std::size_t i = 0; i < tensors.size(); ++i)
-        if (tensors[i].decay == with_decay) {
+        if (takes(tensors[i])) {
           group.add(weights[i], grads[i], tensors[i].name, tensors[i].shape);
           optimizer_index[i] = next++;
         }
     }
+  }
+
+  static mpopt::any_optimizer make_optimizer(const mpopt::deepspeed_config& ds, const config& c) {
+#if MPOPT_EXAMPLE_MUON
+    if (c.rule == "muon") return make_muon_optimizer(ds);
+#endif
+    return c.state == "fp32" ? make_configured_optimizer(ds) : make_state_optimizer(ds, c.state);
   }
 
   // The model's initial weights, rounded to P: the optimizer's masters start from them.
@@ -454,7 +492,7 @@ int train(const config& c, const corpus& text, const mpopt::deepspeed_config& ds
   const bool terminal = speaker && isatty(fileno(stdout));
   gpt::shape shape = c.shape;
   shape.vocab = int(text.alphabet.size());
-  engine<P> e(shape, ds, c.state);
+  engine<P> e(shape, ds, c);
   e.initialize(c.seed);
   if (!c.load.empty()) e.opt.load(c.load);  // the schedule too, where the file has one
   // Steps are numbered on from a loaded checkpoint's, so that a run cut in two draws the batches
@@ -468,14 +506,20 @@ int train(const config& c, const corpus& text, const mpopt::deepspeed_config& ds
                 shape.heads, shape.width, shape.context, shape.vocab, double(n_params) / 1e6);
     std::printf("text: %s, %zu characters for training, %zu held out\n", c.data.c_str(), text.train.size(),
                 text.validation.size());
-    std::printf("optimizer: %s%s; %d sequences x %d micro-steps x %d rank(s) = %d tokens per step\n",
-                ds.summary().c_str(), c.state == "fp32" ? "" : (", moments " + c.state + ", master remainder16").c_str(),
+    std::string optimizer = ds.summary();
+    if (c.state != "fp32") optimizer += ", moments " + c.state + ", master remainder16";
+    if (c.rule == "muon") {
+      char lr[32];
+      std::snprintf(lr, sizeof lr, "%g", c.muon_lr);
+      optimizer += "; Muon for the blocks' matrices (lr " + std::string(lr) + ")";
+    }
+    std::printf("optimizer: %s; %d sequences x %d micro-steps x %d rank(s) = %d tokens per step\n", optimizer.c_str(),
                 batch, accumulate, world_size(), batch * accumulate * world_size() * shape.context);
   }
 
   std::FILE* csv = speaker && !c.csv.empty() ? std::fopen(c.csv.c_str(), "w") : nullptr;
   if (mean_over_ranks(speaker && !c.csv.empty() && !csv ? 1 : 0) > 0) throw std::runtime_error("cannot write " + c.csv);
-  if (csv) std::fprintf(csv, "step,loss,val_loss,lr,loss_scale,skipped,tokens_per_s\n");
+  if (csv) std::fprintf(csv, "step,loss,val_loss,lr,loss_scale,skipped,tokens_per_s,seconds\n");
 
   const int t = shape.context;
   std::vector<int> inputs(std::size_t(batch) * std::size_t(t)), targets(inputs.size());
@@ -484,7 +528,7 @@ int train(const config& c, const corpus& text, const mpopt::deepspeed_config& ds
   const double initial_val = validation_loss(e.model, text, c);
   double val = initial_val, train_loss = 0;
   if (speaker) std::printf("step %5d/%d | validation loss %.4f\n", first, last, val);
-  if (csv) std::fprintf(csv, "%d,,%.9g,0,%.0f,0,0\n", first, val, e.opt.loss_scale());  // before any step
+  if (csv) std::fprintf(csv, "%d,,%.9g,0,%.0f,0,0,0\n", first, val, e.opt.loss_scale());  // before any step
   clock_split time;
   mpopt::step_status status;
   for (int step = first + 1; step <= last; ++step) {
@@ -515,8 +559,8 @@ int train(const config& c, const corpus& text, const mpopt::deepspeed_config& ds
     if (csv) {
       std::fprintf(csv, "%d,%.9g,", step, train_loss);
       if (evaluate) std::fprintf(csv, "%.9g", val);
-      std::fprintf(csv, ",%.6g,%.0f,%llu,%.1f\n", e.opt.group(0).lr(), e.opt.loss_scale(),
-                   static_cast<unsigned long long>(status.skipped_steps), tokens_per_s);
+      std::fprintf(csv, ",%.6g,%.0f,%llu,%.1f,%.3f\n", e.opt.group(0).lr(), e.opt.loss_scale(),
+                   static_cast<unsigned long long>(status.skipped_steps), tokens_per_s, time.total);
     }
     const bool line = c.print_every > 0 && (step % c.print_every == 0 || evaluate);
     if (speaker && (terminal || line)) {

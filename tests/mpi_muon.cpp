@@ -1,8 +1,8 @@
 // The layer-wise partition (mpopt::layerwise) over MPI: each tensor whole on one rank, which holds
 // its state and, under Muon, orthogonalizes it. With exact gradients (rank 0 sends them, the others
-// zeros, summed) every rank's step is one process's, bit for bit, for Muon and for Adam; checkpoints
-// move between W ranks and one process; the ranks' state adds up to one process's; and a partition
-// that splits a matrix is refused.
+// zeros, summed) every rank's step is one process's, bit for bit, for Muon, for Adam, and for Muon's
+// groups beside Adam's (mpopt::rules); checkpoints move between W ranks and one process; the ranks'
+// state adds up to one process's; and a partition that splits a matrix is refused.
 #include <doctest/doctest.h>
 
 #include "error_of.hpp"
@@ -10,6 +10,7 @@
 
 #include <mpopt/checkpoint.hpp>
 #include <mpopt/muon.hpp>
+#include <mpopt/rules.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -27,12 +28,29 @@ const std::vector<std::vector<mpopt::tensor_spec>> matrices = {
 
 const mpopt::optimizer_options exact{.clip_grad = 0, .combine = mpopt::accumulation::sum, .bucket_elements = 3000};
 
+/// Muon for the first group's matrices, Adam for the second group and for vectors.
+using hybrid = mpopt::rules<mpopt::muon, mpopt::adam>;
+const std::vector<mpopt::tensor_spec> vectors = {{"h", 7, {7}}, {"i", 1, {1}}, {"j", 3001, {3001}}};
+
 template <class Rule>
-typename Rule::options rule_options() {
-  typename Rule::options o;
-  o.lr = 0.01;
-  if constexpr (std::is_same_v<Rule, mpopt::muon>) o.ns_precision = mpopt::muon::iteration_precision::bf16;
-  return o;
+std::vector<std::vector<mpopt::tensor_spec>> groups_of() {
+  if constexpr (!std::is_same_v<Rule, hybrid>) return matrices;
+  auto adam_group = matrices[1];
+  adam_group.insert(adam_group.begin() + 1, vectors.begin(), vectors.end());
+  return {matrices[0], adam_group};
+}
+
+template <class Rule>
+typename Rule::options rule_options(std::size_t group) {
+  if constexpr (std::is_same_v<Rule, hybrid>) {
+    if (group == 0) return rule_options<mpopt::muon>(group);
+    return rule_options<mpopt::adam>(group);
+  } else {
+    typename Rule::options o;
+    o.lr = 0.01;
+    if constexpr (std::is_same_v<Rule, mpopt::muon>) o.ns_precision = mpopt::muon::iteration_precision::bf16;
+    return o;
+  }
 }
 
 /// An optimizer over `matrices`, its parameters and gradients in order.
@@ -41,12 +59,17 @@ struct model {
   using T = typename Opt::param_type;
   Opt opt;
   std::vector<std::span<T>> params, grads;
+  std::vector<std::size_t> moments;  ///< per tensor: the state buffers of its rule
 
   template <class... A>
   explicit model(A&&... a) : opt(std::forward<A>(a)...) {
-    for (const auto& specs : matrices) {
-      auto& g = opt.add_flat_group(rule_options<typename Opt::rule>(), specs);
+    const auto groups = groups_of<typename Opt::rule>();
+    for (std::size_t gi = 0; gi < groups.size(); ++gi) {
+      const auto& specs = groups[gi];
+      const auto options = rule_options<typename Opt::rule>(gi);
+      auto& g = opt.add_flat_group(options, specs);
       for (std::size_t t = 0; t < specs.size(); ++t) {
+        moments.push_back(mpopt::detail::state_names<typename Opt::rule>(options).size());
         params.push_back(g.param(t));
         grads.push_back(g.grad(t));
         for (std::size_t k = 0; k < specs[t].size; ++k)
@@ -98,13 +121,46 @@ void check_one_process_bits(int steps) {
     CHECK((own.count == 0 || own.count == d.params[t].size()));
     holders[t] = own.count ? 1 : 0;
     if (own.count == 0) continue;
-    for (std::size_t k = 0; k < Rule::state.size(); ++k) {
+    for (std::size_t k = 0; k < d.moments[t]; ++k) {
       const auto a = d.opt.moment(k, t), b = l.opt.moment(k, t);
       CHECK(std::equal(a.begin(), a.end(), b.begin(), b.end()));
     }
   }
   MPI_Allreduce(MPI_IN_PLACE, holders.data(), int(holders.size()), MPI_INT, MPI_SUM, MPI_COMM_WORLD);
   for (int h : holders) CHECK(h == 1);
+}
+
+/// A checkpoint saved on W ranks loads into one process, whose saved state loads back on W ranks,
+/// and all three go on with the same bits.
+template <class Rule>
+void check_checkpoint_moves() {
+  const int rank = world_rank();
+  model<layerwise_t<mpopt::bf16, Rule>> d(mpopt::mpi{MPI_COMM_WORLD}, exact);
+  model<one_process_t<mpopt::bf16, Rule>> l(exact);
+  for (int s = 0; s < 3; ++s) {
+    d.gradients(s, rank == 0);
+    REQUIRE(d.opt.step().applied);
+  }
+  std::vector<std::byte> saved;
+  d.opt.save(saved);
+  const std::string file = broadcast_string(std::string(reinterpret_cast<const char*>(saved.data()), saved.size()));
+  l.opt.load(std::as_bytes(std::span(file)));
+  CHECK(l.differing(d) == 0);
+  model<layerwise_t<mpopt::bf16, Rule>> again(mpopt::mpi{MPI_COMM_WORLD}, exact);
+  std::vector<std::byte> from_one;
+  l.opt.save(from_one);
+  again.opt.load(from_one);
+  for (int s = 3; s < 6; ++s) {
+    CAPTURE(s);
+    d.gradients(s, rank == 0);
+    again.gradients(s, rank == 0);
+    l.gradients(s, true);
+    REQUIRE(d.opt.step().applied);
+    REQUIRE(again.opt.step().applied);
+    REQUIRE(l.opt.step().applied);
+    CHECK(d.differing(l) == 0);
+    CHECK(again.differing(l) == 0);
+  }
 }
 
 }  // namespace
@@ -117,34 +173,13 @@ TEST_SUITE("mpi") {
     check_one_process_bits<mpopt::bf16, mpopt::adam>(5);
   }
 
+  TEST_CASE("the layer-wise partition gives one process's bits for Muon's groups beside Adam's (mpopt::rules)") {
+    check_one_process_bits<mpopt::bf16, hybrid>(5);
+  }
+
   TEST_CASE("a layer-wise checkpoint loads into one process and back, and both go on with the same bits") {
-    const int rank = world_rank();
-    model<layerwise_t<mpopt::bf16, mpopt::muon>> d(mpopt::mpi{MPI_COMM_WORLD}, exact);
-    model<one_process_t<mpopt::bf16, mpopt::muon>> l(exact);
-    for (int s = 0; s < 3; ++s) {
-      d.gradients(s, rank == 0);
-      REQUIRE(d.opt.step().applied);
-    }
-    std::vector<std::byte> saved;
-    d.opt.save(saved);
-    const std::string file = broadcast_string(std::string(reinterpret_cast<const char*>(saved.data()), saved.size()));
-    l.opt.load(std::as_bytes(std::span(file)));
-    CHECK(l.differing(d) == 0);
-    model<layerwise_t<mpopt::bf16, mpopt::muon>> again(mpopt::mpi{MPI_COMM_WORLD}, exact);
-    std::vector<std::byte> from_one;
-    l.opt.save(from_one);
-    again.opt.load(from_one);
-    for (int s = 3; s < 6; ++s) {
-      CAPTURE(s);
-      d.gradients(s, rank == 0);
-      again.gradients(s, rank == 0);
-      l.gradients(s, true);
-      REQUIRE(d.opt.step().applied);
-      REQUIRE(again.opt.step().applied);
-      REQUIRE(l.opt.step().applied);
-      CHECK(d.differing(l) == 0);
-      CHECK(again.differing(l) == 0);
-    }
+    check_checkpoint_moves<mpopt::muon>();
+    check_checkpoint_moves<hybrid>();
   }
 
   TEST_CASE("the ranks' layer-wise state adds up to one process's, and each rank's matrix buffer to its tensors") {
@@ -166,5 +201,18 @@ TEST_SUITE("mpi") {
     const std::string e = error_of([&] { d.opt.finalize(); });
     CHECK(e.find("muon works on whole matrices, and the partition splits tensor") != std::string::npos);
     CHECK(e.find("use mpopt::layerwise") != std::string::npos);
+  }
+
+  TEST_CASE("ranks whose group chose different rules are refused at finalize, naming the group and the rules") {
+    if (world_size() == 1) return;
+    mpopt::optimizer<mpopt::fp32, mpopt::no_scaling, mpopt::layerwise, hybrid, mpopt::host, mpopt::mpi> opt(
+        mpopt::mpi{MPI_COMM_WORLD}, exact);
+    std::vector<float> w(16, 0.5f), g(16, 0.1f);
+    if (world_rank() == 0) opt.add_group(mpopt::adam::options{}).add(w, g, "w", {4, 4});
+    else opt.add_group(mpopt::muon::options{}).add(w, g, "w", {4, 4});
+    const std::string e = error_of([&] { opt.finalize(); });
+    CAPTURE(e);
+    CHECK(e.find("the ranks disagree on group 0's rule (rank 0: adam, rank") != std::string::npos);
+    CHECK(e.find(": muon)") != std::string::npos);
   }
 }

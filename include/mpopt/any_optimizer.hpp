@@ -63,13 +63,16 @@ inline constexpr element_type element_type_of = [] {
 }();
 
 /// A parameter group's options where they differ from the configuration's (unset: the
-/// configuration's value). Every built-in rule has these five.
+/// configuration's value). Adam and LAMB have all five; a field the group's rule lacks is refused.
 struct group_settings {
   std::optional<double> lr = std::nullopt;
   std::optional<double> weight_decay = std::nullopt;
   std::optional<double> beta1 = std::nullopt;
   std::optional<double> beta2 = std::nullopt;
   std::optional<double> eps = std::nullopt;
+  /// Under a set of rules (mpopt::rules, rules.hpp), the one the group takes, by name ("muon");
+  /// unset: the set's first. Otherwise, if given, the optimizer's rule.
+  std::optional<std::string> rule = std::nullopt;
 };
 
 namespace detail {

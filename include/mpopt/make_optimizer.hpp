@@ -13,15 +13,20 @@
 
 #include "version.hpp"  // first: C++20, or a clear error
 
+#include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
+#include <tuple>
 #include <type_traits>
 #include <typeinfo>
 #include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -45,6 +50,31 @@ namespace mpopt {
 
 namespace detail {
 
+/// The names of Rule's rules: its own, or a set's members'.
+template <class Rule>
+std::span<const std::string_view> rule_choices() {
+  if constexpr (rule_set<Rule>) {
+    return Rule::options::choices;
+  } else {
+    static constexpr std::array<std::string_view, 1> one = {Rule::name};
+    return one;
+  }
+}
+/// Sets the field of o that `field` selects to `value`; false where o's rule has no such field.
+template <class O, class F>
+bool apply_setting(O& o, double value, F field) {
+  auto set = [&](auto& m) {
+    if constexpr (std::is_invocable_v<F, decltype(m)>) {
+      field(m) = value;
+      return true;
+    } else {
+      return false;
+    }
+  };
+  if constexpr (chooses_fields<O>) return o.visit(set);
+  else return set(o);
+}
+
 /// any_optimizer's interface over one mpopt::optimizer. New groups take `defaults` (the
 /// configuration's rule options) with the group_settings applied.
 template <class Precision, class Scaler, class Partition, class Rule, class Backend, class Communicator>
@@ -55,9 +85,10 @@ class erased_optimizer final : public optimizer_interface {
   using group_options = typename opt_type::group_options;
 
  public:
+  /// `defaults`: each rule's options, in the order of rule_choices<Rule>.
   erased_optimizer(Communicator&& comm, const optimizer_options& o, const typename Scaler::options& s,
-                   const group_options& defaults)
-      : opt_(std::move(comm), o, s), defaults_(defaults) {}
+                   std::vector<group_options> defaults)
+      : opt_(std::move(comm), o, s), defaults_(std::move(defaults)) {}
 
   std::size_t add_group(const group_settings& s) override {
     opt_.add_group(options_for(s));
@@ -142,13 +173,21 @@ class erased_optimizer final : public optimizer_interface {
   /// The optimizer's group() is not const; its groups are.
   const typename opt_type::param_group& group(std::size_t g) const { return const_cast<opt_type&>(opt_).group(g); }
 
-  group_options options_for(const group_settings& s) const {
-    group_options o = defaults_;
-    if (s.lr) o.lr = *s.lr;
-    if (s.weight_decay) o.weight_decay = *s.weight_decay;
-    if (s.beta1) o.beta1 = *s.beta1;
-    if (s.beta2) o.beta2 = *s.beta2;
-    if (s.eps) o.eps = *s.eps;
+  /// The defaults of the rule `s` names, with its settings.
+  MPOPT_COLD group_options options_for(const group_settings& s) const {
+    const auto names = rule_choices<Rule>();
+    std::size_t k = 0;
+    if (s.rule) k = find_choice(names, *s.rule, "group_settings.rule");
+    group_options o = defaults_[k];
+    auto set = [&](const char* name, const std::optional<double>& value, auto field) {
+      if (value && !apply_setting(o, *value, field))
+        fail("group_settings.", name, ": ", names[k], " has no ", name);
+    };
+    set("lr", s.lr, [](auto& m) -> decltype((m.lr)) { return m.lr; });
+    set("weight_decay", s.weight_decay, [](auto& m) -> decltype((m.weight_decay)) { return m.weight_decay; });
+    set("beta1", s.beta1, [](auto& m) -> decltype((m.beta1)) { return m.beta1; });
+    set("beta2", s.beta2, [](auto& m) -> decltype((m.beta2)) { return m.beta2; });
+    set("eps", s.eps, [](auto& m) -> decltype((m.eps)) { return m.eps; });
     return o;
   }
 
@@ -159,18 +198,26 @@ class erased_optimizer final : public optimizer_interface {
   }
 
   opt_type opt_;
-  group_options defaults_;
+  std::vector<group_options> defaults_;
 };
 
 /// The options a configuration gives Rule's groups and Scaler.
 template <class Rule>
-const typename Rule::options& rule_options_in(const deepspeed_config& c) {
+typename Rule::options rule_options_in(const deepspeed_config& c) {
   if constexpr (std::is_same_v<Rule, adam>) return c.adam_options;
   else if constexpr (std::is_same_v<Rule, lamb>) return c.lamb_options;
   else if constexpr (std::is_same_v<Rule, onebit_lamb>) return c.onebit_lamb_options;
   else if constexpr (std::is_same_v<Rule, onebit_adam>) return c.onebit_adam_options;
   else if constexpr (std::is_same_v<Rule, zero_one_adam>) return c.zero_one_adam_options;
-  else static_assert(sizeof(Rule) == 0, "a DeepSpeed configuration names adam, lamb, onebit_lamb, onebit_adam or zero_one_adam");
+  else return {};  // a rule no configuration names: its own defaults
+}
+/// The options of each rule of Rule (rule_choices): the configuration's, or their defaults.
+template <class Rule>
+std::vector<typename Rule::options> member_options_in(const deepspeed_config& c) {
+  if constexpr (rule_set<Rule>)
+    return std::apply([&]<class... R>(R...) { return std::vector<typename Rule::options>{rule_options_in<R>(c)...}; },
+                      typename Rule::member_rules{});
+  else return {rule_options_in<Rule>(c)};
 }
 template <class Scaler>
 typename Scaler::options scaler_options_in(const deepspeed_config& c) {
@@ -182,7 +229,7 @@ typename Scaler::options scaler_options_in(const deepspeed_config& c) {
 template <class Precision, class Scaler, class Partition, class Rule, class C>
 MPOPT_COLD any_optimizer make_erased(C&& comm, const deepspeed_config& c, const typename Scaler::options& s) {
   using impl = erased_optimizer<Precision, Scaler, Partition, Rule, host, C>;
-  any_optimizer made(std::make_unique<impl>(std::move(comm), c.options, s, rule_options_in<Rule>(c)));
+  any_optimizer made(std::make_unique<impl>(std::move(comm), c.options, s, member_options_in<Rule>(c)));
   if (c.schedule) made.set_schedule(*c.schedule);
   return made;
 }
@@ -220,6 +267,32 @@ any_optimizer make_with_partition(C&& comm, const deepspeed_config& c, const typ
   fail("zero_optimization.stage: ", c.zero_stage, " is not supported (mpopt has stages 0, 1 and 2)");
 }
 
+/// The rules a configuration names, in config_rule's order.
+inline constexpr std::size_t config_rules = 5;
+template <class R>
+constexpr std::size_t config_rule_index() {
+  constexpr std::array<bool, config_rules> is = {std::is_same_v<R, adam>, std::is_same_v<R, lamb>,
+                                                 std::is_same_v<R, onebit_lamb>, std::is_same_v<R, onebit_adam>,
+                                                 std::is_same_v<R, zero_one_adam>};
+  return std::size_t(std::find(is.begin(), is.end(), true) - is.begin());
+}
+/// The rule a configuration names for Rule (as config_rule's index; config_rules: none): Rule, or
+/// a set's first member that a configuration names.
+template <class Rule>
+constexpr std::size_t configured_rule() {
+  if constexpr (rule_set<Rule>) {
+    return std::apply(
+        []<class... R>(R...) {
+          std::size_t k = config_rules;
+          ((k = k < config_rules ? k : config_rule_index<R>()), ...);
+          return k;
+        },
+        typename Rule::member_rules{});
+  } else {
+    return config_rule_index<Rule>();
+  }
+}
+
 /// What a configuration says of an optimizer's types.
 struct configured_types {
   config_precision precision;
@@ -236,9 +309,9 @@ constexpr configured_types configured_types_of() {
                 "a DeepSpeed configuration's loss scale is mpopt::no_scaling, static_scale or dynamic_scale");
   static_assert(std::is_same_v<Partition, replicated> || std::is_same_v<Partition, zero1> || std::is_same_v<Partition, zero2>,
                 "a DeepSpeed configuration's ZeRO stage is mpopt::replicated, zero1 or zero2");
-  static_assert(std::is_same_v<Rule, adam> || std::is_same_v<Rule, lamb> || std::is_same_v<Rule, onebit_lamb> ||
-                    std::is_same_v<Rule, onebit_adam> || std::is_same_v<Rule, zero_one_adam>,
-                "a DeepSpeed configuration names adam, lamb, onebit_lamb, onebit_adam or zero_one_adam");
+  static_assert(configured_rule<Rule>() < config_rules,
+                "a DeepSpeed configuration names adam, lamb, onebit_lamb, onebit_adam or zero_one_adam (or a set of "
+                "rules, mpopt::rules, with one of them)");
   return {.precision = std::is_same_v<P, float> ? config_precision::fp32
                        : std::is_same_v<P, half> ? config_precision::fp16
                                                  : config_precision::bf16,
@@ -246,11 +319,7 @@ constexpr configured_types configured_types_of() {
                     : std::is_same_v<Scaler, dynamic_scale> ? config_scaler::dynamic_scale
                                                             : config_scaler::none,
           .zero_stage = std::is_same_v<Partition, replicated> ? 0 : std::is_same_v<Partition, zero1> ? 1 : 2,
-          .rule = std::is_same_v<Rule, adam>          ? config_rule::adam
-                  : std::is_same_v<Rule, lamb>        ? config_rule::lamb
-                  : std::is_same_v<Rule, onebit_lamb> ? config_rule::onebit_lamb
-                  : std::is_same_v<Rule, onebit_adam> ? config_rule::onebit_adam
-                                                      : config_rule::zero_one_adam};
+          .rule = config_rule(configured_rule<Rule>())};
 }
 
 /// Refuses a configuration whose accumulation steps were worked out for another number of ranks.

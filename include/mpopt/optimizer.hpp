@@ -48,8 +48,9 @@ class optimizer : public detail::tensor_registry<Precision, UpdateRule, Backend>
   static_assert(partition_policy<Partition, Precision, Backend, Communicator>,
                 "Partition must model mpopt::partition_policy (partition.hpp): mpopt::replicated, zero1, zero2 or yours, "
                 "with a layout whose sharding its exchange shares");
-  static_assert(update_rule<UpdateRule>,
-                "UpdateRule must model mpopt::update_rule (rule.hpp; docs/extending.md, \"Writing your own rule\")");
+  static_assert(rule_policy<UpdateRule>,
+                "UpdateRule must model mpopt::update_rule (rule.hpp; docs/extending.md, \"Writing your own rule\"), or "
+                "be a set of rules (mpopt::rules, rules.hpp)");
   static_assert(backend_policy<Backend, Precision>,
                 "Backend must model mpopt::backend_policy (backend.hpp): mpopt::host, cuda, offload<host> or yours, "
                 "derived from detail::backend_passes (detail/passes/backend_passes.hpp), which gives it every pass");
@@ -212,10 +213,11 @@ class optimizer : public detail::tensor_registry<Precision, UpdateRule, Backend>
     state_of(i, "master");
     return detail::master_values(pipeline_, i);
   }
-  /// State buffer k of the rule (UpdateRule::state[k]: adam's 0 is exp_avg, 1 exp_avg_sq) of
-  /// tensor i, of its owned(i) elements: a std::span<const float> in fp32 state, else a std::vector<float>.
+  /// State buffer k of the rule (UpdateRule::state[k]: adam's 0 is exp_avg, 1 exp_avg_sq; under a
+  /// rule set, that of the rule tensor i's group chose) of tensor i, of its owned(i) elements: a std::span<const float> in fp32 state, else a std::vector<float>.
   auto moment(std::size_t k, std::size_t i) const {
-    state_of(i, "moment").moment(k, i);  // checks k
+    state_of(i, "moment");
+    pipeline_.check_moment(k, i);
     return detail::moment_values(pipeline_, k, i);
   }
 

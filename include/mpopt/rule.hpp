@@ -19,6 +19,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string_view>
 #include <type_traits>
 #include <utility>
@@ -188,7 +189,42 @@ concept reducing_rule =
 template <class R>
 concept matrix_rule = update_rule<R> && detail::rule_direction<R> && detail::rule_matrix<R>;
 
+/// A set of rules, one chosen per group by the group's options (rules.hpp: mpopt::rules<muon, adam>):
+/// what the optimizer takes as its UpdateRule besides a single rule. Its members are update rules.
+template <class R>
+concept rule_set = requires { typename R::member_rules; };
+
+/// What an optimizer takes as its UpdateRule: a rule, or a set of them.
+template <class R>
+concept rule_policy = update_rule<R> || rule_set<R>;
+
 namespace detail {
+/// A group's rate: its options' `lr`, or, for a rule set's options, the chosen member's.
+template <class O>
+double& group_rate(O& o) {
+  if constexpr (requires { o.rate(); }) return o.rate();
+  else return o.lr;
+}
+template <class O>
+double group_rate(const O& o) {
+  return group_rate(const_cast<O&>(o));  // read only
+}
+
+/// The rule that updates a group with options `o` under rule (or rule set) R.
+template <class R>
+std::string_view rule_name(const typename R::options& o) {
+  if constexpr (rule_set<R>) return o.rule_name();
+  else return R::name;
+}
+
+/// The names of the state buffers a group with options `o` keeps under rule (or rule set) R: R's
+/// state, or the chosen member's.
+template <class R>
+std::span<const std::string_view> state_names(const typename R::options& o) {
+  if constexpr (rule_set<R>) return o.state_names();
+  else return R::state;
+}
+
 /// The matrix a matrix rule sees in a tensor registered with `shape` (two or more dimensions):
 /// rows x cols, the first dimension by the product of the others, as Keller Jordan's Muon views a
 /// convolution's weight (torch.optim.Muon takes 2-D parameters only).

@@ -110,6 +110,7 @@ class checkpointing {
       for (const auto& g : p_.groups()) {
         auto& group = v.groups.emplace_back();
         group.expert_parallel = g->expert_parallel();
+        group.state_keys = state_names<UpdateRule>(g->options_);
         for (const auto& p : p_.comms.placement)
           if (p.group == g->index_) group.experts = &p;
         for (const auto& e : g->entries_) group.tensors.push_back({&e.name, e.size, &e.shape, untyped::of(e.param)});
@@ -190,7 +191,17 @@ class checkpointing {
     MPOPT_COLD void read_group_options(const nlohmann::json& options) override {
       groups_.push_back(options_from_json<typename UpdateRule::options>(options, ""));
     }
-    MPOPT_COLD void validate_group_options(const std::string& where) override { check_options(groups_.back(), where); }
+    MPOPT_COLD void validate_group_options(const std::string& where) override {
+      check_options(groups_.back(), where);
+      // Under a rule set, a group keeps the rule it was saved with.
+      const std::size_t g = groups_.size() - 1;
+      if (g >= p_.groups().size()) return;  // the group count is refused by its own check
+      const std::string_view saved = detail::rule_name<UpdateRule>(groups_.back());
+      const std::string_view mine = detail::rule_name<UpdateRule>(p_.groups()[g]->options_);
+      if (saved != mine)
+        fail(where, " was saved under ", saved, ", and this optimizer's takes ", mine,
+             ": each group loads the state of its own rule");
+    }
     MPOPT_COLD void check_schedule(const lr_schedule& s) const override { Pipeline::check_schedule(s); }
     MPOPT_COLD void read_scaler(const nlohmann::json& saved, std::uint64_t steps, const std::string& where) override {
       scaler_.load(options_from_json<typename LossScaler::state>(saved, "saved " + std::string(LossScaler::name) + "."));

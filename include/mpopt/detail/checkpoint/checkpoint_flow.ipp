@@ -27,8 +27,10 @@ MPOPT_DECL nlohmann::json describe(checkpoint_subject& s, const checkpoint_view&
   add_saved_schedule(meta, m.schedule);
   if (v.state_storage.block) {  // which buffers the unsigned map codes: a reader decodes with it
     nlohmann::json& nonnegative = meta["nonnegative_state"] = nlohmann::json::array();
-    for (const auto& b : v.state)
-      if (b.nonnegative) nonnegative.push_back(b.key);
+    for (const auto& g : v.groups)
+      for (const auto& b : v.group_state(g))
+        if (b.nonnegative && std::find(nonnegative.begin(), nonnegative.end(), b.key) == nonnegative.end())
+          nonnegative.push_back(b.key);
   }
   return meta;
 }

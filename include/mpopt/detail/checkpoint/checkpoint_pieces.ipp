@@ -67,11 +67,11 @@ MPOPT_DECL std::vector<state_piece> held_pieces(const checkpoint_view& v, const 
   // Storage the file holds otherwise is converted (state_conversion.hpp): its pieces, whole and
   // without data, are checked and not read.
   const bool same_state = file.state == v.state_storage, same_master = file.master == v.master_storage;
-  const std::vector<state_entry> state = state_entries(v.state, file.state, same_state);
   const untyped file_master{nullptr, file.master.dtype, file.master.element_bytes, file.master.dtype == "F32"};
   std::vector<state_piece> pieces;
   std::size_t t = 0;
-  for (const auto& g : v.groups)
+  for (const auto& g : v.groups) {
+    const std::vector<state_entry> state = state_entries(v.group_state(g), file.state, same_state);
     for (const auto& e : g.tensors) {
       const saved_range whole{t, e.size, 0, e.size, false, v.tensors_on_device, e.shape};
       const auto o = v.layout ? v.layout->owned(t) : flat_layout::owned_range{};
@@ -86,6 +86,7 @@ MPOPT_DECL std::vector<state_piece> held_pieces(const checkpoint_view& v, const 
                           same_state ? part_of(b.data, entries_of(o, b).state) : b.data, {}});
       ++t;
     }
+  }
   const saved_range per_tensor{t, file_tensors, 0, t, false, false, nullptr, &kept_at};
   for (const auto& [key, values] : v.kept) pieces.push_back({key, per_tensor, values, {}});
   return pieces;
@@ -111,10 +112,10 @@ MPOPT_DECL std::vector<state_piece> file_pieces(const checkpoint_view& v, int re
     for (std::size_t r = 0; r < w; ++r) senders[r] = p->ep_of[r] == e ? pieces[p->replica_of[r]] : range{};
     return senders;
   };
-  const std::vector<state_entry> state = state_entries(v.state, v.state_storage, true);
   std::vector<state_piece> out;
   std::size_t first = 0;  // the group's first tensor
   for (const auto& g : v.groups) {
+    const std::vector<state_entry> state = state_entries(v.group_state(g), v.state_storage, true);
     const expert_placement* p = g.experts;
     for (std::size_t e = 0; e < (p ? p->size() : 1); ++e)
       for (std::size_t j = 0; j < g.tensors.size(); ++j) {

@@ -81,6 +81,8 @@ struct checkpoint_view {
     std::vector<tensor> tensors;
     bool expert_parallel = false;
     const expert_placement* experts = nullptr;  ///< where its sets of experts are (after finalize())
+    /// The file names of its tensors' state buffers: the first of `state`, as its rule names them.
+    std::span<const std::string_view> state_keys;
   };
   std::vector<group> groups;
   const flat_layout* layout = nullptr;  ///< null before finalize(): state pointers are null then
@@ -96,10 +98,17 @@ struct checkpoint_view {
     bool nonnegative = false;  ///< quantized with the map of state that is never negative
   };
   state_format state_storage = state_formats[0];
-  std::vector<state_buffer> state;  ///< the rule's buffers, in its order
+  std::vector<state_buffer> state;  ///< the rule's buffers, in its order (group_state: a group's)
   std::vector<std::pair<std::string, untyped>> kept;        ///< what the rule's driver keeps per tensor
   bool tensors_on_device = false;  ///< the parameters are in device memory
   bool state_on_device = false;    ///< masters and state are
+
+  /// Group g's state buffers: the first g.state_keys.size() of `state`, under g's names for them.
+  std::vector<state_buffer> group_state(const group& g) const {
+    std::vector<state_buffer> buffers(state.begin(), state.begin() + std::ptrdiff_t(g.state_keys.size()));
+    for (std::size_t k = 0; k < buffers.size(); ++k) buffers[k].key = g.state_keys[k];
+    return buffers;
+  }
 
   /// The tensors a file holds: every group's, and of an expert group those of every set of experts.
   std::size_t file_tensors() const {

@@ -78,7 +78,8 @@ MPOPT_DECL void read_converted_state(const state_reader& file, checkpoint_subjec
   std::vector<float> values, scales;
   std::vector<std::byte> stored;
   std::size_t t = 0;
-  for (const auto& g : v.groups)
+  for (const auto& g : v.groups) {
+    const std::vector<checkpoint_view::state_buffer> state = v.group_state(g);
     for (const auto& e : g.tensors) {
       const auto o = v.layout->owned(t++);
       if (!o.count) continue;
@@ -88,8 +89,8 @@ MPOPT_DECL void read_converted_state(const state_reader& file, checkpoint_subjec
       values.resize(end - first);
       stored.resize((o.count * to.bits + 7) / 8);
       scales.resize(to.block ? (o.count + to.block - 1) / to.block : 0);
-      for (std::size_t k = 0; k < v.state.size(); ++k) {
-        const auto& buffer = v.state[k];
+      for (std::size_t k = 0; k < state.size(); ++k) {
+        const auto& buffer = state[k];
         read_stored(file, buffer.key, *e.name, replica, from, tables[k].data(), first, values);
         s.encode_state(k, std::span<const float>(values).subspan(o.first - first, o.count), stored.data(), scales.data());
         put_bytes(s, buffer.data.data + o.state * to.bits / 8, stored, v.state_on_device);
@@ -98,6 +99,7 @@ MPOPT_DECL void read_converted_state(const state_reader& file, checkpoint_subjec
                     v.state_on_device);
       }
     }
+  }
 }
 
 /// Elements [first, first + out.size()) of tensor e's masters, kept in the file as `from`.

@@ -3,6 +3,7 @@
 // field_refs() is a template, a few lines per options type; the rest is compiled once.
 #pragma once
 
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -75,11 +76,28 @@ std::vector<field_ref> bind_fields(O& o, std::index_sequence<I...>) {
   return {bind_field(std::get<I>(O::fields), o)...};
 }
 
+/// Options that hold one of several options types (a rule set's: rules.hpp): their fields are one
+/// record, named by what was chosen, holding the chosen options' fields.
+template <class O>
+concept chooses_fields = requires(O& o) {
+  { o.chosen_fields() } -> std::same_as<std::vector<field_ref>>;
+};
+
 /// o's fields, in the order of its table.
 template <class O>
 std::vector<field_ref> field_refs(O& o) {
-  static_assert(described<O>, "mpopt: this options type declares no `fields` table (fields.hpp)");
-  return bind_fields(o, std::make_index_sequence<std::tuple_size_v<decltype(O::fields)>>());
+  if constexpr (chooses_fields<O>) {
+    return o.chosen_fields();
+  } else {
+    static_assert(described<O>, "mpopt: this options type declares no `fields` table (fields.hpp)");
+    return bind_fields(o, std::make_index_sequence<std::tuple_size_v<decltype(O::fields)>>());
+  }
+}
+/// The record of options `chosen` as a field named `name` (chooses_fields).
+template <class T>
+field_ref chosen_record(std::string_view name, T& chosen) {
+  return {.name = name, .kind = field_kind::group, .at = &chosen,
+          .members = [](void* p) { return field_refs(*static_cast<T*>(p)); }};
 }
 template <class O>
 std::vector<field_ref> field_refs(const O& o) {

@@ -3,8 +3,10 @@
 // nlohmann/json's forward declarations, so that the typed side of a checkpoint parses no JSON library.
 #pragma once
 
+#include <cstddef>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include <nlohmann/json_fwd.hpp>
 
@@ -22,10 +24,15 @@ MPOPT_DECL std::string fields_text(std::span<const field_ref> fields);
 /// Values are not checked here (check_fields), and members j has besides are ignored.
 MPOPT_DECL void read_fields(const nlohmann::json& j, std::span<const field_ref> fields, const std::string& prefix);
 
+/// Which of `names` record j holds: its one member, which must be one of them (chooses_fields).
+MPOPT_DECL std::size_t chosen_member(const nlohmann::json& j, std::span<const std::string_view> names,
+                                     const std::string& prefix);
+
 /// An options object from a record fields_json wrote, unchecked.
 template <class O>
 O options_from_json(const nlohmann::json& j, const std::string& prefix) {
   O o{};
+  if constexpr (chooses_fields<O>) o.choose(chosen_member(j, O::choices, prefix));
   read_fields(j, field_refs(o), prefix);
   return o;
 }

@@ -34,6 +34,16 @@ MPOPT_DECL nlohmann::json fields_json(std::span<const field_ref> fields) {
 
 MPOPT_DECL std::string fields_text(std::span<const field_ref> fields) { return fields_json(fields).dump(); }
 
+MPOPT_DECL std::size_t chosen_member(const nlohmann::json& j, std::span<const std::string_view> names,
+                                     const std::string& prefix) {
+  std::string expected;
+  for (const std::string_view n : names) expected += (expected.empty() ? "" : ", ") + std::string(n);
+  if (!j.is_object() || j.size() != 1)
+    fail(prefix.empty() ? std::string("options") : prefix, " must be a JSON object with one member, the rule the group "
+         "takes (one of ", expected, "), got ", j.dump());
+  return find_choice(names, j.begin().key(), prefix.empty() ? std::string("rule") : prefix + "rule");
+}
+
 MPOPT_DECL void read_fields(const nlohmann::json& j, std::span<const field_ref> fields, const std::string& prefix) {
   for (const field_ref& f : fields) {
     const std::string name = prefix + std::string(f.name);

@@ -111,6 +111,16 @@ class step_pipeline {
     schedule = std::move(s);
   }
 
+  /// Throws unless the rule of tensor i's group keeps a state buffer k (optimizer::moment).
+  MPOPT_COLD void check_moment(std::size_t k, std::size_t i) const {
+    const auto& o = groups()[state.tensor(i).group]->options_;
+    const std::size_t n = state_names<UpdateRule>(o).size();
+    if (k < n) return;
+    std::string rule(rule_name<UpdateRule>(o));
+    if (rule_set<UpdateRule>) rule += " (the rule of tensor '" + tensor_name(i) + "')";
+    fail("moment ", k, ": ", rule, " keeps ", n ? "moments 0 to " + std::to_string(n - 1) : std::string("no moments"));
+  }
+
   /// The memory report's lines for the model's tensors (memory_listing.hpp).
   void list_tensors(mpopt::memory_report& r) const { registry_.list_tensors(r); }
 
@@ -265,6 +275,11 @@ class step_pipeline {
         {precision, LossScaler::name, Partition::name, UpdateRule::name, Backend::name, Communicator::name},
         type_name<typename Precision::accumulate_type>, type_name<typename Precision::communicate_type>);
     require_same_settings(comms.comm, settings_shape(policies, groups().size()), same_settings_advice);
+    if constexpr (chooses_fields<typename UpdateRule::options>) {  // what each group chose decides its fields
+      std::vector<setting> chosen;
+      for (const auto& g : groups()) chosen.push_back({g->label_ + "'s rule", std::string(rule_name<UpdateRule>(g->options_))});
+      require_same_settings(comms.comm, std::span<const setting>(chosen), same_settings_advice);
+    }
 
     std::optional<bool> deterministic;
     if constexpr (requires { comms.comm.inner().options().deterministic; })
@@ -484,7 +499,7 @@ class step_pipeline {
 
   /// The schedule's rate (and betas, where it sets them) for a group's step after k applied ones.
   void schedule_rates(typename registry::param_group& g, std::uint64_t k) {
-    g.options_.lr = scheduled_rate(*schedule, k, g.base_lr_);
+    group_rate(g.options_) = scheduled_rate(*schedule, k, g.base_lr_);
     if constexpr (rule_has_betas) {
       if (const auto betas = scheduled_momentum(*schedule, k)) {
         g.options_.beta1 = betas->beta1;

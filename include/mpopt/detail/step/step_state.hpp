@@ -146,10 +146,8 @@ struct step_state {
     return {tensor(i).param + o.first, o.count};
   }
   /// State buffer k of tensor i as stored, of its owned elements (quantized: their codes).
+  /// The caller checks k (step_pipeline::check_moment).
   std::span<const state_element_t<Precision>> moment(std::size_t k, std::size_t i) const {
-    if (k >= state_count)
-      fail("moment ", k, ": ", UpdateRule::name, " keeps ",
-           state_count ? "moments 0 to " + std::to_string(state_count - 1) : std::string("no moments"));
     const auto o = layout->owned(i);
     if constexpr (state_in_blocks<Precision>) {
       using S = state_storage_t<Precision>;

@@ -21,6 +21,7 @@
 #include "../../communicator.hpp"
 #include "../../loss_scale.hpp"
 #include "../../precision.hpp"
+#include "../../rule.hpp"
 #include "../../tensor.hpp"
 #include "../../tensor_spec.hpp"
 #include "../backend/aligned_buffer.hpp"
@@ -137,19 +138,19 @@ class tensor_registry {
     const tensor_shape& shape(std::size_t i) const { return at(i).shape; }
 
     const group_options& options() const { return options_; }
-    /// Its options; with a schedule (optimizer::set_schedule), `o.lr` is its base rate.
+    /// Its options; with a schedule (optimizer::set_schedule), their `lr` is its base rate.
     void set_options(const group_options& o) {
       check_options(o, label_);
       options_ = o;
-      base_lr_ = o.lr;
+      base_lr_ = group_rate(o);
     }
     /// The rate of its last step (the schedule's, where there is one) or, before any, the next.
-    double lr() const { return options_.lr; }
+    double lr() const { return group_rate(options_); }
     /// The rate it was given, which a schedule scales (lr_schedule.hpp).
     double base_lr() const { return base_lr_; }
     void set_lr(double lr) {
       group_options o = options_;
-      o.lr = lr;
+      group_rate(o) = lr;
       set_options(o);
     }
     /// Applied steps of this group (the t of bias correction is step() + 1 on the next update).
