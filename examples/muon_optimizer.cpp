@@ -17,7 +17,8 @@
 mpopt::any_optimizer make_muon_optimizer(const mpopt::deepspeed_config& c) {
   using rule = mpopt::rules<mpopt::muon, mpopt::adam>;
 #if MPOPT_EXAMPLE_MPI
-  return mpopt::make_optimizer_as<mpopt::bf16, mpopt::no_scaling, mpopt::replicated, rule>(c, mpopt::mpi{MPI_COMM_WORLD});
+  return mpopt::make_optimizer_as<mpopt::bf16, mpopt::no_scaling, mpopt::replicated, rule>(c,
+                                                                                          mpopt::mpi{MPI_COMM_WORLD});
 #else
   return mpopt::make_optimizer_as<mpopt::bf16, mpopt::no_scaling, mpopt::replicated, rule>(c);
 #endif

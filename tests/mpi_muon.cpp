@@ -2,7 +2,8 @@
 // its state and, under Muon, orthogonalizes it. With exact gradients (rank 0 sends them, the others
 // zeros, summed) every rank's step is one process's, bit for bit, for Muon, for Adam, and for Muon's
 // groups beside Adam's (mpopt::rules); checkpoints move between W ranks and one process; the ranks'
-// state adds up to one process's; and a partition that splits a matrix is refused.
+// state adds up to one process's. zero1 and zero2 keep Muon's matrices whole too (their Adam groups in
+// equal shards), and give one process's bits.
 #include <doctest/doctest.h>
 
 #include "error_of.hpp"
@@ -60,6 +61,7 @@ struct model {
   Opt opt;
   std::vector<std::span<T>> params, grads;
   std::vector<std::size_t> moments;  ///< per tensor: the state buffers of its rule
+  std::vector<bool> whole;           ///< per tensor: whether its rule keeps it whole (Muon's)
 
   template <class... A>
   explicit model(A&&... a) : opt(std::forward<A>(a)...) {
@@ -70,6 +72,7 @@ struct model {
       auto& g = opt.add_flat_group(options, specs);
       for (std::size_t t = 0; t < specs.size(); ++t) {
         moments.push_back(mpopt::detail::state_names<typename Opt::rule>(options).size());
+        whole.push_back(mpopt::detail::update_of<typename Opt::rule>(options).whole_tensors);
         params.push_back(g.param(t));
         grads.push_back(g.grad(t));
         for (std::size_t k = 0; k < specs[t].size; ++k)
@@ -93,16 +96,16 @@ struct model {
   }
 };
 
-template <class Precision, class Rule>
-using layerwise_t = mpopt::optimizer<Precision, mpopt::no_scaling, mpopt::layerwise, Rule, mpopt::host, mpopt::mpi>;
+template <class Precision, class Rule, class Partition = mpopt::layerwise>
+using layerwise_t = mpopt::optimizer<Precision, mpopt::no_scaling, Partition, Rule, mpopt::host, mpopt::mpi>;
 template <class Precision, class Rule>
 using one_process_t = mpopt::optimizer<Precision, mpopt::no_scaling, mpopt::replicated, Rule>;
 
-template <class Precision, class Rule>
+template <class Precision, class Rule, class Partition = mpopt::layerwise>
 void check_one_process_bits(int steps) {
   const int w = world_size(), rank = world_rank();
   CAPTURE(w);
-  model<layerwise_t<Precision, Rule>> d(mpopt::mpi{MPI_COMM_WORLD}, exact);
+  model<layerwise_t<Precision, Rule, Partition>> d(mpopt::mpi{MPI_COMM_WORLD}, exact);
   model<one_process_t<Precision, Rule>> l(exact);
   for (int s = 0; s < steps; ++s) {
     CAPTURE(s);
@@ -114,20 +117,23 @@ void check_one_process_bits(int steps) {
     REQUIRE(ls.applied);
     CHECK_MESSAGE(d.differing(l) == 0, d.differing(l) << " tensors differ from one process's");
   }
-  // Each tensor is whole on one rank, its moments one process's.
+  // Each tensor the layout or its rule keeps whole is whole on one rank; the moments one process's.
   std::vector<int> holders(d.params.size(), 0);
   for (std::size_t t = 0; t < d.params.size(); ++t) {
+    CAPTURE(t);
     const auto own = d.opt.owned(t);
-    CHECK((own.count == 0 || own.count == d.params[t].size()));
-    holders[t] = own.count ? 1 : 0;
-    if (own.count == 0) continue;
+    const bool whole = std::is_same_v<Partition, mpopt::layerwise> || d.whole[t];
+    if (whole) CHECK((own.count == 0 || own.count == d.params[t].size()));
+    holders[t] = whole && own.count ? 1 : 0;
     for (std::size_t k = 0; k < d.moments[t]; ++k) {
       const auto a = d.opt.moment(k, t), b = l.opt.moment(k, t);
-      CHECK(std::equal(a.begin(), a.end(), b.begin(), b.end()));
+      const auto mine = b.begin() + std::ptrdiff_t(own.first);
+      CHECK(std::equal(a.begin(), a.end(), mine, mine + std::ptrdiff_t(own.count)));
     }
   }
   MPI_Allreduce(MPI_IN_PLACE, holders.data(), int(holders.size()), MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-  for (int h : holders) CHECK(h == 1);
+  for (std::size_t t = 0; t < holders.size(); ++t)
+    if (std::is_same_v<Partition, mpopt::layerwise> || d.whole[t]) CHECK(holders[t] == 1);
 }
 
 /// A checkpoint saved on W ranks loads into one process, whose saved state loads back on W ranks,
@@ -194,13 +200,20 @@ TEST_SUITE("mpi") {
     CHECK(sums[1] == bytes_of(one, "matrix stage"));
   }
 
-  TEST_CASE("a partition that splits a matrix is refused, naming it and the layer-wise partition") {
-    if (world_size() == 1) return;  // one rank splits nothing
-    model<mpopt::optimizer<mpopt::fp32, mpopt::no_scaling, mpopt::zero1, mpopt::muon, mpopt::host, mpopt::mpi>> d(
-        mpopt::mpi{MPI_COMM_WORLD}, exact);
-    const std::string e = error_of([&] { d.opt.finalize(); });
-    CHECK(e.find("muon works on whole matrices, and the partition splits tensor") != std::string::npos);
-    CHECK(e.find("use mpopt::layerwise") != std::string::npos);
+  TEST_CASE("zero1 and zero2 keep Muon's matrices whole, Adam's tensors in equal shards, and give one process's bits") {
+    check_one_process_bits<mpopt::fp32, mpopt::muon, mpopt::zero1>(3);
+    check_one_process_bits<mpopt::bf16, hybrid, mpopt::zero1>(5);
+    check_one_process_bits<mpopt::bf16, hybrid, mpopt::zero2>(3);
+    // Adam's group is cut in equal shards, across its tensors: each rank holds a part of it.
+    model<layerwise_t<mpopt::bf16, hybrid, mpopt::zero1>> d(mpopt::mpi{MPI_COMM_WORLD}, exact);
+    d.opt.finalize();
+    int splits = 0;
+    for (std::size_t t = matrices[0].size(); t < d.params.size(); ++t) {
+      const auto own = d.opt.owned(t);
+      splits += own.count != 0 && own.count != d.params[t].size();
+    }
+    MPI_Allreduce(MPI_IN_PLACE, &splits, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    CHECK((world_size() == 1 ? splits == 0 : splits > 0));
   }
 
   TEST_CASE("ranks whose group chose different rules are refused at finalize, naming the group and the rules") {

@@ -214,7 +214,8 @@ class optimizer : public detail::tensor_registry<Precision, UpdateRule, Backend>
     return detail::master_values(pipeline_, i);
   }
   /// State buffer k of the rule (UpdateRule::state[k]: adam's 0 is exp_avg, 1 exp_avg_sq; under a
-  /// rule set, that of the rule tensor i's group chose) of tensor i, of its owned(i) elements: a std::span<const float> in fp32 state, else a std::vector<float>.
+  /// rule set, that of the rule tensor i's group chose) of tensor i, of its owned(i) elements: a
+  /// std::span<const float> in fp32 state, else a std::vector<float>.
   auto moment(std::size_t k, std::size_t i) const {
     state_of(i, "moment");
     pipeline_.check_moment(k, i);

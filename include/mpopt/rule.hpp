@@ -247,6 +247,23 @@ double update_cost(const tensor_shape& shape, std::size_t size) {
   }
   return double(size);
 }
+
+/// What a group with options `o` costs to update per tensor (update_cost), and whether its tensors
+/// must stay whole on one rank (a matrix rule's: every layout then cuts its shards at tensors), under
+/// rule (or rule set) R: R's, or the chosen member's.
+struct group_update {
+  double (*cost)(const tensor_shape& shape, std::size_t size);
+  bool whole_tensors;
+};
+template <class R>
+constexpr group_update rule_update() {
+  return {&update_cost<R>, matrix_rule<R>};
+}
+template <class R>
+group_update update_of(const typename R::options& o) {
+  if constexpr (rule_set<R>) return R::update_of(o);
+  else return rule_update<R>();
+}
 }  // namespace detail
 
 }  // namespace mpopt

@@ -208,6 +208,12 @@ struct rules {
         o.chosen());
   }
 
+  /// The chosen member's cost per tensor, and whether it keeps tensors whole (detail::update_of).
+  static detail::group_update update_of(const options& o) {
+    static constexpr std::array<detail::group_update, sizeof...(R)> members = {detail::rule_update<R>()...};
+    return members[o.index()];
+  }
+
  private:
   /// The member whose options are O.
   template <class O>

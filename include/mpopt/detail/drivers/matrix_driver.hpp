@@ -85,9 +85,8 @@ class matrix_driver : public staged_driver<Rule, Precision, Backend, Communicato
         const std::size_t size = c.tensors.tensors[t].size;
         if (owned[t] == 0) continue;  // another rank's
         if (owned[t] != size || !contiguous[t])
-          fail(Rule::name, " works on whole matrices, and the partition splits tensor '", g->name(i), "' (",
-               shape_text(g->shape(i)),
-               ") across ranks: use mpopt::layerwise, which keeps each tensor whole on one rank, or mpopt::replicated");
+          fail(Rule::name, " works on whole matrices, and the layout splits tensor '", g->name(i), "' (",
+               shape_text(g->shape(i)), ") across ranks; every layout keeps a matrix rule's tensors whole (lay_out)");
         const auto [rows, cols] = matrix_shape(g->shape(i));
         matrices_.push_back({std::uint32_t(t), std::uint32_t(c.tensors.tensors[t].group), state[t], rows, cols});
       }

@@ -148,8 +148,8 @@ class rules_driver {
   struct saved {
     std::tuple<typename driver_t<R>::saved...> parts;
   };
-  saved check_saved(const nlohmann::json& meta, const state_reader& r, const std::string& where,
-                    const load_options& lo, std::uint64_t applied, int world, std::span<const std::size_t> sizes) const {
+  saved check_saved(const nlohmann::json& meta, const state_reader& r, const std::string& where, const load_options& lo,
+                    std::uint64_t applied, int world, std::span<const std::size_t> sizes) const {
     saved s;
     for_each_index([&]<std::size_t K>() {
       std::get<K>(s.parts) = std::get<K>(members_).driver.check_saved(meta, r, where, lo, applied, world, sizes);

@@ -29,15 +29,24 @@ concept keeps_tensors_whole = L::sharded && requires {
   requires L::whole_tensors;
 };
 
+/// What a layout balances where it cuts shards at tensors: each tensor's update cost, and per group
+/// whether its rule keeps its tensors whole (a matrix rule's), whatever the layout.
+struct update_costs {
+  std::vector<double> tensors;
+  std::vector<bool> whole_groups;
+};
+
 /// The layout of group g's tensors (tensor_groups[t], sizes[t]) under Layout, over each group's
-/// communicator (c.comm_of(g)); a layout that keeps tensors whole balances costs[t] across ranks.
+/// communicator (c.comm_of(g)). Shards start at tensors, balancing costs.tensors[t] across ranks,
+/// in a layout that keeps tensors whole and in a group whose rule needs them whole; elsewhere they
+/// are equal.
 /// Replicated: every element mine; with sum_by_shard the work is still
 /// cut at the would-be shards; where groups are replicated over different ranks (expert groups) the
 /// global norm is a sum over every rank, in which the first replica of each element counts it.
 /// Tensors and shards start at multiples of `align` elements (flat_layout).
 template <class Layout, class Context>
 flat_layout lay_out(std::string_view partition, const std::vector<std::uint32_t>& tensor_groups,
-                    const std::vector<std::size_t>& sizes, const std::vector<double>& costs, std::size_t groups,
+                    const std::vector<std::size_t>& sizes, const update_costs& costs, std::size_t groups,
                     const Context& c, std::size_t align) {
   std::vector<shard_plan> plans;
   if constexpr (Layout::sharded) {
@@ -49,8 +58,9 @@ flat_layout lay_out(std::string_view partition, const std::vector<std::uint32_t>
       plans.push_back(sharded_plan(std::move(rank_of), std::size_t(comm.rank()), partition));
       std::size_t end = first;
       while (end < tensor_groups.size() && tensor_groups[end] == g) ++end;
-      if constexpr (keeps_tensors_whole<Layout>)
-        plans.back().first_tensors = balanced_cuts(std::span<const double>(costs).subspan(first, end - first), world);
+      if (keeps_tensors_whole<Layout> || costs.whole_groups[g])
+        plans.back().first_tensors =
+            balanced_cuts(std::span<const double>(costs.tensors).subspan(first, end - first), world);
       first = end;
     }
     return flat_layout(tensor_groups, sizes, std::move(plans), true, true, align);

@@ -228,7 +228,7 @@ class step_pipeline {
       tensor_groups.push_back(t.group);
       sizes.push_back(t.size);
     }
-    state.allocate(lay_out<typename Partition::layout>(Partition::name, tensor_groups, sizes, update_costs(),
+    state.allocate(lay_out<typename Partition::layout>(Partition::name, tensor_groups, sizes, costs_of_updates(),
                                                        groups().size(), context(), state_alignment<Precision>()),
                    std::move(table), groups().size());
     exchange.allocate(*state.layout, context());
@@ -244,13 +244,15 @@ class step_pipeline {
     comms.comm.take_bytes();  // setup traffic is not a step's
   }
 
-  /// What updating each tensor costs (update_cost), in registration order: what a layout that keeps
-  /// tensors whole balances across ranks.
-  std::vector<double> update_costs() const {
-    std::vector<double> costs;
-    for (const auto& g : groups())
-      for (std::size_t i = 0; i < g->size(); ++i)
-        costs.push_back(update_cost<UpdateRule>(g->shape(i), g->entries_[i].size));
+  /// What updating each tensor costs, in registration order, and which groups keep their tensors
+  /// whole (update_of): what a layout balances across ranks where it cuts shards at tensors.
+  update_costs costs_of_updates() const {
+    update_costs costs;
+    for (const auto& g : groups()) {
+      const group_update u = update_of<UpdateRule>(g->options_);
+      costs.whole_groups.push_back(u.whole_tensors);
+      for (std::size_t i = 0; i < g->size(); ++i) costs.tensors.push_back(u.cost(g->shape(i), g->entries_[i].size));
+    }
     return costs;
   }
 
@@ -277,7 +279,8 @@ class step_pipeline {
     require_same_settings(comms.comm, settings_shape(policies, groups().size()), same_settings_advice);
     if constexpr (chooses_fields<typename UpdateRule::options>) {  // what each group chose decides its fields
       std::vector<setting> chosen;
-      for (const auto& g : groups()) chosen.push_back({g->label_ + "'s rule", std::string(rule_name<UpdateRule>(g->options_))});
+      for (const auto& g : groups())
+        chosen.push_back({g->label_ + "'s rule", std::string(rule_name<UpdateRule>(g->options_))});
       require_same_settings(comms.comm, std::span<const setting>(chosen), same_settings_advice);
     }
 
