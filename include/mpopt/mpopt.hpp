@@ -23,7 +23,6 @@
 #include "partition.hpp"      // IWYU pragma: export
 #include "precision.hpp"      // IWYU pragma: export
 #include "rule.hpp"           // IWYU pragma: export
-#include "rules.hpp"          // IWYU pragma: export
 #include "state_precision.hpp"  // IWYU pragma: export
 #include "status.hpp"         // IWYU pragma: export
 #include "tensor.hpp"         // IWYU pragma: export
