@@ -5,8 +5,8 @@
 //
 // The model: L blocks of d = 512 (qkv 512 x 1536, proj 512 x 512, fc 512 x 2048, fc2 2048 x 512;
 // L = 4, or 1 with --quick), bf16 parameters with fp32 masters. AdamW under replicated, zero1, zero2
-// and layerwise; Muon (bf16 iteration) under replicated and layerwise (zero1 and zero2 would split
-// its matrices). Per configuration and rank, one line: the optimizer's bytes (memory_report), its
+// and layerwise; Muon (bf16 iteration) under replicated and layerwise (zero1 and zero2 lay its
+// matrices out as layerwise does). Per configuration and rank, one line: the optimizer's bytes (memory_report), its
 // state (masters and moments), the bytes it sent per step, the median step time over S steps, and
 // the share of Muon's orthogonalization cost (matrix_cost) whose tensors the rank holds.
 #define OMPI_SKIP_MPICXX 1  // Open MPI's deprecated C++ bindings: the C API only
