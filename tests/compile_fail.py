@@ -3,7 +3,8 @@
 static assertions whose messages contain A and B, raised from that line and from no other, and
 nothing else may fail; with -DMALFORMED_FIXED the same file, mended, must compile without a warning.
 
-usage: compile_fail.py CXX INCLUDE_DIR SOURCE [FLAG...] (g++'s diagnostics; FLAGs: more include paths)"""
+usage: compile_fail.py CXX INCLUDE_DIR SOURCE [FLAG...] (g++'s diagnostics; FLAGs: more include paths, the
+build's g++ heap setting)"""
 import re
 import subprocess
 import sys

@@ -7,7 +7,8 @@
 # optimizer that steps and saves, found (2) as a COMPONENT of the installed package, and a replicated
 # one that steps, (6) with FetchContent.
 # Also: the package carries LICENSE, below C++20 the headers stop with a clear #error, and
-# mpopt::version matches the package's version.
+# mpopt::version matches the package's version. CXXFLAGS, if set, reaches every consumer's compiler
+# (CMake and Meson read it too): the build passes its g++ heap setting.
 set -euo pipefail
 src=$1
 build=$2
@@ -75,14 +76,15 @@ int main(int argc, char** argv) {
 }
 CPP
 # One step of replicated data parallelism over MPI (consumer 6: the MPI target, in less compile time
-# than zero2.cpp's ZeRO-2 and checkpoint).
+# than zero2.cpp's ZeRO-2 and checkpoint, and than <mpopt/mpopt.hpp>, which reads every header).
 cat > "$work/mpi_app.cpp" <<'CPP'
 #include <cstdio>
 #include <vector>
 
 #include <mpi.h>
+#include <mpopt/adam.hpp>
 #include <mpopt/mpi.hpp>
-#include <mpopt/mpopt.hpp>
+#include <mpopt/optimizer.hpp>
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
@@ -116,7 +118,7 @@ only_app_objects() {
 echo "== 1. pkg-config"
 flags=$(pkg-config --cflags --libs mpopt)
 echo "pkg-config --cflags --libs mpopt: $flags"
-g++ -std=c++20 -O0 "$src/examples/quickstart.cpp" $flags -o "$work/quickstart_pkgconfig"
+g++ -std=c++20 -O0 ${CXXFLAGS-} "$src/examples/quickstart.cpp" $flags -o "$work/quickstart_pkgconfig"
 run ./quickstart_pkgconfig
 
 echo "== 2. CMake find_package"

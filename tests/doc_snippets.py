@@ -2,6 +2,7 @@
 """Every C++ snippet of the docs is either compiled or taken from a file that the build compiles.
 
   doc_snippets.py --root SOURCE_ROOT --cxx C++ [--mpicxx MPICXX] [--nvcc NVCC] [--cccl DIR] [--include DIR ...]
+                  [--flag FLAG ...]
 
 For each ```cpp block of README.md, CHANGELOG.md and docs/*.md:
 - a block whose first line is `// from PATH` (PATH relative to the source root) is an excerpt: each
@@ -11,7 +12,8 @@ For each ```cpp block of README.md, CHANGELOG.md and docs/*.md:
   includes <mpopt/mpi.hpp> or <mpopt/nccl.hpp>, else by C++; one that includes the device backend
   (cuda.hpp, offload.hpp, nccl.hpp) on Thrust's OpenMP system with --cccl (nccl.h from CCCL's parent
   directory), as the device tests build without a GPU, else by NVCC. A block whose compiler is
-  missing is reported skipped.
+  missing is reported skipped. Each --flag goes to C++ and MPICXX (the build's g++ heap setting:
+  how the compiler manages its memory, not what it accepts).
 Prints one line per block and exits 1 if any fails.
 """
 
@@ -71,7 +73,7 @@ def compiler_for(text, args):
         host = ["-ccbin", args.mpicxx] if args.mpicxx else []  # nccl.hpp includes <mpi.h>
         return args.nvcc, ["-std=c++20", "-x", "cu", "-c", "-o", os.devnull] + host
     # Declarations are what a snippet is checked against: the separately compiled mode parses half as much.
-    flags = ["-std=c++20", "-fsyntax-only", "-fopenmp", "-Wall", "-Wextra"]
+    flags = ["-std=c++20", "-fsyntax-only", "-fopenmp", "-Wall", "-Wextra"] + args.flag
     if "<mpopt/src.hpp>" not in text:
         flags.append("-DMPOPT_SEPARATE_COMPILATION")
     if device:  # the device backend on Thrust's OpenMP system, as its tests build it; nccl.h beside CCCL
@@ -103,6 +105,7 @@ def main():
     p.add_argument("--nvcc")
     p.add_argument("--cccl", help="CUDA's CCCL headers: <mpopt/cuda.hpp> snippets build with C++ on Thrust's OpenMP system")
     p.add_argument("--include", action="append", default=[])
+    p.add_argument("--flag", action="append", default=[])
     args = p.parse_args()
 
     pages = [os.path.join(args.root, n) for n in ("README.md", "CHANGELOG.md") if os.path.isfile(os.path.join(args.root, n))]

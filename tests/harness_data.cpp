@@ -10,8 +10,9 @@ namespace harness_data {
 
 std::vector<grads_t> dataset::batch(int step, int micro) const {
   const grads_t c = common(step);
-  std::vector<grads_t> b(std::size_t(micro), c);
-  for (int j = 0; j < micro; ++j) add_noise(b[std::size_t(j)], step, j);
+  std::vector<grads_t> b;
+  b.reserve(std::size_t(micro));
+  for (int j = 0; j < micro; ++j) b.push_back(with_noise(c, step, j));
   if (!exact) {
     double ss = 0;
     for (std::size_t i = 0; i < sizes.size(); ++i)
@@ -31,9 +32,7 @@ std::vector<grads_t> dataset::batch(int step, int micro) const {
 
 grads_t dataset::micro_batch(int step, int j) const {
   if (!exact) throw std::invalid_argument("micro_batch needs exact data: smooth data is normalized over the batch");
-  grads_t g = common(step);
-  add_noise(g, step, j);
-  return g;
+  return with_noise(common(step), step, j);
 }
 
 /// The part every micro-batch shares (exact: integers in [-127, 127]).
@@ -48,18 +47,21 @@ grads_t dataset::common(int step) const {
   return g;
 }
 
-void dataset::add_noise(grads_t& g, int step, int j) const {
+grads_t dataset::with_noise(const grads_t& c, int step, int j) const {
   const double grid = std::ldexp(1.0, step % 3 == 1 ? -14 : -17);
+  grads_t g(sizes.size());
   for (std::size_t i = 0; i < sizes.size(); ++i) {
     const std::uint64_t h = key(seed, std::uint64_t(step), std::uint64_t(j) + 1, i);
+    g[i].resize(sizes[i]);
     if (exact) {
       const double f = grid * std::ldexp(1.0, -2 * int(i % 3));
-      for (std::size_t k = 0; k < sizes[i]; ++k) g[i][k] = (g[i][k] + double(int(mix(h + k) % 129) - 64)) * f;
+      for (std::size_t k = 0; k < sizes[i]; ++k) g[i][k] = (c[i][k] + double(int(mix(h + k) % 129) - 64)) * f;
     } else {
       const double f = (i % 3 == 0) ? 1.0 : (i % 3 == 1) ? 0.3 : 0.1;
-      for (std::size_t k = 0; k < sizes[i]; ++k) g[i][k] = f * (g[i][k] + 0.5 * unit(mix(h + k)));
+      for (std::size_t k = 0; k < sizes[i]; ++k) g[i][k] = f * (c[i][k] + 0.5 * unit(mix(h + k)));
     }
   }
+  return g;
 }
 
 namespace {

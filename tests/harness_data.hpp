@@ -36,7 +36,8 @@ struct dataset {
 
  private:
   grads_t common(int step) const;
-  void add_noise(grads_t& g, int step, int j) const;
+  /// Micro-batch j: the common part `c` with its own noise.
+  grads_t with_noise(const grads_t& c, int step, int j) const;
 };
 
 /// out[k] = x[k] * scale, rounded to nearest even: a backward's gradient at the loss scale.

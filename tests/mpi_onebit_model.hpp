@@ -17,13 +17,14 @@ const std::vector<std::size_t> onebit_sizes{1, 13, 70001, 2000};
 /// Rank r's true gradient at step s: a part all ranks share plus noise of their own. With
 /// `silent`, tensor 1's gradient is zero throughout (a frozen layer): its momentum stays zero.
 grads_t local_gradient(int step, int rank, bool silent = false) {
-  grads_t g;
+  const std::uint64_t shared = key_prefix(0x1B, std::uint64_t(step), 0),
+                      own = key_prefix(0x1B, std::uint64_t(step), std::uint64_t(rank) + 1);
+  grads_t g(onebit_sizes.size());
   for (std::size_t i = 0; i < onebit_sizes.size(); ++i) {
-    g.emplace_back();
     const double f = silent && i == 1 ? 0.0 : i == 2 ? 0.01 : 0.1;
+    g[i].resize(onebit_sizes[i]);
     for (std::size_t k = 0; k < onebit_sizes[i]; ++k)
-      g.back().push_back(f * (unit(key(0x1B, std::uint64_t(step), 0, k + 7 * i)) +
-                              0.7 * unit(key(0x1B, std::uint64_t(step), std::uint64_t(rank) + 1, k + 7 * i))));
+      g[i][k] = f * (unit(mix(shared ^ (k + 7 * i))) + 0.7 * unit(mix(own ^ (k + 7 * i))));
   }
   return g;
 }
