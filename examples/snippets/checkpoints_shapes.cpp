@@ -1,6 +1,7 @@
 // The snippet of docs/checkpoints.md, "Shapes", made a translation unit; the stand-ins are opt, group,
 // options, weight and weight_grad.
-#include <mpopt/mpopt.hpp>
+#include <mpopt/adam.hpp>
+#include <mpopt/optimizer.hpp>
 
 #include <vector>
 

@@ -1,6 +1,7 @@
 // The snippet of docs/compressed-rules.md, "Compression options", made a translation unit; the
 // stand-ins are opt (1-bit Adam, in one process), i and mask.
-#include <mpopt/mpopt.hpp>
+#include <mpopt/onebit_adam.hpp>
+#include <mpopt/optimizer.hpp>
 
 #include <cstddef>
 #include <vector>

@@ -1,7 +1,8 @@
 // The snippet of docs/compressed-rules.md, "1-bit Adam", made a translation unit; the stand-ins are
 // weight and weight_grad.
 #include <mpopt/mpi.hpp>
-#include <mpopt/mpopt.hpp>
+#include <mpopt/onebit_adam.hpp>
+#include <mpopt/optimizer.hpp>
 
 #include <vector>
 

@@ -1,7 +1,8 @@
 // The snippet of docs/compressed-rules.md, "1-bit LAMB", made a translation unit; the stand-ins are
 // weight, weight_grad and the step after the comment.
 #include <mpopt/mpi.hpp>
-#include <mpopt/mpopt.hpp>
+#include <mpopt/onebit_lamb.hpp>
+#include <mpopt/optimizer.hpp>
 
 #include <vector>
 

@@ -1,7 +1,8 @@
 // The snippet of docs/compressed-rules.md, "0/1 Adam", made a translation unit; the stand-ins are
 // weight and weight_grad.
 #include <mpopt/mpi.hpp>
-#include <mpopt/mpopt.hpp>
+#include <mpopt/optimizer.hpp>
+#include <mpopt/zero_one_adam.hpp>
 
 #include <vector>
 

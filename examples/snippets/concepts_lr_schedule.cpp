@@ -1,6 +1,8 @@
 // The snippet of docs/concepts.md, "Learning-rate schedules", made a translation unit; the stand-ins
 // are opt, w and g.
-#include <mpopt/mpopt.hpp>
+#include <mpopt/adam.hpp>
+#include <mpopt/lr_schedule.hpp>
+#include <mpopt/optimizer.hpp>
 
 #include <vector>
 

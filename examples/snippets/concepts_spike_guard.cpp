@@ -1,6 +1,7 @@
 // The snippet of docs/concepts.md, "The loss-spike guard", made a translation unit; the stand-ins are
 // opt (built from o), its tensors, loss and log.
-#include <mpopt/mpopt.hpp>
+#include <mpopt/adam.hpp>
+#include <mpopt/optimizer.hpp>
 
 #include <string_view>
 #include <vector>

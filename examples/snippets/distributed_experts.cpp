@@ -1,7 +1,8 @@
 // The snippet of docs/distributed.md, "Mixture-of-experts groups", made a translation unit; the
 // stand-ins are optimizer (that of "Data parallel over MPI"), rank, E, local_experts, w1 and w1_grad.
+#include <mpopt/adam.hpp>
 #include <mpopt/mpi.hpp>
-#include <mpopt/mpopt.hpp>
+#include <mpopt/optimizer.hpp>
 
 #include <string>
 #include <vector>

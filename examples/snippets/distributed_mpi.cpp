@@ -1,7 +1,8 @@
 // The snippet of docs/distributed.md, "Data parallel over MPI", made a translation unit; the stand-in
 // is the function around opt.
-#include <mpopt/mpopt.hpp>
+#include <mpopt/adam.hpp>
 #include <mpopt/mpi.hpp>
+#include <mpopt/optimizer.hpp>
 
 using optimizer = mpopt::optimizer<mpopt::bf16, mpopt::no_scaling, mpopt::replicated, mpopt::adam,
                                    mpopt::host, mpopt::mpi>;

@@ -1,8 +1,9 @@
 // The snippet of docs/distributed.md, "Overlapping communication with backward" (the all-gather left
 // in flight), made a translation unit; the stand-ins are optimizer (that of "ZeRO stage 1 and 2") and
 // i, a tensor's index.
+#include <mpopt/adam.hpp>
 #include <mpopt/mpi.hpp>
-#include <mpopt/mpopt.hpp>
+#include <mpopt/optimizer.hpp>
 
 #include <cstddef>
 

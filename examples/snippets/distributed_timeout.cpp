@@ -1,7 +1,8 @@
 // The snippet of docs/distributed.md, "Timeouts", made a translation unit; the stand-in is optimizer
 // (that of "Data parallel over MPI").
+#include <mpopt/adam.hpp>
 #include <mpopt/mpi.hpp>
-#include <mpopt/mpopt.hpp>
+#include <mpopt/optimizer.hpp>
 
 #include <chrono>
 

@@ -1,7 +1,8 @@
 // The snippet of docs/distributed.md, "ZeRO stage 1 and 2", made a translation unit; the stand-in is
 // i, a tensor's index.
+#include <mpopt/adam.hpp>
 #include <mpopt/mpi.hpp>
-#include <mpopt/mpopt.hpp>
+#include <mpopt/optimizer.hpp>
 
 #include <cstddef>
 

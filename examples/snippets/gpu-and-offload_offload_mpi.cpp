@@ -1,8 +1,9 @@
 // The snippet of docs/gpu-and-offload.md, "ZeRO-Offload", made a translation unit; the stand-ins are
 // w and w_grad (views of device memory) and i, a tensor's index. Test doc_snippets compiles it as the
 // device tests build without a GPU (mpicxx on Thrust's OpenMP system), or with nvcc.
+#include <mpopt/adam.hpp>
 #include <mpopt/mpi.hpp>
-#include <mpopt/mpopt.hpp>
+#include <mpopt/optimizer.hpp>
 
 #include <cstddef>
 
