@@ -10,13 +10,13 @@
 set -u
 include_dir="$1"
 shift
-jobs=("$1 native mpopt.hpp")  # (the first compiler's portable check is the two units' below)
+jobs=("$1 native mpopt.hpp")  # (the first compiler's portable check: the two units, below)
 for cxx in "${@:2}"; do
   for arch in portable native; do jobs+=("$cxx $arch mpopt.hpp"); done
 done
 for h in "$include_dir"/mpopt/*.hpp; do
   case "$(basename "$h")" in
-    mpopt.hpp | src.hpp | src_optimizers.hpp) ;;
+    mpopt.hpp | make_optimizer.hpp | src.hpp | src_optimizers.hpp) ;;  # (make_optimizer.hpp: the two units)
     *) jobs+=("$1 portable $(basename "$h")") ;;
   esac
 done
@@ -79,14 +79,15 @@ echo "MPOPT_X86_SIMD=0 keeps to the scalar lanes; =1 is refused"
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-unit='#include <mpopt/mpopt.hpp>
-#include <mpopt/make_optimizer.hpp>'
+unit='#include <mpopt/make_optimizer.hpp>
+#include <mpopt/mpopt.hpp>'
 # Two units of the same text make the same object: linking it twice finds what two units would. The
-# unit is also the first compiler's check that mpopt.hpp stands alone (it comes first), warning-free.
+# unit is also the first compiler's check, warning-free, that make_optimizer.hpp stands alone (it
+# comes first) and of mpopt.hpp without -march=native (whose standing alone the native check shows).
 heap=()
 case "$(basename "$1")" in g++*) heap=(--param=ggc-min-heapsize=1048576) ;; esac
 echo "$unit" | "$1" -std=c++20 -O0 -Wall -Wextra -Wpedantic -Werror "${heap[@]}" -I"$include_dir" -x c++ -c - -o "$work/unit.o" ||
-  { echo "FAIL: $1 portable mpopt.hpp (with make_optimizer.hpp, compiled)"; status=1; }
+  { echo "FAIL: $1 portable make_optimizer.hpp, then mpopt.hpp (compiled)"; status=1; }
 echo 'int main() {}' | "$1" -x c++ - -x none "$work/unit.o" "$work/unit.o" -o "$work/two_units" ||
   { echo "FAIL: two header-only units that include mpopt.hpp and make_optimizer.hpp do not link"; status=1; }
 echo "src.hpp includes every .ipp; two header-only units link"
