@@ -171,6 +171,8 @@ struct bounds {
       const ref::group& gr = md.groups[md.group_of[i]];
       const ref::hyper& h = gr.h;
       const double t = double(gr.t);
+      const double bc1 = h.bias_correction ? 1 - std::pow(h.beta1, t) : 1;  // Adam's bias corrections
+      const double bc2 = h.bias_correction ? 1 - std::pow(h.beta2, t) : 1;
       const std::size_t n = md.p[i].size();
       ref::tensor eu(n), uu(n);
       double ssu = 0, ssp = 0, sseu = 0, ssep = 0;
@@ -188,8 +190,6 @@ struct bounds {
         v[i][k] = h.beta2 * v[i][k] + (1 - h.beta2) * (2 * std::abs(ge) * eg + eg * eg) +
                   5 * u * (h.beta2 * vo + (1 - h.beta2) * ge * ge);
         if (gr.r == ref::rule::adam) {
-          const double bc1 = h.bias_correction ? 1 - std::pow(h.beta1, t) : 1;
-          const double bc2 = h.bias_correction ? 1 - std::pow(h.beta2, t) : 1;
           const double mh = mn / bc1, emh = m[i][k] / bc1 + 3 * u * std::abs(mh);
           const double vh = vn / bc2, evh = v[i][k] / bc2 + 3 * u * vh;
           const double den = std::sqrt(vh) + h.eps;
