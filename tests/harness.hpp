@@ -171,7 +171,8 @@ struct bounds {
       const ref::group& gr = md.groups[md.group_of[i]];
       const ref::hyper& h = gr.h;
       const double t = double(gr.t);
-      const double bc1 = h.bias_correction ? 1 - std::pow(h.beta1, t) : 1;  // Adam's bias corrections
+      // the bias corrections: Adam's per element, LAMB's in its step size
+      const double bc1 = h.bias_correction ? 1 - std::pow(h.beta1, t) : 1;
       const double bc2 = h.bias_correction ? 1 - std::pow(h.beta2, t) : 1;
       const std::size_t n = md.p[i].size();
       ref::tensor eu(n), uu(n);
@@ -228,7 +229,7 @@ struct bounds {
           ec = (w / un) * (ew / w + eun / std::max(un - eun, 0.5 * un)) + 2 * u * (w / un);
         }
         coeff[i] = ec;
-        const double ss = h.bias_correction ? h.lr * std::sqrt(1 - std::pow(h.beta2, t)) / (1 - std::pow(h.beta1, t)) : h.lr;
+        const double ss = h.bias_correction ? h.lr * std::sqrt(bc2) / bc1 : h.lr;
         for (std::size_t k = 0; k < n; ++k)
           p[i][k] += ss * (ec * std::abs(uu[k]) + c * eu[k]) + 4 * u * ss * c * std::abs(uu[k]) + u * std::abs(md.p[i][k]);
       }

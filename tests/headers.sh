@@ -24,13 +24,15 @@ jobs+=("$1 compiled mpopt.hpp")
 # The standard optimizer types with every member, by every compiler (clang 14 instantiates members
 # whose constraints fail where g++ does not).
 for cxx in "${@:2}"; do jobs+=("$cxx compiled src_optimizers.hpp"); done
+# g++ collects garbage from 1 GiB of heap on, as meson.build has it for our own builds: faster.
+heap_args() { case "$(basename "$1")" in g++*) echo --param=ggc-min-heapsize=1048576 ;; esac; }
 check() {
   read -r cxx arch header <<<"$1"
   flags=(-std=c++20 -Wall -Wextra -Wpedantic -Werror -fsyntax-only -I"$include_dir")
   [ "$arch" = native ] && flags+=(-march=native)
   [ "$arch" = compiled ] && flags+=(-DMPOPT_SEPARATE_COMPILATION)
-  # (g++ collects garbage from 1 GiB of heap on, as meson.build has it for our own builds: faster)
-  case "$(basename "$cxx")" in g++*) flags+=(--param=ggc-min-heapsize=1048576) ;; esac
+  read -r -a heap <<<"$(heap_args "$cxx")"
+  flags+=("${heap[@]}")
   cuda=/usr/local/cuda/include
   case "$header" in  # the headers that need another library's include path
     mpi.hpp | nccl.hpp)
@@ -58,7 +60,7 @@ check() {
     return 1
   fi
 }
-export -f check
+export -f check heap_args
 export include_dir
 printf '%s\n' "${jobs[@]}" | xargs -P "$(nproc)" -I{} bash -c 'check "{}"'
 status=$?
@@ -84,8 +86,7 @@ unit='#include <mpopt/make_optimizer.hpp>
 # Two units of the same text make the same object: linking it twice finds what two units would. The
 # unit is also the first compiler's check, warning-free, that make_optimizer.hpp stands alone (it
 # comes first) and of mpopt.hpp without -march=native (whose standing alone the native check shows).
-heap=()
-case "$(basename "$1")" in g++*) heap=(--param=ggc-min-heapsize=1048576) ;; esac
+read -r -a heap <<<"$(heap_args "$1")"
 echo "$unit" | "$1" -std=c++20 -O0 -Wall -Wextra -Wpedantic -Werror "${heap[@]}" -I"$include_dir" -x c++ -c - -o "$work/unit.o" ||
   { echo "FAIL: $1 portable make_optimizer.hpp, then mpopt.hpp (compiled)"; status=1; }
 echo 'int main() {}' | "$1" -x c++ - -x none "$work/unit.o" "$work/unit.o" -o "$work/two_units" ||
