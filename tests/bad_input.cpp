@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include "optimizer_snapshot.hpp"
+#include "same_status.hpp"
 #include "error_of.hpp"
 #include "temp_dir.hpp"
 #include "threads.hpp"
@@ -47,20 +48,20 @@ constexpr double d_nan = std::numeric_limits<double>::quiet_NaN();
   } while (0)
 
 
-std::vector<char> slurp(const fs::path& p) {
+std::vector<char> file_chars(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
-void spit(const fs::path& p, const std::vector<char>& bytes) {
+void write_chars(const fs::path& p, const std::vector<char>& bytes) {
   std::ofstream out(p, std::ios::binary | std::ios::trunc);
   out.write(bytes.data(), std::streamsize(bytes.size()));
 }
 
-struct tensor_def {
+struct named_size {
   std::string name;
   std::size_t size;
 };
-using layout_def = std::vector<std::vector<tensor_def>>;  // tensors per group
+using layout_def = std::vector<std::vector<named_size>>;  // tensors per group
 
 const layout_def default_layout{{{"embed.weight", 33}, {"proj.weight", 17}}, {{"proj.bias", 5}}};
 
@@ -113,22 +114,6 @@ struct rig {
 
   optimizer_snapshot snap() { return snapshot_of(opt, params); }
 };
-
-bool same_bits(double a, double b) { return std::bit_cast<std::uint64_t>(a) == std::bit_cast<std::uint64_t>(b); }
-
-void check_same_status(const mpopt::step_status& a, const mpopt::step_status& b) {
-  CHECK(a.result == b.result);
-  CHECK(a.applied == b.applied);
-  CHECK(same_bits(a.scale_before, b.scale_before));
-  CHECK(same_bits(a.scale_after, b.scale_after));
-  CHECK(same_bits(a.grad_norm, b.grad_norm));
-  CHECK(same_bits(a.grad_norm_clipped, b.grad_norm_clipped));
-  CHECK(same_bits(a.clip_coef, b.clip_coef));
-  CHECK(a.step == b.step);
-  CHECK(a.skipped_steps == b.skipped_steps);
-  CHECK(a.consecutive_skips == b.consecutive_skips);
-  CHECK(a.micro_step == b.micro_step);
-}
 
 // `a` saw a bad input, `b` did not: they must be identical now and after `n` more steps.
 template <class Opt>
@@ -250,7 +235,7 @@ struct load_fixture {
     rig<fp16_dyn_adam> source(default_layout, {}, scaler_opts);
     for (int i = 0; i < 5; ++i) source.step(i == 2);
     source.opt.save(good);
-    good_bytes = slurp(good);
+    good_bytes = file_chars(good);
     for (int i = 0; i < 6; ++i) {  // a different history from the source's
       target.step(i == 4);
       twin.step(i == 4);
@@ -643,11 +628,11 @@ TEST_CASE("load() of a nonexistent file throws naming the path and changes nothi
 TEST_CASE("load() of files that are not state files throws and changes nothing") {
   load_fixture f;
   const auto text = f.dir / "notes.txt";
-  spit(text, {'h', 'e', 'l', 'l', 'o', ' ', 'w', 'o', 'r', 'l', 'd', ',', ' ', 'n', 'o', 't', ' ', 'a', ' ', 's',
+  write_chars(text, {'h', 'e', 'l', 'l', 'o', ' ', 'w', 'o', 'r', 'l', 'd', ',', ' ', 'n', 'o', 't', ' ', 'a', ' ', 's',
               't', 'a', 't', 'e', ' ', 'f', 'i', 'l', 'e', '\n'});
   f.reject(text, "notes.txt");
   const auto empty = f.dir / "empty.safetensors";
-  spit(empty, {});
+  write_chars(empty, {});
   f.reject(empty, "empty.safetensors");
   // A valid safetensors file that is not an mpopt state file.
   const auto foreign = f.dir / "foreign.safetensors";
@@ -659,7 +644,7 @@ TEST_CASE("load() of files that are not state files throws and changes nothing")
     for (int i = 0; i < 8; ++i) bytes[i] = char((n >> (8 * i)) & 0xff);
     bytes.insert(bytes.end(), header.begin(), header.end());
     bytes.insert(bytes.end(), {0, 0, char(0x80), 0x3f});
-    spit(foreign, bytes);
+    write_chars(foreign, bytes);
   }
   f.reject(foreign, "foreign.safetensors");
   check_twins(f.target, f.twin);
@@ -672,7 +657,7 @@ TEST_CASE("load() of a truncated file throws at every truncation length and chan
   std::size_t tried = 0;
   for (std::size_t len = 0; len < n; len += (len < 64 || len + 64 > n) ? 1 : 7) {
     CAPTURE(len);
-    spit(cut, std::vector<char>(f.good_bytes.begin(), f.good_bytes.begin() + std::ptrdiff_t(len)));
+    write_chars(cut, std::vector<char>(f.good_bytes.begin(), f.good_bytes.begin() + std::ptrdiff_t(len)));
     const std::string msg = error_of([&] { f.target.opt.load(cut); });
     INFO("message: ", msg);
     REQUIRE(msg.rfind("mpopt: ", 0) == 0);
@@ -729,7 +714,7 @@ TEST_CASE("load() of a file with one flipped byte throws, wherever the byte is, 
       CAPTURE(int(mask));
       auto bytes = f.good_bytes;
       bytes[pos] = char(static_cast<unsigned char>(bytes[pos]) ^ static_cast<unsigned char>(mask));
-      spit(bad, bytes);
+      write_chars(bad, bytes);
       const std::string msg = error_of([&] { f.target.opt.load(bad); });
       INFO("message: ", msg);
       REQUIRE(msg.rfind("mpopt: ", 0) == 0);

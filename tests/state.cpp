@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include "optimizer_snapshot.hpp"
+#include "same_status.hpp"
 #include "temp_dir.hpp"
 
 #include <mpopt/mpopt.hpp>
@@ -35,12 +36,10 @@ namespace {
 namespace fs = std::filesystem;
 
 
-std::vector<unsigned char> slurp(const fs::path& p) {
+std::vector<unsigned char> read_file(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
-
-bool same_bits(double a, double b) { return std::bit_cast<std::uint64_t>(a) == std::bit_cast<std::uint64_t>(b); }
 
 enum class layout { unfused, flat };
 
@@ -142,20 +141,6 @@ struct run {
   optimizer_snapshot snap() const { return snapshot_of(const_cast<Opt&>(opt), params); }
 };
 
-void check_same_status(const mpopt::step_status& a, const mpopt::step_status& b) {
-  CHECK(a.result == b.result);
-  CHECK(a.applied == b.applied);
-  CHECK(same_bits(a.scale_before, b.scale_before));
-  CHECK(same_bits(a.scale_after, b.scale_after));
-  CHECK(same_bits(a.grad_norm, b.grad_norm));
-  CHECK(same_bits(a.grad_norm_clipped, b.grad_norm_clipped));
-  CHECK(same_bits(a.clip_coef, b.clip_coef));
-  CHECK(a.step == b.step);
-  CHECK(a.skipped_steps == b.skipped_steps);
-  CHECK(a.consecutive_skips == b.consecutive_skips);
-  CHECK(a.micro_step == b.micro_step);
-}
-
 // The safetensors header: 8-byte little-endian length, then that many bytes of JSON.
 nlohmann::json read_header(const std::vector<unsigned char>& file, std::size_t& data_start) {
   REQUIRE(file.size() >= 8);
@@ -178,7 +163,7 @@ std::size_t dtype_size(const std::string& d) {
 // optimizer's current values.
 template <class Opt>
 void check_file_layout(const fs::path& path, const run<Opt>& r) {
-  const auto file = slurp(path);
+  const auto file = read_file(path);
   std::size_t data_start = 0;
   const nlohmann::json h = read_header(file, data_start);
   REQUIRE(h.is_object());
@@ -271,7 +256,7 @@ void check_exact_resume(layout lay) {
   if constexpr (std::is_same_v<typename Opt::rule, mpopt::lamb>) {
     const auto a = resumed.opt.lamb_coeffs(), b = first.opt.lamb_coeffs();
     REQUIRE(a.size() == b.size());
-    for (std::size_t i = 0; i < a.size(); ++i) CHECK(same_bits(a[i], b[i]));
+    for (std::size_t i = 0; i < a.size(); ++i) CHECK(bitwise_equal(a[i], b[i]));
     CHECK(a.size() == 3);
   }
   if constexpr (is_dynamic<Opt>) {
@@ -284,7 +269,7 @@ void check_exact_resume(layout lay) {
   // Saving again right after the load writes the same bytes.
   const auto again = dir / "again.safetensors";
   resumed.opt.save(again);
-  CHECK(slurp(again) == slurp(path));
+  CHECK(read_file(again) == read_file(path));
 
   // M more steps == steps N..N+M-1 of the uninterrupted run, bitwise.
   for (std::uint64_t i = steps_before_save; i < steps_before_save + steps_after_save; ++i) {
@@ -313,7 +298,7 @@ void check_exact_resume(layout lay) {
 // Rewrites the JSON header of state file `p` with edit() applied: tensor shapes, say. The data
 // section and so the checksum (over the "mpopt" string and the data) stay valid.
 void edit_header(const fs::path& p, const std::function<void(nlohmann::json&)>& edit) {
-  const auto file = slurp(p);
+  const auto file = read_file(p);
   std::size_t data_start = 0;
   read_header(file, data_start);
   auto h = nlohmann::json::parse(file.begin() + 8, file.begin() + std::ptrdiff_t(data_start));
@@ -457,7 +442,7 @@ TEST_CASE("save() into a byte buffer or a stream writes the file's bytes; load()
   std::ostringstream out;
   r.opt.save(out);
   const std::string streamed = out.str();
-  const auto file = slurp(path);
+  const auto file = read_file(path);
   REQUIRE(bytes.size() == file.size());
   CHECK(std::memcmp(bytes.data(), file.data(), file.size()) == 0);
   CHECK(streamed == std::string(file.begin(), file.end()));
@@ -508,7 +493,7 @@ TEST_CASE("the state file's metadata holds the optimizer description as a JSON s
   for (int i = 0; i < 5; ++i) r.step();
   r.opt.save(path);
   std::size_t data_start = 0;
-  const auto h = read_header(slurp(path), data_start);
+  const auto h = read_header(read_file(path), data_start);
   const auto& meta = h.at("__metadata__");
   CHECK(meta.at("format") == "mpopt-state");
   REQUIRE(meta.at("mpopt").is_string());
@@ -565,13 +550,13 @@ TEST_CASE("load() takes [n] (a file saved without shapes) and any shape of n ele
       }
   });
   std::size_t data_start = 0;
-  REQUIRE(read_header(slurp(flat), data_start).at("param/encoder.weight").at("shape") == nlohmann::json::array({45}));
+  REQUIRE(read_header(read_file(flat), data_start).at("param/encoder.weight").at("shape") == nlohmann::json::array({45}));
   run<opt_t> from_flat(layout::flat, 1.0f);
   from_flat.opt.load(flat);
   CHECK(from_flat.snap() == at_save);
   const auto again = dir / "again.safetensors";
   from_flat.opt.save(again);
-  CHECK(slurp(again) == slurp(path));
+  CHECK(read_file(again) == read_file(path));
 
   // head.weight was registered without a shape, encoder.bias as [7]: any shape of their element
   // count loads (a file from another tool may say [19, 1] or [1, 7]).

@@ -37,7 +37,7 @@ using ojson = nlohmann::ordered_json;
 using bytes = std::vector<std::byte>;
 
 
-bytes slurp(const fs::path& p) {
+bytes file_bytes(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   std::vector<char> c((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   bytes b(c.size());
@@ -45,7 +45,7 @@ bytes slurp(const fs::path& p) {
   return b;
 }
 
-void spit(const fs::path& p, std::span<const std::byte> b) {
+void write_bytes(const fs::path& p, std::span<const std::byte> b) {
   std::ofstream out(p, std::ios::binary | std::ios::trunc);
   out.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
 }
@@ -208,7 +208,7 @@ void craft(const fs::path& p, const ojson& tensors, const bytes& data, const std
   for (std::size_t i = 0, n = text.size(); i < 8; ++i, n >>= 8) file[i] = std::byte(n & 0xff);
   for (char c : text) file.push_back(std::byte(static_cast<unsigned char>(c)));
   file.insert(file.end(), data.begin(), data.end());
-  spit(p, file);
+  write_bytes(p, file);
 }
 
 // Raw header text (not necessarily JSON) with a correct length prefix.
@@ -216,7 +216,7 @@ void craft_raw(const fs::path& p, const std::string& text) {
   bytes file(8);
   for (std::size_t i = 0, n = text.size(); i < 8; ++i, n >>= 8) file[i] = std::byte(n & 0xff);
   for (char c : text) file.push_back(std::byte(static_cast<unsigned char>(c)));
-  spit(p, file);
+  write_bytes(p, file);
 }
 
 // Two tensors, a: F32 [2] at [0, 8) and b: U8 [3] at [8, 11).
@@ -305,7 +305,7 @@ TEST_CASE("a checkpoint without tensors or metadata round trips to an empty obje
   const state_reader r(p);
   CHECK(r.metadata() == nlohmann::json::object());
   CHECK(r.names().empty());
-  CHECK(slurp(p).size() % 8 == 0);
+  CHECK(file_bytes(p).size() % 8 == 0);
 }
 
 TEST_CASE("header length is little-endian and 8 + header length is a multiple of 8, padded with spaces") {
@@ -319,7 +319,7 @@ TEST_CASE("header length is little-endian and 8 + header length is a multiple of
     w.add<std::uint8_t>("t", {1}, one);
     w.write(p);
 
-    const bytes b = slurp(p);
+    const bytes b = file_bytes(p);
     const std::uint64_t n = le64(b);
     INFO("extra = " << extra << ", header length = " << n);
     CHECK((8 + n) % 8 == 0);
@@ -339,7 +339,7 @@ TEST_CASE("layout is what safetensors expects: back-to-back tensors tiling the d
   const sample s;
   s.write(p);
 
-  const bytes b = slurp(p);
+  const bytes b = file_bytes(p);
   const std::uint64_t n = le64(b);
   const auto header = nlohmann::json::parse(reinterpret_cast<const char*>(b.data() + 8),
                                             reinterpret_cast<const char*>(b.data() + 8 + n));
@@ -406,10 +406,10 @@ TEST_CASE("checksum64 fed in arbitrary pieces equals one-shot MurmurHash64A") {
 TEST_CASE("rejects an empty file and files shorter than the 8-byte length prefix as truncated") {
   temp_dir dir;
   const fs::path p = dir / "short";
-  spit(p, {});
+  write_bytes(p, {});
   check_rejected(p, "empty file");
   for (std::size_t n = 1; n < 8; ++n) {
-    spit(p, bytes(n, std::byte{0}));
+    write_bytes(p, bytes(n, std::byte{0}));
     check_rejected(p, "truncated");
   }
 }
@@ -420,11 +420,11 @@ TEST_CASE("rejects a header length larger than the file or over 100 MB") {
   bytes b(8 + 20, std::byte{' '});
   std::fill_n(b.begin(), 8, std::byte{0});
   b[0] = std::byte{21};  // one byte more than follows
-  spit(p, b);
+  write_bytes(p, b);
   check_rejected(p, "truncated: header length 21");
   b[0] = std::byte{0};
   b[4] = std::byte{1};  // 2^32
-  spit(p, b);
+  write_bytes(p, b);
   check_rejected(p, "exceeds 100 MB");
 }
 
@@ -516,10 +516,10 @@ TEST_CASE("rejects a file cut short at any point as truncated") {
   temp_dir dir;
   const fs::path full = dir / "full";
   sample().write(full);
-  const bytes b = slurp(full);
+  const bytes b = file_bytes(full);
   const fs::path p = dir / "cut";
   for (std::size_t len = 0; len < b.size(); ++len) {
-    spit(p, std::span(b).first(len));
+    write_bytes(p, std::span(b).first(len));
     INFO("cut at " << len << " of " << b.size());
     check_rejected(p, "truncated");
   }
@@ -529,14 +529,14 @@ TEST_CASE("a single flipped bit anywhere in the data section is a checksum misma
   temp_dir dir;
   const fs::path full = dir / "full";
   sample().write(full);
-  const bytes b = slurp(full);
+  const bytes b = file_bytes(full);
   const std::size_t data_begin = 8 + le64(b);
   const fs::path p = dir / "flipped";
   for (std::size_t i = data_begin; i < b.size(); ++i) {
     for (int bit = 0; bit < 8; ++bit) {
       bytes c = b;
       c[i] ^= std::byte(1u << bit);
-      spit(p, c);
+      write_bytes(p, c);
       INFO("byte " << i << " bit " << bit);
       check_rejected(p, "checksum mismatch");
     }
@@ -548,7 +548,7 @@ TEST_CASE("a flipped bit in the mpopt metadata string or the stored checksum is 
   const fs::path full = dir / "full";
   const sample s;
   s.write(full);
-  const bytes b = slurp(full);
+  const bytes b = file_bytes(full);
   const std::string header(reinterpret_cast<const char*>(b.data() + 8), le64(b));
   const fs::path p = dir / "flipped";
   // Low bits of letters and digits keep the JSON well-formed, so only the checksum can notice.
@@ -561,7 +561,7 @@ TEST_CASE("a flipped bit in the mpopt metadata string or the stored checksum is 
       for (int bit = 0; bit < 3; ++bit) {
         bytes c = b;
         c[8 + i] ^= std::byte(1u << bit);
-        spit(p, c);
+        write_bytes(p, c);
         INFO("header char " << i << " ('" << header[i] << "') bit " << bit);
         check_rejected(p, "checksum mismatch");
       }
@@ -637,7 +637,7 @@ TEST_CASE("a failed write leaves the existing checkpoint intact") {
   temp_dir dir;
   const fs::path p = dir / "ckpt";
   sample().write(p);
-  const bytes before = slurp(p);
+  const bytes before = file_bytes(p);
 
   // No file descriptor left to create the temporary file with; then a full disk.
   state_writer w;
@@ -647,18 +647,18 @@ TEST_CASE("a failed write leaves the existing checkpoint intact") {
     const limit no_files(RLIMIT_NOFILE, 3);
     CHECK(has(error_of([&] { w.write(p); }), "cannot open for writing"));
   }
-  CHECK(slurp(p) == before);
+  CHECK(file_bytes(p) == before);
   {
     const limit full_disk(RLIMIT_FSIZE, 16);
     CHECK(has(error_of([&] { w.write(p); }), "File too large"));
   }
-  CHECK(slurp(p) == before);
+  CHECK(file_bytes(p) == before);
   CHECK(temporaries(dir.path, "ckpt").empty());
 
   // The metadata cannot be serialized (invalid UTF-8).
   w.set_metadata({{"bad", "\xff\xfe"}});
   CHECK(has(error_of([&] { w.write(p); }), "cannot serialize metadata"));
-  CHECK(slurp(p) == before);
+  CHECK(file_bytes(p) == before);
   CHECK(state_reader(p).names() == sample::names());
 }
 
