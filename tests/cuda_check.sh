@@ -4,7 +4,7 @@
 # code use, and makes their kernels' PTX, warnings as errors. Neither ptxas nor g++ runs: their share
 # of nvcc's time was half, and g++ builds the same sources for Thrust's OpenMP system, each on its
 # own. The sources compile as one unit: they instantiate mostly the same kernels, which cicc then
-# makes once (four sources: 110 s apart, 40 s as one). Each one's main is renamed, as nothing links.
+# makes once (five sources: 119 s apart, 63 s as one). Each one's main is renamed, as nothing links.
 # Usage: cuda_check.sh NVCC [ARGS...] -- SOURCE...; an argument --mpi stands for MPI's include flags.
 set -euo pipefail
 args=()

@@ -69,17 +69,17 @@ static_assert(mpopt::detail::runs_on_stream_of<offload, device_comm>);
 template <class Precision, class Partition, class Rule, class Comm = mpopt::mpi>
 using offload_pipeline = mpopt::detail::step_pipeline<Precision, mpopt::no_scaling, Partition, Rule, offload, Comm>;
 template <class Pipeline>
-constexpr bool drives = mpopt::detail::rule_driver<typename Pipeline::driver_type, typename Pipeline::rule_context_type>;
-static_assert(drives<offload_pipeline<mpopt::fp32, mpopt::replicated, mpopt::adam>> &&
-              drives<offload_pipeline<mpopt::fp16, mpopt::zero1, mpopt::lamb, device_comm>> &&
-              drives<offload_pipeline<mpopt::bf16, mpopt::zero2, mpopt::lamb, device_comm>> &&
-              drives<offload_pipeline<mpopt::fp16, mpopt::replicated, mpopt::onebit_lamb>> &&
-              drives<offload_pipeline<mpopt::fp16, mpopt::replicated, mpopt::onebit_adam>> &&
-              drives<offload_pipeline<mpopt::fp16, mpopt::replicated, mpopt::zero_one_adam>>);
+constexpr bool offload_drives = mpopt::detail::rule_driver<typename Pipeline::driver_type, typename Pipeline::rule_context_type>;
+static_assert(offload_drives<offload_pipeline<mpopt::fp32, mpopt::replicated, mpopt::adam>> &&
+              offload_drives<offload_pipeline<mpopt::fp16, mpopt::zero1, mpopt::lamb, device_comm>> &&
+              offload_drives<offload_pipeline<mpopt::bf16, mpopt::zero2, mpopt::lamb, device_comm>> &&
+              offload_drives<offload_pipeline<mpopt::fp16, mpopt::replicated, mpopt::onebit_lamb>> &&
+              offload_drives<offload_pipeline<mpopt::fp16, mpopt::replicated, mpopt::onebit_adam>> &&
+              offload_drives<offload_pipeline<mpopt::fp16, mpopt::replicated, mpopt::zero_one_adam>>);
 
 /// Host or device memory, either way.
 template <class T>
-std::vector<T> fetch(std::span<const T> s) {
+std::vector<T> copy_out(std::span<const T> s) {
   std::vector<T> out(s.size());
 #ifdef MPOPT_TEST_GPU
   if (!s.empty() && cudaMemcpy(out.data(), s.data(), s.size_bytes(), cudaMemcpyDefault) != cudaSuccess)
@@ -90,7 +90,7 @@ std::vector<T> fetch(std::span<const T> s) {
   return out;
 }
 template <class T>
-void put(std::span<T> dst, const std::vector<T>& src) {
+void copy_in(std::span<T> dst, const std::vector<T>& src) {
 #ifdef MPOPT_TEST_GPU
   if (!src.empty() && cudaMemcpy(dst.data(), src.data(), dst.size_bytes(), cudaMemcpyDefault) != cudaSuccess)
     throw std::runtime_error("cudaMemcpy");
@@ -101,7 +101,7 @@ void put(std::span<T> dst, const std::vector<T>& src) {
 
 /// A flat group of three tensors (odd sizes, one of a single element), then a group holding one
 /// tensor of the caller's own memory.
-const std::vector<mpopt::tensor_spec> specs = {{"w", 4097}, {"b", 1}, {"e", 1000}};
+const std::vector<mpopt::tensor_spec> flat_specs = {{"w", 4097}, {"b", 1}, {"e", 1000}};
 constexpr std::size_t own_size = 333;
 constexpr std::size_t tensors = 4, elements = 4097 + 1 + 1000 + own_size;
 
@@ -121,9 +121,9 @@ struct trainee {
 
   trainee(const typename Rule::options& g, mpopt::optimizer_options o, bool finalize = true)
       : opt(o, {}, Comm(MPI_COMM_WORLD)) {
-    auto& flat = opt.add_flat_group(g, {specs.begin(), specs.end()});
-    for (std::size_t t = 0; t < specs.size(); ++t) put(flat.param(t), initial(t, specs[t].size));
-    put(std::span<P>(own_param.data(), own_size), initial(specs.size(), own_size));
+    auto& flat = opt.add_flat_group(g, {flat_specs.begin(), flat_specs.end()});
+    for (std::size_t t = 0; t < flat_specs.size(); ++t) copy_in(flat.param(t), initial(t, flat_specs[t].size));
+    copy_in(std::span<P>(own_param.data(), own_size), initial(flat_specs.size(), own_size));
     opt.add_group(g).add(mpopt::view<P>{own_param.data(), own_size, space}, mpopt::view<G>{own_grad.data(), own_size, space},
                          "own");
     if (finalize) opt.finalize();
@@ -134,9 +134,9 @@ struct trainee {
     return p;
   }
   std::span<P> param(std::size_t t) {
-    return t < specs.size() ? opt.group(0).param(t) : std::span<P>(own_param.data(), own_size);
+    return t < flat_specs.size() ? opt.group(0).param(t) : std::span<P>(own_param.data(), own_size);
   }
-  std::span<G> grad(std::size_t t) { return t < specs.size() ? opt.group(0).grad(t) : std::span<G>(own_grad.data(), own_size); }
+  std::span<G> grad(std::size_t t) { return t < flat_specs.size() ? opt.group(0).grad(t) : std::span<G>(own_grad.data(), own_size); }
 
   /// This rank's gradients of micro-step s (an infinity on the last rank where `overflow`), each
   /// reported as backward would finish it, last tensor first, if `report`.
@@ -146,7 +146,7 @@ struct trainee {
       std::vector<G> g(n);
       for (std::size_t i = 0; i < n; ++i) g[i] = G(float(0.5 * unit(key(2 + std::uint64_t(world_rank), std::uint64_t(s), t, i))));
       if (overflow && t == 0 && world_rank == world_size - 1) g[n / 2] = G(std::numeric_limits<float>::infinity());
-      put(grad(t), g);
+      copy_in(grad(t), g);
       if (report) opt.grad_ready(t);
     }
   }
@@ -158,11 +158,11 @@ void compare(const std::string& name, A& a, B& b) {
   using P = typename A::P;
   for (std::size_t t = 0; t < tensors; ++t) {
     std::size_t bad = 0;
-    const auto ap = fetch<P>(a.param(t)), bp = fetch<P>(b.param(t));
+    const auto ap = copy_out<P>(a.param(t)), bp = copy_out<P>(b.param(t));
     bad += ap.size() != bp.size() || std::memcmp(ap.data(), bp.data(), ap.size() * sizeof(P)) != 0;
-    const auto am = fetch(a.opt.master(t)), bm = fetch(b.opt.master(t));
+    const auto am = copy_out(a.opt.master(t)), bm = copy_out(b.opt.master(t));
     bad += am != bm;
-    for (std::size_t k = 0; k < A::opt_type::rule::state.size(); ++k) bad += fetch(a.opt.moment(k, t)) != fetch(b.opt.moment(k, t));
+    for (std::size_t k = 0; k < A::opt_type::rule::state.size(); ++k) bad += copy_out(a.opt.moment(k, t)) != copy_out(b.opt.moment(k, t));
     expect(bad == 0, name + ": tensor " + std::to_string(t) + ": parameters, masters or moments differ");
   }
 }
@@ -301,7 +301,7 @@ void wait_one() {
       host.opt.step();
       host.opt.wait_params();
       off.opt.wait_params(tensors - 1);
-      const auto own = fetch<mpopt::half>(off.param(tensors - 1)), expected = fetch<mpopt::half>(host.param(tensors - 1));
+      const auto own = copy_out<mpopt::half>(off.param(tensors - 1)), expected = copy_out<mpopt::half>(host.param(tensors - 1));
       expect(std::memcmp(own.data(), expected.data(), own_size * sizeof(mpopt::half)) == 0,
              "wait_params(i): tensor i is updated on the device");
       expect(off.opt.backend().bytes_to_device() == (std::size_t(s) * elements + own_size) * sizeof(mpopt::half),
@@ -324,7 +324,7 @@ void zero_grad_and_memory() {
     off.opt.zero_grad();
     std::size_t nonzero = 0;
     for (std::size_t t = 0; t < tensors; ++t)
-      for (const auto x : fetch<mpopt::bfloat16>(off.grad(t))) nonzero += float(x) != 0.0f;
+      for (const auto x : copy_out<mpopt::bfloat16>(off.grad(t))) nonzero += float(x) != 0.0f;
     expect(nonzero == 0, "zero_grad: " + std::to_string(nonzero) + " gradient elements are not zero");
 
     const auto pinned = [](const mpopt::memory_report& r, const std::string& name) {
@@ -369,7 +369,7 @@ void allocations() {
 
 /// A checkpoint saved by the offloaded optimizer loads into a host one and into another offloaded
 /// one (whose device parameters it sets), which then step alike.
-void checkpoint() {
+void host_checkpoint() {
   run("checkpoint", [&] {
     using off_t = trainee<mpopt::fp16, mpopt::dynamic_scale, mpopt::zero2, mpopt::adam, offload>;
     using host_t = trainee<mpopt::fp16, mpopt::dynamic_scale, mpopt::zero2, mpopt::adam, mpopt::host>;
@@ -462,6 +462,6 @@ int main(int argc, char** argv) {
 #ifndef MPOPT_TEST_GPU
   allocations();
 #endif
-  checkpoint();
+  host_checkpoint();
   return finish();
 }
