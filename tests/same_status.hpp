@@ -9,7 +9,9 @@
 #include <bit>
 #include <cstdint>
 
-inline bool bitwise_equal(double a, double b) { return std::bit_cast<std::uint64_t>(a) == std::bit_cast<std::uint64_t>(b); }
+inline bool bitwise_equal(double a, double b) {
+  return std::bit_cast<std::uint64_t>(a) == std::bit_cast<std::uint64_t>(b);
+}
 
 inline void check_same_status(const mpopt::step_status& a, const mpopt::step_status& b) {
   CHECK(a.result == b.result);
