@@ -169,6 +169,24 @@ void check_checkpoint_moves() {
   }
 }
 
+/// The memory report's buffers `names` of the layer-wise ranks add up to one process's: their sums.
+template <class Rule>
+std::vector<std::size_t> buffers_add_up(const std::vector<std::string>& names) {
+  model<layerwise_t<mpopt::bf16, Rule>> d(mpopt::mpi{MPI_COMM_WORLD}, exact);
+  model<one_process_t<mpopt::bf16, Rule>> l(exact);
+  d.opt.finalize();
+  l.opt.finalize();
+  const auto mine = d.opt.memory_report(), one = l.opt.memory_report();
+  std::vector<std::size_t> sums;
+  for (const auto& name : names) sums.push_back(bytes_of(mine, name));
+  MPI_Allreduce(MPI_IN_PLACE, sums.data(), int(sums.size()), MPI_UNSIGNED_LONG, MPI_SUM, MPI_COMM_WORLD);
+  for (std::size_t k = 0; k < names.size(); ++k) {
+    CAPTURE(names[k]);
+    CHECK(sums[k] == bytes_of(one, names[k]));
+  }
+  return sums;
+}
+
 }  // namespace
 
 TEST_SUITE("mpi") {
@@ -189,15 +207,11 @@ TEST_SUITE("mpi") {
   }
 
   TEST_CASE("the ranks' layer-wise state adds up to one process's, and each rank's matrix buffer to its tensors") {
-    model<layerwise_t<mpopt::bf16, mpopt::muon>> d(mpopt::mpi{MPI_COMM_WORLD}, exact);
-    model<one_process_t<mpopt::bf16, mpopt::muon>> l(exact);
-    d.opt.finalize();
-    l.opt.finalize();
-    const auto mine = d.opt.memory_report(), one = l.opt.memory_report();
-    std::size_t sums[2] = {bytes_of(mine, "momentum_buffer"), bytes_of(mine, "matrix stage")};
-    MPI_Allreduce(MPI_IN_PLACE, sums, 2, MPI_UNSIGNED_LONG, MPI_SUM, MPI_COMM_WORLD);
-    CHECK(sums[0] == bytes_of(one, "momentum_buffer"));
-    CHECK(sums[1] == bytes_of(one, "matrix stage"));
+    buffers_add_up<mpopt::muon>({"momentum_buffer", "matrix stage"});
+    // Beside Adam's group: Adam's second moment is held for Adam's tensors only.
+    const auto state = buffers_add_up<hybrid>({"momentum_buffer|exp_avg", "exp_avg_sq"});
+    CHECK(state[1] > 0);
+    CHECK(state[1] < state[0]);
   }
 
   TEST_CASE("zero1 and zero2 keep Muon's matrices whole, Adam's tensors in equal shards, and give one process's bits") {

@@ -20,6 +20,7 @@
 #include <mpopt/muon.hpp>
 #include <mpopt/optimizer.hpp>
 #include <mpopt/rules.hpp>
+#include <mpopt/state_precision.hpp>
 
 #include "error_of.hpp"
 #include "muon_reference.hpp"
@@ -210,6 +211,15 @@ struct mixed_model {
 
 template <class Precision, class Scaler = mpopt::no_scaling>
 using rules_opt = mpopt::optimizer<Precision, Scaler, mpopt::replicated, muon_and_adam>;
+/// Quantized state: each buffer's blocks and their scales where only some groups keep it.
+using bf16_state8 = mpopt::with_state<mpopt::bf16, mpopt::blockwise8_state>;
+
+/// The bytes of the memory report's buffer `name` (0 where it lists none).
+std::size_t bytes_of(const mpopt::memory_report& r, const std::string& name) {
+  for (const auto& b : r.buffers)
+    if (b.name == name) return b.bytes;
+  return 0;
+}
 
 template <class Precision, class Scaler = mpopt::no_scaling>
 void add_groups(rules_opt<Precision, Scaler>& opt, mixed_model<Precision>& m) {
@@ -258,26 +268,34 @@ TEST_CASE("rules<muon, adam> takes, bitwise, the steps of one optimizer per rule
   };
   SUBCASE("fp32") { check.operator()<mpopt::fp32, mpopt::no_scaling>({}); }
   SUBCASE("fp16, dynamic scale") { check.operator()<mpopt::fp16, mpopt::dynamic_scale>({.init_scale = 1024}); }
+  SUBCASE("bf16, 8-bit state") { check.operator()<bf16_state8, mpopt::no_scaling>({}); }
 }
 
-TEST_CASE("rules<muon, adam> resumes bitwise; its checkpoint keeps each tensor's state by its rule's names") {
-  using opt_t = rules_opt<mpopt::bf16>;
-  struct run {
-    mixed_model<mpopt::bf16> m;
-    opt_t opt;
-    run() { add_groups(opt, m); }
-    void step(int s) {
-      m.set_grads(s);
-      REQUIRE(opt.step().applied);
-    }
-  };
-  run a;
+namespace {
+
+/// An optimizer of rules<muon, adam> over the layout's model, stepped on the model's gradients.
+template <class Precision>
+struct rules_run {
+  mixed_model<Precision> m;
+  rules_opt<Precision> opt;
+  rules_run() { add_groups(opt, m); }
+  void step(int s) {
+    m.set_grads(s);
+    REQUIRE(opt.step().applied);
+  }
+  static std::size_t kept(std::size_t t) { return layout::is_muon(layout().tensors[t].group) ? 1 : 2; }
+};
+
+/// Saved after 3 steps and loaded into a fresh optimizer, the run goes on with the same bits.
+template <class Precision>
+std::vector<std::byte> check_resume() {
+  rules_run<Precision> a;
   for (int s = 0; s < 3; ++s) a.step(s);
   std::vector<std::byte> saved;
   a.opt.save(saved);
   for (int s = 3; s < 6; ++s) a.step(s);
 
-  run b;
+  rules_run<Precision> b;
   b.opt.load(saved);
   for (int s = 3; s < 6; ++s) b.step(s);
   for (std::size_t t = 0; t < a.m.l.tensors.size(); ++t) {
@@ -285,11 +303,40 @@ TEST_CASE("rules<muon, adam> resumes bitwise; its checkpoint keeps each tensor's
     CHECK(a.m.params[t] == b.m.params[t]);
     const auto ma = a.opt.master(t), mb = b.opt.master(t);
     CHECK(std::equal(ma.begin(), ma.end(), mb.begin(), mb.end()));
-    for (std::size_t k = 0; k < (layout::is_muon(a.m.l.tensors[t].group) ? 1u : 2u); ++k) {
+    for (std::size_t k = 0; k < a.kept(t); ++k) {
       const auto x = a.opt.moment(k, t), y = b.opt.moment(k, t);
       CHECK(std::equal(x.begin(), x.end(), y.begin(), y.end()));
     }
   }
+  return saved;
+}
+
+}  // namespace
+
+TEST_CASE("rules<muon, adam> resumes bitwise; its checkpoint keeps each tensor's state by its rule's names") {
+  const std::vector<std::byte> saved = check_resume<mpopt::bf16>();
+  check_resume<bf16_state8>();
+
+  // Loaded into 8-bit state, each tensor's state is its own, within the codes' rounding: a code
+  // decodes to at most half the dynamic map's widest gap (1/71) of its block's largest value off,
+  // and each tensor here is one block.
+  rules_run<mpopt::bf16> fp32_state;
+  fp32_state.opt.load(saved);
+  rules_run<bf16_state8> codes;
+  codes.opt.load(saved);
+  for (std::size_t t = 0; t < codes.m.l.tensors.size(); ++t)
+    for (std::size_t k = 0; k < codes.kept(t); ++k) {
+      CAPTURE(codes.m.l.tensors[t].name);
+      CAPTURE(k);
+      const auto exact = fp32_state.opt.moment(k, t);
+      const auto decoded = codes.opt.moment(k, t);
+      REQUIRE(exact.size() == decoded.size());
+      float largest = 0;
+      for (const float x : exact) largest = std::max(largest, std::abs(x));
+      for (std::size_t j = 0; j < exact.size(); ++j) CHECK(std::abs(decoded[j] - exact[j]) <= largest / 140);
+      CHECK(largest > 0.0f);
+    }
+
   const std::string text(reinterpret_cast<const char*>(saved.data()), saved.size());
   for (const std::string key :
        {"momentum_buffer/w0", "momentum_buffer/w2", "exp_avg/b0", "exp_avg_sq/b2", "muon+adam", "match_rms_adamw"}) {
@@ -303,7 +350,7 @@ TEST_CASE("rules<muon, adam> resumes bitwise; its checkpoint keeps each tensor's
 
   // A file whose group 1 took Muon does not load where it takes Adam; nothing changes.
   mixed_model<mpopt::bf16> swapped_model;
-  opt_t swapped;
+  rules_opt<mpopt::bf16> swapped;
   for (std::size_t g = 0; g < 4; ++g) {
     if (g == 1) swapped_model.add(g, swapped.add_group(muon::options{}));
     else if (layout::is_muon(g)) swapped_model.add(g, swapped.add_group(swapped_model.l.muon_options(g)));
@@ -344,10 +391,24 @@ TEST_CASE("rules<muon, adam>: the memory report, a schedule over both rules, and
   CHECK(opt.group(0).options().get_if<adam::options>() == nullptr);
   CHECK(opt.group(3).options().get_if<adam::options>()->decoupled_weight_decay == false);
 
-  const auto report = opt.memory_report();
-  bool listed = false;
-  for (const auto& b : report.buffers) listed = listed || b.name == "momentum_buffer|exp_avg";
-  CHECK(listed);
+  // Buffer 0 holds every group's state (Muon's momentum, Adam's exp_avg), buffer 1 Adam's groups'
+  // alone: as much as optimizers of one rule each hold for the same groups.
+  mixed_model<mpopt::fp32> apart;
+  mpopt::optimizer<mpopt::fp32, mpopt::no_scaling, mpopt::replicated, muon> muon_opt;
+  mpopt::optimizer<mpopt::fp32, mpopt::no_scaling, mpopt::replicated, adam> adam_opt;
+  for (std::size_t g = 0; g < 4; ++g) {
+    if (layout::is_muon(g)) apart.add(g, muon_opt.add_group(apart.l.muon_options(g)));
+    else apart.add(g, adam_opt.add_group(apart.l.adam_options(g)));
+  }
+  muon_opt.finalize();
+  adam_opt.finalize();
+  const auto report = opt.memory_report(), muon_report = muon_opt.memory_report(),
+             adam_report = adam_opt.memory_report();
+  CHECK(bytes_of(report, "momentum_buffer|exp_avg") ==
+        bytes_of(muon_report, "momentum_buffer") + bytes_of(adam_report, "exp_avg"));
+  CHECK(bytes_of(report, "exp_avg_sq") == bytes_of(adam_report, "exp_avg_sq"));
+  CHECK(bytes_of(report, "exp_avg_sq") > 0);
+  CHECK(bytes_of(report, "exp_avg_sq") < bytes_of(report, "momentum_buffer|exp_avg") / 2);
 
   CHECK(error_of([&] { (void)opt.moment(1, 0); }) ==
         "mpopt: moment 1: muon (the rule of tensor 'w0') keeps moments 0 to 0");

@@ -111,6 +111,7 @@ class checkpointing {
         auto& group = v.groups.emplace_back();
         group.expert_parallel = g->expert_parallel();
         group.state_keys = state_names<UpdateRule>(g->options_);
+        if (p_.finalized()) group.state_shift = p_.state.buffers.shift[g->index_];
         for (const auto& p : p_.comms.placement)
           if (p.group == g->index_) group.experts = &p;
         for (const auto& e : g->entries_) group.tensors.push_back({&e.name, e.size, &e.shape, untyped::of(e.param)});

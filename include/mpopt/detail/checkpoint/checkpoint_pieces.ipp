@@ -19,6 +19,7 @@ struct state_entry {
   std::string key;
   untyped data;
   std::size_t num = 1, den = 1;
+  std::size_t shift = 0;  ///< of the buffer's elements: the group's local index less its index there
   /// The entries of elements [0, n): n * num / den, rounded up.
   std::size_t entries(std::size_t n) const { return (n * num + den - 1) / den; }
 };
@@ -31,11 +32,11 @@ MPOPT_DECL std::vector<state_entry> state_entries(std::span<const checkpoint_vie
   for (const auto& b : buffers) {
     const untyped values = data ? b.data : untyped{nullptr, f.dtype, f.block ? 1 : f.bits / 8, f.dtype == "F32"};
     if (!f.block) {
-      entries.push_back({b.key, values});
+      entries.push_back({b.key, values, 1, 1, b.shift});
       continue;
     }
-    entries.push_back({b.key, values, f.bits, 8});
-    entries.push_back({b.key + "_scale", data ? b.scales : untyped{nullptr, "F32", 4, true}, 1, f.block});
+    entries.push_back({b.key, values, f.bits, 8, b.shift});
+    entries.push_back({b.key + "_scale", data ? b.scales : untyped{nullptr, "F32", 4, true}, 1, f.block, b.shift});
   }
   return entries;
 }
@@ -51,14 +52,16 @@ MPOPT_DECL saved_range entries_of(saved_range r, const state_entry& e) {
   return r;
 }
 
+/// A rank's range of a tensor as the entries of e, and where they start in e's buffer.
 MPOPT_DECL flat_layout::owned_range entries_of(const flat_layout::owned_range& o, const state_entry& e) {
   const std::size_t first = o.first * e.num / e.den;
-  return {first, e.entries(o.first + o.count) - first, o.state * e.num / e.den};
+  return {first, e.entries(o.first + o.count) - first, (o.state - e.shift) * e.num / e.den};
 }
 
+/// Each rank's range of a tensor (flat_layout::pieces: their state unused) as the entries of e.
 MPOPT_DECL std::vector<flat_layout::owned_range> entries_of(std::vector<flat_layout::owned_range> ranges,
                                                             const state_entry& e) {
-  for (auto& o : ranges) o = entries_of(o, e);
+  for (auto& o : ranges) o = entries_of(flat_layout::owned_range{o.first, o.count, e.shift}, e);
   return ranges;
 }
 

@@ -83,6 +83,8 @@ struct checkpoint_view {
     const expert_placement* experts = nullptr;  ///< where its sets of experts are (after finalize())
     /// The file names of its tensors' state buffers: the first of `state`, as its rule names them.
     std::span<const std::string_view> state_keys;
+    /// Per buffer it keeps: its local state index less its index in the buffer (buffer_layout).
+    std::span<const std::size_t> state_shift;
   };
   std::vector<group> groups;
   const flat_layout* layout = nullptr;  ///< null before finalize(): state pointers are null then
@@ -96,6 +98,7 @@ struct checkpoint_view {
     untyped data;
     untyped scales;            ///< quantized state: one fp32 scale per block
     bool nonnegative = false;  ///< quantized with the map of state that is never negative
+    std::size_t shift = 0;     ///< a group's (group_state): its local index less its index here
   };
   state_format state_storage = state_formats[0];
   std::vector<state_buffer> state;  ///< the rule's buffers, in its order (group_state: a group's)
@@ -106,7 +109,10 @@ struct checkpoint_view {
   /// Group g's state buffers: the first g.state_keys.size() of `state`, under g's names for them.
   std::vector<state_buffer> group_state(const group& g) const {
     std::vector<state_buffer> buffers(state.begin(), state.begin() + std::ptrdiff_t(g.state_keys.size()));
-    for (std::size_t k = 0; k < buffers.size(); ++k) buffers[k].key = g.state_keys[k];
+    for (std::size_t k = 0; k < buffers.size(); ++k) {
+      buffers[k].key = g.state_keys[k];
+      if (!g.state_shift.empty()) buffers[k].shift = g.state_shift[k];
+    }
     return buffers;
   }
 

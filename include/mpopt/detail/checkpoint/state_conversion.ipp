@@ -93,9 +93,10 @@ MPOPT_DECL void read_converted_state(const state_reader& file, checkpoint_subjec
         const auto& buffer = state[k];
         read_stored(file, buffer.key, *e.name, replica, from, tables[k].data(), first, values);
         s.encode_state(k, std::span<const float>(values).subspan(o.first - first, o.count), stored.data(), scales.data());
-        put_bytes(s, buffer.data.data + o.state * to.bits / 8, stored, v.state_on_device);
+        const std::size_t at = o.state - buffer.shift;
+        put_bytes(s, buffer.data.data + at * to.bits / 8, stored, v.state_on_device);
         if (to.block)
-          put_bytes(s, buffer.scales.data + o.state / to.block * sizeof(float), std::as_bytes(std::span(scales)),
+          put_bytes(s, buffer.scales.data + at / to.block * sizeof(float), std::as_bytes(std::span(scales)),
                     v.state_on_device);
       }
     }

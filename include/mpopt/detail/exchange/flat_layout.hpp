@@ -57,6 +57,22 @@ struct shard_plan {
 /// Heap bytes of a list of buckets.
 MPOPT_DECL std::size_t heap_bytes(const std::vector<bucket>& buckets);
 
+/// Where each group's state sits in the rule's state buffers when groups keep different numbers of
+/// them (rules<R...>: a Muon group keeps one, an AdamW group two). Buffer k holds the local state of
+/// the groups that keep it, back to back in local order: group g's element at local index x is at
+/// x - shift[g][k] in buffer k.
+struct buffer_layout {
+  std::vector<std::size_t> elements;            ///< per buffer: its elements on this rank
+  std::vector<std::vector<std::size_t>> shift;  ///< per group, per buffer it keeps
+
+  /// Heap bytes it holds.
+  std::size_t bytes() const {
+    std::size_t n = elements.capacity() * sizeof(std::size_t) + shift.capacity() * sizeof(shift[0]);
+    for (const auto& s : shift) n += s.capacity() * sizeof(std::size_t);
+    return n;
+  }
+};
+
 class flat_layout {
  public:
   /// Elements per 64 bytes of fp32: where tensors and shards start unless told otherwise.
@@ -97,8 +113,16 @@ class flat_layout {
     for (std::size_t s : sizes_) n += s;
     return n;
   }
-  /// Elements of each state buffer on this rank (my shards, or everything when replicated).
+  /// Elements of the local state on this rank (my shards, or everything when replicated): of the
+  /// masters, and of each state buffer that every group keeps.
   std::size_t local_elements() const { return local_elements_; }
+  /// Group g's local state: indices [first, second).
+  std::pair<std::size_t, std::size_t> local_range(std::size_t g) const {
+    const space& s = spaces_[g];
+    return {s.local_begin, s.local_begin + (sharded_ ? s.bounds[s.plan.part + 1] - s.bounds[s.plan.part] : s.size)};
+  }
+  /// The state buffers' layout where group g keeps kept[g] of them.
+  MPOPT_DECL buffer_layout state_buffers(const std::vector<std::size_t>& kept) const;
   /// Heap bytes the layout holds.
   MPOPT_DECL std::size_t bytes() const;
 

@@ -56,6 +56,22 @@ MPOPT_DECL flat_layout::flat_layout(const std::vector<std::uint32_t>& tensor_gro
   local_elements_ = sharded ? local : flat;
 }
 
+MPOPT_DECL buffer_layout flat_layout::state_buffers(const std::vector<std::size_t>& kept) const {
+  if (kept.size() != spaces_.size())
+    fail("flat_layout: ", kept.size(), " buffer counts for ", spaces_.size(), " groups");
+  buffer_layout b;
+  b.elements.assign(kept.empty() ? 0 : *std::max_element(kept.begin(), kept.end()), 0);
+  for (std::size_t g = 0; g < spaces_.size(); ++g) {  // the groups' local ranges follow each other
+    const auto [begin, end] = local_range(g);
+    auto& shift = b.shift.emplace_back(kept[g]);
+    for (std::size_t k = 0; k < kept[g]; ++k) {
+      shift[k] = begin - b.elements[k];
+      b.elements[k] += end - begin;
+    }
+  }
+  return b;
+}
+
 MPOPT_DECL bool flat_layout::shards_in_rank_order() const {
   for (const space& s : spaces_)
     for (std::size_t r = 0; r < s.plan.parts; ++r)

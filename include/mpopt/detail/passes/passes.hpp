@@ -80,7 +80,8 @@ struct chunk_slice : block_scale_slots<P> {
   typename P::grad_type* grad;
   /// The fp32 masters or their remainders; where the parameter is its own master, the parameter.
   std::conditional_t<P::has_master, padded<master_element_t<P>>, typename P::param_type*> master;
-  padded<state_element_t<P>> state[max_state_buffers];  // the rule's; null past its count
+  padded<state_element_t<P>> state[max_state_buffers];  // the rule's; null past the tensor's count
+  std::uint32_t state_buffers;                           // that count
   padded<typename P::accumulate_type> accum;
   padded<float> matrix;  // a matrix rule's buffer
   bool reduced;  // the gradient is accum alone (already summed over ranks)
@@ -100,16 +101,19 @@ MPOPT_HOST_DEVICE chunk_slice<P> slice_of(const step_data<P>& d, const chunk& c)
   s.grad = t.grad + c.begin;
   if constexpr (P::has_master) s.master = at(d.master);
   else s.master = t.param + c.begin;
-  if constexpr (state_in_blocks<P>) {
-    using S = state_storage_t<P>;
-    for (std::size_t k = 0; k < max_state_buffers; ++k) {
-      s.state[k] = {d.state[k] ? d.state[k] + code_bytes<S>(o) : nullptr};
-      s.block_scales[k] = d.block_scales[k] ? d.block_scales[k] + o / S::block : nullptr;
+  s.state_buffers = t.state_buffers < d.state_count ? t.state_buffers : d.state_count;
+  for (std::size_t k = 0; k < max_state_buffers; ++k) {
+    const bool kept = k < s.state_buffers;
+    const std::size_t in_buffer = kept ? o - t.state_shift[k] : 0;
+    if constexpr (state_in_blocks<P>) {
+      using S = state_storage_t<P>;
+      s.state[k] = {kept ? d.state[k] + code_bytes<S>(in_buffer) : nullptr};
+      s.block_scales[k] = kept ? d.block_scales[k] + in_buffer / S::block : nullptr;
+    } else {
+      s.state[k] = {kept ? d.state[k] + in_buffer : nullptr};
     }
-    s.nonnegative = d.nonnegative;
-  } else {
-    for (std::size_t k = 0; k < max_state_buffers; ++k) s.state[k] = at(d.state[k]);
   }
+  if constexpr (state_in_blocks<P>) s.nonnegative = d.nonnegative;
   s.accum = at(d.accum);
   s.matrix = at(d.matrix);
   s.reduced = d.grads_reduced;
@@ -180,8 +184,7 @@ struct initialize_pass : tensor_pass<P> {
   template <class L, class S, class Tail, class R>
   MPOPT_HOST_DEVICE void apply(const S& s, std::size_t i, Tail tail, R&) const {
     master_from_param<L>(s, i, tail);
-    const std::uint32_t n = this->d.state_count;
-    for (std::uint32_t k = 0; k < n; ++k) vstore<L>(s.state[k] + i, typename L::vec(start(s, k)), tail);
+    for (std::uint32_t k = 0; k < s.state_buffers; ++k) vstore<L>(s.state[k] + i, typename L::vec(start(s, k)), tail);
   }
   template <class L, class S, class R>
   MPOPT_HOST_DEVICE void apply_granule(const S& s, std::size_t g, std::size_t count, R&) const {
@@ -191,7 +194,7 @@ struct initialize_pass : tensor_pass<P> {
     if constexpr (L::width > 1)
       if (j < count) master_from_param<L>(s, g + j, L::first(count - j));
     alignas(64) float values[St::block];
-    for (std::uint32_t k = 0; k < this->d.state_count; ++k) {
+    for (std::uint32_t k = 0; k < s.state_buffers; ++k) {
       for (j = 0; j < count; ++j) values[j] = start(s, k);
       quantize_block<St, L>(values, count, (s.nonnegative >> k) & 1u, s.state[k].p + code_bytes<St>(g),
                             s.block_scales[k] + g / St::block);

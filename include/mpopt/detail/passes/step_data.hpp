@@ -77,6 +77,10 @@ struct tensor_slot {
   std::size_t size;
   std::uint32_t group;
   std::uint64_t first;  ///< the index of element 0 among all registered elements (stochastic rounding's)
+  /// The state buffers its group's rule keeps, and where its state sits in each: its local index
+  /// less state_shift[k] (buffer_layout: groups keep different numbers of buffers under rules<R...>).
+  std::uint32_t state_buffers = max_state_buffers;
+  std::size_t state_shift[max_state_buffers] = {};
 };
 
 /// Pointers and scalars for one pass. Kernels read the true gradient as

@@ -30,12 +30,13 @@ MPOPT_DECL void list_held_gradients(mpopt::memory_report& r, const std::string& 
 /// The model's own tensors, where there are any: listed, marked as the user's.
 MPOPT_DECL void list_user_tensors(mpopt::memory_report& r, std::size_t param_bytes, std::size_t grad_bytes);
 
-/// The masters (where the precision has them: fp32, or remainders) and each of the rule's state
-/// buffers (stored as `state`, e.g. "fp32", in `state_bits` an element), `elements` of each; state
-/// quantized in blocks of `block` elements (0: not) also lists each buffer's fp32 block scales.
+/// The masters (where the precision has them: fp32, or remainders), `elements` of them, and each of
+/// the rule's state buffers (stored as `state`, e.g. "fp32", in `state_bits` an element),
+/// buffer_elements[k] of buffer k; state quantized in blocks of `block` elements (0: not) also lists
+/// each buffer's fp32 block scales.
 MPOPT_DECL void list_state(mpopt::memory_report& r, std::size_t elements, bool has_master, bool remainders,
-                           std::span<const std::string_view> names, std::string_view rule, std::string_view state,
-                           std::size_t state_bits, std::size_t block);
+                           std::span<const std::string_view> names, std::span<const std::size_t> buffer_elements,
+                           std::string_view rule, std::string_view state, std::size_t state_bits, std::size_t block);
 
 /// The communicators' own buffers, where they have any: the optimizer's, then each expert group's.
 MPOPT_DECL void list_workspaces(mpopt::memory_report& r, std::string_view purpose, std::size_t bytes,
@@ -67,8 +68,8 @@ MPOPT_COLD mpopt::memory_report memory_report_of(const Pipeline& p) {
   p.list_tensors(r);
   if (!p.finalized()) return r;
   using P = typename Pipeline::precision;
-  list_state(r, p.state.elements, P::has_master, master_in_remainder<P>, rule::state, rule::name,
-             state_storage_t<P>::name, stored_bits<state_storage_t<P>>(), stored_block<state_storage_t<P>>());
+  list_state(r, p.state.elements, P::has_master, master_in_remainder<P>, rule::state, p.state.buffers.elements,
+             rule::name, state_storage_t<P>::name, stored_bits<state_storage_t<P>>(), stored_block<state_storage_t<P>>());
   std::size_t bookkeeping = p.state.bookkeeping_bytes();
   bookkeeping += p.driver.list_memory(r);
   bookkeeping += p.exchange.list_memory(r);

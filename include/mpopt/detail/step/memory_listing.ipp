@@ -22,19 +22,21 @@ MPOPT_DECL void list_user_tensors(mpopt::memory_report& r, std::size_t param_byt
 }
 
 MPOPT_DECL void list_state(mpopt::memory_report& r, std::size_t elements, bool has_master, bool remainders,
-                           std::span<const std::string_view> names, std::string_view rule, std::string_view state,
-                           std::size_t state_bits, std::size_t block) {
+                           std::span<const std::string_view> names, std::span<const std::size_t> buffer_elements,
+                           std::string_view rule, std::string_view state, std::size_t state_bits, std::size_t block) {
   if (remainders)
     r.buffers.push_back({"master remainder", "the low 16 bits of the fp32 master weights (remainder16)", elements * 2, true});
   else if (has_master)
     r.buffers.push_back({"master", "fp32 master weights", elements * 4, true});
   const std::string of = std::string(rule) + " state (" + std::string(state) + ")";
-  for (const std::string_view name : names) {
-    r.buffers.push_back({std::string(name), block ? of + ": " + std::to_string(state_bits) + "-bit codes" : of,
-                         (elements * state_bits + 7) / 8, true});
+  for (std::size_t k = 0; k < names.size(); ++k) {
+    const std::string name(names[k]);
+    const std::size_t n = buffer_elements[k];
+    r.buffers.push_back(
+        {name, block ? of + ": " + std::to_string(state_bits) + "-bit codes" : of, (n * state_bits + 7) / 8, true});
     if (block)
-      r.buffers.push_back({std::string(name) + " scales", of + ": an fp32 scale per block of " + std::to_string(block),
-                           elements / block * 4, true});
+      r.buffers.push_back(
+          {name + " scales", of + ": an fp32 scale per block of " + std::to_string(block), n / block * 4, true});
   }
 }
 

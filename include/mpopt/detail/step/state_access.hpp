@@ -76,7 +76,8 @@ auto moment_values(const Pipeline& p, std::size_t k, std::size_t i) {
     const auto o = p.state.layout->owned(i);  // its state starts a block
     const auto codes = host_copy<space>(p.backend, p.state.moment(k, i));
     const auto scales = host_copy<space>(
-        p.backend, std::span<const float>(p.state.scales[k].data() + o.state / S::block, (o.count + S::block - 1) / S::block));
+        p.backend, std::span<const float>(p.state.scales[k].data() + p.state.in_buffer(k, i) / S::block,
+                                          (o.count + S::block - 1) / S::block));
     const bool nonnegative = (nonnegative_state_bits<typename Pipeline::rule>() >> k) & 1u;
     std::vector<float> values(o.count);
     for (std::size_t j = 0; j < values.size(); ++j)

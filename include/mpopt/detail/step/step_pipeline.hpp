@@ -230,7 +230,7 @@ class step_pipeline {
     }
     state.allocate(lay_out<typename Partition::layout>(Partition::name, tensor_groups, sizes, costs_of_updates(),
                                                        groups().size(), context(), state_alignment<Precision>()),
-                   std::move(table), groups().size());
+                   std::move(table), kept_buffers());
     exchange.allocate(*state.layout, context());
     if (options.leave_param_gather_in_flight) progress.unwaited.reserve(state.tensors.size());
     auto c = driver_context();
@@ -242,6 +242,13 @@ class step_pipeline {
     wait();
     driver.started(c);
     comms.comm.take_bytes();  // setup traffic is not a step's
+  }
+
+  /// How many of the state buffers each group's rule keeps.
+  std::vector<std::size_t> kept_buffers() const {
+    std::vector<std::size_t> kept;
+    for (const auto& g : groups()) kept.push_back(state_names<UpdateRule>(g->options_).size());
+    return kept;
   }
 
   /// What updating each tensor costs, in registration order, and which groups keep their tensors

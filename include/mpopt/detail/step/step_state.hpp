@@ -4,6 +4,7 @@
 // sums), and where the run stands between calls.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -61,7 +62,8 @@ struct step_state {
   std::optional<flat_layout> layout;
   work_list work;                                              // my elements, addressing the local state
   std::vector<std::pair<std::size_t, std::size_t>> uncounted;  // chunks of work another rank counts in the norm
-  std::size_t elements = 0;                                    // of each state buffer
+  std::size_t elements = 0;                                    // of the masters
+  buffer_layout buffers;  // where each group's state sits in each state buffer, and their sizes
   std::size_t parameters = 0;                                  // elements of all tensors
   buffer<master_element_t<Precision>> master;  // fp32, or the remainders; empty where the parameter is the master
   std::array<buffer<state_element_t<Precision>>, state_count> moments;  // the rule's, in the order of UpdateRule::state
@@ -77,21 +79,30 @@ struct step_state {
   /// finish_step() runs: an update stage may read them too (LARS).
   step_data<Precision> gradients;
 
-  /// Sizes every buffer for `l`, this rank's part of `table` across `groups` groups.
-  void allocate(flat_layout l, decltype(tensors) table, std::size_t groups) {
+  /// Sizes every buffer for `l`, this rank's part of `table`, where group g's rule keeps kept[g] of
+  /// the state buffers.
+  void allocate(flat_layout l, decltype(tensors) table, const std::vector<std::size_t>& kept) {
     layout.emplace(std::move(l));
     tensors = std::move(table);
     work = layout->local_work();
     uncounted = layout->uncounted(work);
     elements = layout->local_elements();
     parameters = layout->parameters();
+    buffers = layout->state_buffers(kept);
+    for (auto& t : tensors) {
+      t.state_buffers = std::uint32_t(kept[t.group]);
+      std::copy(buffers.shift[t.group].begin(), buffers.shift[t.group].end(), t.state_shift);
+    }
     if constexpr (Precision::has_master) master = buffer<master_element_t<Precision>>(elements);
-    if constexpr (state_in_blocks<Precision>) {
-      using S = state_storage_t<Precision>;
-      for (auto& b : moments) b = buffer<std::uint8_t>::zeroed(code_bytes<S>(elements));
-      for (auto& b : scales) b = buffer<float>::zeroed(elements / S::block);
-    } else {
-      for (auto& b : moments) b = buffer<state_element_t<Precision>>(elements);
+    for (std::size_t k = 0; k < state_count; ++k) {
+      const std::size_t n = buffers.elements[k];
+      if constexpr (state_in_blocks<Precision>) {
+        using S = state_storage_t<Precision>;
+        moments[k] = buffer<std::uint8_t>::zeroed(code_bytes<S>(n));
+        scales[k] = buffer<float>::zeroed(n / S::block);
+      } else {
+        moments[k] = buffer<state_element_t<Precision>>(n);
+      }
     }
     chunk_sums.assign(2 * work.size(), 0.0f);
     chunk_nonfinite.assign(work.size(), 0);
@@ -99,7 +110,7 @@ struct step_state {
     decision = buffer<step_decision>::zeroed(1);
     decision_sums = buffer<double>::zeroed(2);
     rank_ordered_sum = detail::rank_ordered_sum(work);
-    coefficients.resize(groups);
+    coefficients.resize(kept.size());
     gradients = data();
   }
 
@@ -145,15 +156,19 @@ struct step_state {
     const auto o = layout->owned(i);
     return {tensor(i).param + o.first, o.count};
   }
+  /// Where tensor i's owned elements start in state buffer k (which its rule keeps).
+  std::size_t in_buffer(std::size_t k, std::size_t i) const {
+    return layout->owned(i).state - tensors[i].state_shift[k];
+  }
   /// State buffer k of tensor i as stored, of its owned elements (quantized: their codes).
   /// The caller checks k (step_pipeline::check_moment).
   std::span<const state_element_t<Precision>> moment(std::size_t k, std::size_t i) const {
-    const auto o = layout->owned(i);
+    const std::size_t count = layout->owned(i).count, at = in_buffer(k, i);
     if constexpr (state_in_blocks<Precision>) {
       using S = state_storage_t<Precision>;
-      return {moments[k].data() + code_bytes<S>(o.state), code_bytes<S>(o.count)};
+      return {moments[k].data() + code_bytes<S>(at), code_bytes<S>(count)};
     } else {
-      return {moments[k].data() + o.state, o.count};
+      return {moments[k].data() + at, count};
     }
   }
 
@@ -163,7 +178,8 @@ struct step_state {
            chunk_sums.capacity() * sizeof(float) + chunk_nonfinite.capacity() +
            chunk_grad_sums.capacity() * sizeof(double) + rank_ordered_sum.bytes() +
            decision.size() * sizeof(step_decision) + decision_sums.size() * sizeof(double) +
-           coefficients.capacity() * sizeof(coefficients[0]) + uncounted.capacity() * sizeof(uncounted[0]);
+           coefficients.capacity() * sizeof(coefficients[0]) + uncounted.capacity() * sizeof(uncounted[0]) +
+           buffers.bytes();
   }
 };
 
