@@ -430,6 +430,43 @@ TEST_CASE("rules<muon, adam>: the memory report, a schedule over both rules, and
   CHECK(error_of([&] { bad.add_group(o); }).find("group 2.muon.ns_steps") != std::string::npos);
 }
 
+TEST_CASE("rules<muon, adam> under OneCycle: Adam's betas cycle, Muon's momentum stays, each as its rule alone") {
+  // OneCycle sets the betas of the groups that have them (DeepSpeed's writes betas, which only
+  // rules with betas read). Unclipped, each group steps as an optimizer of its rule alone under the
+  // same schedule: Adam's cycling its betas, Muon's (which has none) its rate only.
+  const mpopt::one_cycle cycle{.cycle_min_lr = 1e-3, .cycle_max_lr = 1e-2, .cycle_first_step_size = 2};
+  mpopt::one_cycle rate_only = cycle;
+  rate_only.cycle_momentum = false;
+  mixed_model<mpopt::fp32> both, apart;
+  rules_opt<mpopt::fp32> opt;
+  add_groups(opt, both);
+  mpopt::optimizer<mpopt::fp32, mpopt::no_scaling, mpopt::replicated, muon> muon_opt;
+  mpopt::optimizer<mpopt::fp32, mpopt::no_scaling, mpopt::replicated, adam> adam_opt;
+  for (std::size_t g = 0; g < 4; ++g) {
+    if (layout::is_muon(g)) apart.add(g, muon_opt.add_group(apart.l.muon_options(g)));
+    else apart.add(g, adam_opt.add_group(apart.l.adam_options(g)));
+  }
+  opt.set_schedule(cycle);
+  adam_opt.set_schedule(cycle);
+  muon_opt.set_schedule(rate_only);
+  CHECK(error_of([&] { muon_opt.set_schedule(cycle); }) ==
+        "mpopt: OneCycle.cycle_momentum: muon has no beta1 and beta2 to cycle; set it to false");
+  for (int step = 0; step < 6; ++step) {
+    CAPTURE(step);
+    both.set_grads(step);
+    apart.set_grads(step);
+    REQUIRE(opt.step().applied);
+    REQUIRE(muon_opt.step().applied);
+    REQUIRE(adam_opt.step().applied);
+    const auto betas = mpopt::scheduled_momentum(cycle, std::uint64_t(step));
+    REQUIRE(betas);
+    CHECK(opt.group(1).options().get_if<adam::options>()->beta1 == betas->beta1);
+    CHECK(opt.group(3).options().get_if<adam::options>()->beta2 == 0.99);
+    CHECK(opt.group(0).options().get_if<muon::options>()->momentum == both.l.muon_options(0).momentum);
+  }
+  CHECK(both.params == apart.params);
+}
+
 TEST_CASE("make_optimizer_as builds rules<muon, adam>: each group takes the rule its settings name") {
   mpopt::deepspeed_config c;
   c.adam_options = {.lr = 3e-3, .beta2 = 0.99, .weight_decay = 0.05};

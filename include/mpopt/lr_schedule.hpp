@@ -61,7 +61,8 @@ struct warmup_cosine_lr {
 /// OneCycle: up from cycle_min_lr to cycle_max_lr over cycle_first_step_size steps and back over
 /// cycle_second_step_size (in stairs, where a stair count is set), then cycle_min_lr / (1 +
 /// decay_lr_rate * steps since / decay_step_size). With cycle_momentum, beta1 cycles the other way,
-/// between cycle_max_mom and cycle_min_mom, and beta2 is 0.99, as DeepSpeed sets them.
+/// between cycle_max_mom and cycle_min_mom, and beta2 is 0.99, as DeepSpeed sets them (under a rule
+/// set, in the groups whose rule has betas).
 struct one_cycle {
   std::optional<double> cycle_min_lr = std::nullopt;  ///< required
   std::optional<double> cycle_max_lr = std::nullopt;  ///< required

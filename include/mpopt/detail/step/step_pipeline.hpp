@@ -14,6 +14,8 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -88,11 +90,21 @@ class step_pipeline {
   const std::string& tensor_name(std::size_t i) const { return registry_.tensor_name(i); }
   std::size_t registered_tensors() const { return registry_.first_tensor_of(std::uint32_t(groups().size())); }
 
-  /// Whether the rule's options have the betas a schedule may set (OneCycle's momentum).
-  static constexpr bool rule_has_betas = requires(typename UpdateRule::options o) {
+  /// Whether options O have the betas a schedule may set (OneCycle's momentum).
+  template <class O>
+  static constexpr bool has_betas = requires(O o) {
     o.beta1 = 0.0;
     o.beta2 = 0.0;
   };
+  /// Whether some group may have them: the rule's options, or a member's of a rule set (OneCycle
+  /// sets the betas of the groups that have them and leaves the others: DeepSpeed's writes betas,
+  /// which only rules with betas read).
+  static constexpr bool rule_has_betas = [] {
+    if constexpr (rule_set<UpdateRule>)
+      return []<class... R>(std::tuple<R...>*) { return (has_betas<typename R::options> || ...); }(
+          static_cast<typename UpdateRule::member_rules*>(nullptr));
+    else return has_betas<typename UpdateRule::options>;
+  }();
 
   /// Throws mpopt::error if `s` is invalid, or cycles betas the rule does not have.
   static void check_schedule(const lr_schedule& s) {
@@ -511,10 +523,16 @@ class step_pipeline {
   void schedule_rates(typename registry::param_group& g, std::uint64_t k) {
     group_rate(g.options_) = scheduled_rate(*schedule, k, g.base_lr_);
     if constexpr (rule_has_betas) {
-      if (const auto betas = scheduled_momentum(*schedule, k)) {
-        g.options_.beta1 = betas->beta1;
-        g.options_.beta2 = betas->beta2;
-      }
+      if (const auto betas = scheduled_momentum(*schedule, k)) set_betas(g.options_, *betas);
+    }
+  }
+  template <class O>
+  static void set_betas(O& o, const scheduled_betas& b) {
+    if constexpr (rule_set<UpdateRule> && std::is_same_v<O, typename UpdateRule::options>) {
+      o.visit([&](auto& chosen) { set_betas(chosen, b); });
+    } else if constexpr (has_betas<O>) {
+      o.beta1 = b.beta1;
+      o.beta2 = b.beta2;
     }
   }
 
