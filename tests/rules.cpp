@@ -228,6 +228,14 @@ void add_groups(rules_opt<Precision, Scaler>& opt, mixed_model<Precision>& m) {
     else m.add(g, opt.add_group(m.l.adam_options(g)));
   }
 }
+/// The layout's groups in an optimizer per rule: Muon's groups in one, Adam's in the other.
+template <class Precision, class MuonOpt, class AdamOpt>
+void add_groups_apart(MuonOpt& muon_opt, AdamOpt& adam_opt, mixed_model<Precision>& m) {
+  for (std::size_t g = 0; g < 4; ++g) {
+    if (layout::is_muon(g)) m.add(g, muon_opt.add_group(m.l.muon_options(g)));
+    else m.add(g, adam_opt.add_group(m.l.adam_options(g)));
+  }
+}
 
 }  // namespace
 
@@ -239,10 +247,7 @@ TEST_CASE("rules<muon, adam> takes, bitwise, the steps of one optimizer per rule
     add_groups(opt, both);
     mpopt::optimizer<Precision, Scaler, mpopt::replicated, muon> muon_opt({}, so);
     mpopt::optimizer<Precision, Scaler, mpopt::replicated, adam> adam_opt({}, so);
-    for (std::size_t g = 0; g < 4; ++g) {
-      if (layout::is_muon(g)) apart.add(g, muon_opt.add_group(apart.l.muon_options(g)));
-      else apart.add(g, adam_opt.add_group(apart.l.adam_options(g)));
-    }
+    add_groups_apart(muon_opt, adam_opt, apart);
     for (int step = 0; step < 4; ++step) {
       both.set_grads(step);
       apart.set_grads(step);
@@ -396,10 +401,7 @@ TEST_CASE("rules<muon, adam>: the memory report, a schedule over both rules, and
   mixed_model<mpopt::fp32> apart;
   mpopt::optimizer<mpopt::fp32, mpopt::no_scaling, mpopt::replicated, muon> muon_opt;
   mpopt::optimizer<mpopt::fp32, mpopt::no_scaling, mpopt::replicated, adam> adam_opt;
-  for (std::size_t g = 0; g < 4; ++g) {
-    if (layout::is_muon(g)) apart.add(g, muon_opt.add_group(apart.l.muon_options(g)));
-    else apart.add(g, adam_opt.add_group(apart.l.adam_options(g)));
-  }
+  add_groups_apart(muon_opt, adam_opt, apart);
   muon_opt.finalize();
   adam_opt.finalize();
   const auto report = opt.memory_report(), muon_report = muon_opt.memory_report(),
@@ -409,6 +411,23 @@ TEST_CASE("rules<muon, adam>: the memory report, a schedule over both rules, and
   CHECK(bytes_of(report, "exp_avg_sq") == bytes_of(adam_report, "exp_avg_sq"));
   CHECK(bytes_of(report, "exp_avg_sq") > 0);
   CHECK(bytes_of(report, "exp_avg_sq") < bytes_of(report, "momentum_buffer|exp_avg") / 2);
+  // Groups of one member only: the other's buffer holds nothing, and the steps are its rule's alone.
+  mixed_model<mpopt::fp32> in_set, alone;
+  rules_opt<mpopt::fp32> muon_set;
+  mpopt::optimizer<mpopt::fp32, mpopt::no_scaling, mpopt::replicated, muon> plain_muon;
+  for (const std::size_t g : {0, 2}) {
+    in_set.add(g, muon_set.add_group(in_set.l.muon_options(g)));
+    alone.add(g, plain_muon.add_group(alone.l.muon_options(g)));
+  }
+  for (int step = 0; step < 3; ++step) {
+    in_set.set_grads(step);
+    alone.set_grads(step);
+    REQUIRE(muon_set.step().applied);
+    REQUIRE(plain_muon.step().applied);
+  }
+  CHECK(in_set.params == alone.params);
+  CHECK(bytes_of(muon_set.memory_report(), "exp_avg_sq") == 0);
+  CHECK(bytes_of(muon_set.memory_report(), "momentum_buffer|exp_avg") == bytes_of(muon_report, "momentum_buffer"));
 
   CHECK(error_of([&] { (void)opt.moment(1, 0); }) ==
         "mpopt: moment 1: muon (the rule of tensor 'w0') keeps moments 0 to 0");
@@ -442,10 +461,7 @@ TEST_CASE("rules<muon, adam> under OneCycle: Adam's betas cycle, Muon's momentum
   add_groups(opt, both);
   mpopt::optimizer<mpopt::fp32, mpopt::no_scaling, mpopt::replicated, muon> muon_opt;
   mpopt::optimizer<mpopt::fp32, mpopt::no_scaling, mpopt::replicated, adam> adam_opt;
-  for (std::size_t g = 0; g < 4; ++g) {
-    if (layout::is_muon(g)) apart.add(g, muon_opt.add_group(apart.l.muon_options(g)));
-    else apart.add(g, adam_opt.add_group(apart.l.adam_options(g)));
-  }
+  add_groups_apart(muon_opt, adam_opt, apart);
   opt.set_schedule(cycle);
   adam_opt.set_schedule(cycle);
   muon_opt.set_schedule(rate_only);

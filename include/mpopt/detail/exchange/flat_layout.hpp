@@ -121,8 +121,8 @@ class flat_layout {
     const space& s = spaces_[g];
     return {s.local_begin, s.local_begin + (sharded_ ? s.bounds[s.plan.part + 1] - s.bounds[s.plan.part] : s.size)};
   }
-  /// The state buffers' layout where group g keeps kept[g] of them.
-  MPOPT_DECL buffer_layout state_buffers(const std::vector<std::size_t>& kept) const;
+  /// The layout of `count` state buffers where group g keeps the first kept[g] of them.
+  MPOPT_DECL buffer_layout state_buffers(std::size_t count, const std::vector<std::size_t>& kept) const;
   /// Heap bytes the layout holds.
   MPOPT_DECL std::size_t bytes() const;
 

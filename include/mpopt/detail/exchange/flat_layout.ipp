@@ -56,11 +56,11 @@ MPOPT_DECL flat_layout::flat_layout(const std::vector<std::uint32_t>& tensor_gro
   local_elements_ = sharded ? local : flat;
 }
 
-MPOPT_DECL buffer_layout flat_layout::state_buffers(const std::vector<std::size_t>& kept) const {
-  if (kept.size() != spaces_.size())
-    fail("flat_layout: ", kept.size(), " buffer counts for ", spaces_.size(), " groups");
+MPOPT_DECL buffer_layout flat_layout::state_buffers(std::size_t count, const std::vector<std::size_t>& kept) const {
+  if (kept.size() != spaces_.size() || std::any_of(kept.begin(), kept.end(), [&](std::size_t n) { return n > count; }))
+    fail("flat_layout: buffer counts for ", kept.size(), " groups, each at most ", count, ", for ", spaces_.size());
   buffer_layout b;
-  b.elements.assign(kept.empty() ? 0 : *std::max_element(kept.begin(), kept.end()), 0);
+  b.elements.assign(count, 0);  // a buffer no group keeps (no group chose its rule) holds nothing
   for (std::size_t g = 0; g < spaces_.size(); ++g) {  // the groups' local ranges follow each other
     const auto [begin, end] = local_range(g);
     auto& shift = b.shift.emplace_back(kept[g]);

@@ -88,7 +88,7 @@ struct step_state {
     uncounted = layout->uncounted(work);
     elements = layout->local_elements();
     parameters = layout->parameters();
-    buffers = layout->state_buffers(kept);
+    buffers = layout->state_buffers(state_count, kept);
     for (auto& t : tensors) {
       t.state_buffers = std::uint32_t(kept[t.group]);
       std::copy(buffers.shift[t.group].begin(), buffers.shift[t.group].end(), t.state_shift);
