@@ -288,7 +288,7 @@ struct rules_run {
     m.set_grads(s);
     REQUIRE(opt.step().applied);
   }
-  static std::size_t kept(std::size_t t) { return layout::is_muon(layout().tensors[t].group) ? 1 : 2; }
+  std::size_t kept(std::size_t t) const { return layout::is_muon(m.l.tensors[t].group) ? 1 : 2; }
 };
 
 /// Saved after 3 steps and loaded into a fresh optimizer, the run goes on with the same bits.
