@@ -236,7 +236,7 @@ struct extra_option {
 /// What a benchmark's command line takes besides --params, --repeat, --filter and --quick.
 struct command_line {
   config defaults{};
-  std::size_t quick_params = std::size_t{1} << 20;  // what --quick sets
+  std::size_t quick_params = std::size_t{1} << 18;  // what --quick sets: a smoke run, not a measurement
   int quick_repeat = 3;
   std::string_view cases = "\"precision/rule/layout[/noclip]\"";  // what --filter matches
   std::vector<extra_option> extra{};

@@ -3,24 +3,11 @@
 // (NaN payloads, inf, subnormals, -0), whatever MXCSR holds: the half conversions take an explicit
 // RNE immediate, and DAZ could only zero float subnormals, which round to ±0 in half anyway.
 // They exist whenever MPOPT_X86_SIMD does, each compiled for its instruction set (config.hpp): call
-// them from code of that set (a lane type, an MPOPT_TARGET_ENTRY) or built for it
-// (MPOPT_HAVE_AVX512 / MPOPT_HAVE_AVX2: the compiler targets it).
+// them from code of that set (a lane type, an MPOPT_TARGET_ENTRY).
 #pragma once
 
 #include "../../numeric.hpp"
 #include "../config.hpp"
-
-#if MPOPT_X86_SIMD && defined(__AVX512F__) && defined(__AVX512BW__)
-#define MPOPT_HAVE_AVX512 1
-#else
-#define MPOPT_HAVE_AVX512 0
-#endif
-
-#if MPOPT_X86_SIMD && defined(__AVX2__) && defined(__F16C__)
-#define MPOPT_HAVE_AVX2 1
-#else
-#define MPOPT_HAVE_AVX2 0
-#endif
 
 #if MPOPT_X86_SIMD
 #include <immintrin.h>

@@ -3,7 +3,6 @@
 // groups, and the step pipeline lays their tensors out (step_pipeline.hpp, flat_layout.hpp).
 #pragma once
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -11,6 +10,7 @@
 #include <iterator>
 #include <map>
 #include <memory>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
@@ -215,14 +215,14 @@ class tensor_registry {
   MPOPT_COLD param_group& add_flat_group(const group_options& o, std::span<const tensor_spec> tensors) {
     const std::string label = "group " + std::to_string(groups_.size());
     std::vector<std::string> names;
+    std::set<std::string, std::less<>> group_names;
     std::vector<std::size_t> offsets;
     std::size_t total = 0;
     for (const auto& t : tensors) {
       names.push_back(t.name.empty() ? label + "." + std::to_string(names.size()) : t.name);
       check_new_tensor(names.back(), t.size, t.size, tensor_space, tensor_space);
       check_shape(names.back(), t.shape, t.size);
-      if (std::find(names.begin(), names.end() - 1, names.back()) != names.end() - 1)
-        fail("tensor name '", names.back(), "' is used twice");
+      if (!group_names.insert(names.back()).second) fail("tensor name '", names.back(), "' is used twice");
       offsets.push_back(total);
       total = align_up(total + t.size);
     }
@@ -282,9 +282,7 @@ class tensor_registry {
     if (!Backend::accepts(param_space) || !Backend::accepts(grad_space))
       fail("tensor '", name, "': parameter in ", where(param_space), " memory, gradient in ", where(grad_space),
                    " memory; the ", Backend::name, " backend needs ", where(tensor_space), " memory");
-    for (const auto& g : groups_)
-      for (const auto& e : g->entries_)
-        if (e.name == name) fail("tensor name '", name, "' is used twice");
+    if (names_.contains(name)) fail("tensor name '", name, "' is used twice");
   }
 
   /// Refuses tensor `name` if its parameter and gradient overlap each other or any tensor registered
@@ -309,9 +307,11 @@ class tensor_registry {
     refuse_overlap(p, p_end, "parameter");
     refuse_overlap(g, g_end, "gradient");
   }
-  /// Records the memory of entry i of group g, checked by check_unclaimed.
+  /// Records the name and memory of entry i of group g, checked by check_new_tensor and
+  /// check_unclaimed.
   MPOPT_COLD void claim(std::uint32_t group, std::size_t i) {
     const auto& e = groups_[group]->entries_[i];
+    names_.insert(e.name);
     const auto [p, p_end] = bytes_of(e.param, e.size);
     const auto [g, g_end] = bytes_of(e.grad, e.size);
     claimed_.emplace(p, claimed_memory{p_end, group, std::uint32_t(i), false});
@@ -382,6 +382,7 @@ class tensor_registry {
     bool gradient;
   };
   std::map<const std::byte*, claimed_memory, std::less<>> claimed_;
+  std::set<std::string, std::less<>> names_;  ///< every registered tensor's: a look-up, not a scan, per add
 };
 
 }  // namespace mpopt::detail
