@@ -237,7 +237,7 @@ using moe_opt = mpopt::optimizer<typename C::precision, typename C::scaler, Part
 /// The world's E: every divisor of the world size.
 /// Every E that divides W, or from 4 ranks on those strictly between 1 and W: the layouts fewer ranks
 /// cannot make (several expert sets, each replicated). One set over every rank (E = 1) and a set per
-/// rank (E = W) run on 2 and 3 ranks; on 4 they would triple this test's time.
+/// rank (E = W) run on 1 and 2 ranks; on 4 they would triple this test's time.
 std::vector<int> moe_sets() {
   const int w = world_size();
   std::vector<int> e;

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """What the MPI suites reach on more ranks that they do not reach on fewer.
 
-The device build runs its MPI suites on 2 ranks only, and the host build runs some of its suites on
-2 and 3 ranks, not 4 (tests/README.md, "Rank counts"). This checks those choices: in a build
+The device build runs its MPI suites on 2 ranks only, and the host build runs each of its suites on
+2 ranks and on 3 or 4 (tests/README.md, "Rank counts"). This checks those choices: in a build
 configured with -Db_coverage=true, it runs each suite on the fewer rank counts, reads gcov's counts,
 runs it again on the most, and prints every line and function of the library (include/mpopt,
 Thrust, CUB) that only the last run executed. For the device executable it fails if one of them is
@@ -13,6 +13,7 @@ the host's, if any library line or function is new.
   python3 tests/rank_coverage.py cov [--ranks 2,4] [suite ...]
   ninja -C cov tests/test_mpi_suites
   python3 tests/rank_coverage.py cov --host --ranks 2,3,4 [suite ...]
+  python3 tests/rank_coverage.py cov --host --ranks 2,4,3 mpi_zero mpi_moe mpi_onebit ...
 """
 import argparse
 import os
@@ -23,7 +24,7 @@ from gcov_counts import device_file, executed
 
 SUITES = ["mpi_zero", "mpi_gradient_types", "mpi_compressed_allreduce", "mpi_onebit", "mpi_onebit_adam",
           "mpi_zero_one_adam"]
-# The host suites that run on 1, 2 and 3 ranks only (tests/meson.build: those not marked 'four').
+# The host suites that run on 1, 2 and 3 ranks, not 4 (tests/meson.build: those not marked 'four').
 HOST_SUITES = ["mpi_communicator", "mpi_replicated", "mpi_gradient_types", "mpi_memory", "mpi_custom_rules",
                "mpi_overlap", "mpi_spike_guard", "mpi_config_loop"]
 ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_rmaps_base_oversubscribe": "1",
