@@ -357,6 +357,9 @@ TEST_CASE("duplicate tensor names throw, naming the tensor") {
   CHECK(g1.size() == 0);
   CHECK_ERROR(opt.add_flat_group({}, {{"shared_name", 2}}), "shared_name");  // a flat group
   CHECK(opt.group_count() == 2);
+  opt.add_flat_group({}, {{"flat_name", 2}});
+  CHECK_ERROR(g1.add(c, gc, "flat_name"), "flat_name");  // a flat group's tensor, registered before
+  CHECK(g1.size() == 0);
 }
 
 TEST_CASE("duplicate tensor names inside one flat group throw, naming the tensor") {

@@ -3,9 +3,9 @@
 # directory on the include path (mpi.hpp and nccl.hpp get MPI's, nccl.hpp CUDA's, cuda.hpp and offload.hpp CCCL's
 # for its Thrust-OMP build, muon.hpp and matrix_rule.hpp the CBLAS's, nothing more): mpopt.hpp with every given
 # compiler, unoptimized (the scalar lanes alone) and, but for the first, whose release builds compile
-# it (layout.cpp, convert.cpp), optimized (the vector lanes, for x86-64 without -march: -march=native
-# would only let their intrinsics be called from anywhere); every other public header with the first
-# compiler.
+# the vector lanes (layout.cpp, convert.cpp), optimized (the vector lanes, for x86-64 without -march:
+# -march=native would only let their intrinsics be called from anywhere); every other public header
+# with the first compiler.
 # The separately compiled mode (src.hpp): mpopt.hpp declares without defining, src.hpp includes every
 # .ipp file, and src_optimizers.hpp compiles with every other compiler (with the first, the build's
 # libmpopt compiles both, warnings as errors: src/*.cpp); header-only, two units that include
@@ -15,12 +15,12 @@ include_dir="$1"
 shift
 jobs=()  # (the first compiler's check of mpopt.hpp: the two units, below)
 for cxx in "${@:2}"; do
-  for mode in portable optimized; do jobs+=("$cxx $mode mpopt.hpp"); done
+  for mode in unoptimized optimized; do jobs+=("$cxx $mode mpopt.hpp"); done
 done
 for h in "$include_dir"/mpopt/*.hpp; do
   case "$(basename "$h")" in
     mpopt.hpp | make_optimizer.hpp | src.hpp | src_optimizers.hpp) ;;  # (make_optimizer.hpp: the two units)
-    *) jobs+=("$1 portable $(basename "$h")") ;;
+    *) jobs+=("$1 unoptimized $(basename "$h")") ;;
   esac
 done
 jobs+=("$1 compiled mpopt.hpp")
@@ -92,7 +92,7 @@ unit='#include <mpopt/make_optimizer.hpp>
 # stands alone where each header does, the checks above).
 read -r -a heap <<<"$(heap_args "$1")"
 echo "$unit" | "$1" -std=c++20 -O0 -Wall -Wextra -Wpedantic -Werror "${heap[@]}" -I"$include_dir" -x c++ -c - -o "$work/unit.o" ||
-  { echo "FAIL: $1 portable make_optimizer.hpp, then mpopt.hpp (compiled)"; status=1; }
+  { echo "FAIL: $1 make_optimizer.hpp, then mpopt.hpp (compiled)"; status=1; }
 echo 'int main() {}' | "$1" -x c++ - -x none "$work/unit.o" "$work/unit.o" -o "$work/two_units" ||
   { echo "FAIL: two header-only units that include mpopt.hpp and make_optimizer.hpp do not link"; status=1; }
 echo "src.hpp includes every .ipp; two header-only units link"
