@@ -4,7 +4,9 @@
 // both, so the states must agree bit for bit), the same in bf16 with stochastic rounding, ZeRO-1
 // Adam with clipping, replicated bf16 LAMB and 1-bit LAMB into its compression stage (per-chunk norm
 // sums add in another order on the device: within 1e-5), zero2 with an expert group over its own
-// communicator, and a checkpoint saved by the device optimizer and loaded by both.
+// communicator, and a checkpoint saved by the device optimizer and loaded by both. With
+// MPOPT_TEST_MUON (where a CBLAS is found): Muon under the layer-wise partition, each matrix whole
+// on one rank (without clipping, bit for bit off the GPU; on a GPU cuBLAS sums in another order).
 //
 // Built by nvcc with MPOPT_TEST_NCCL (nccl_optimizer.cu): mpopt::cuda on a GPU per rank over
 // mpopt::nccl; without a GPU on every rank it prints why and exits 77 on every rank (skipped).
@@ -19,6 +21,10 @@
 #include <mpopt/nccl.hpp>
 
 #include "cuda_ranks.hpp"
+#endif
+#ifdef MPOPT_TEST_MUON
+#include <mpopt/cuda_matrix.hpp>
+#include <mpopt/muon.hpp>
 #endif
 
 #include <algorithm>
@@ -74,13 +80,17 @@ void put(std::span<T> dst, const std::vector<T>& src) {
 #endif
 
 const std::vector<mpopt::tensor_spec> specs = {{"w", 4097}, {"b", 1}, {"e", 1000}};
+/// A matrix rule's tensors: tall, wide, 3-D, across the layer-wise ranks.
+const std::vector<mpopt::tensor_spec> matrices = {
+    {"q", 64 * 48, {64, 48}}, {"k", 5 * 17, {5, 17}}, {"c", 60, {3, 4, 5}}, {"o", 9 * 7, {9, 7}}};
 
-/// Group 0, the flat group of `specs`; finalized unless more groups follow.
+/// Group 0, the flat group of `tensors`; finalized unless more groups follow.
 template <class Opt>
-void setup(Opt& opt, const typename Opt::group_options& g, bool finalize = true) {
-  auto& group = opt.add_flat_group(g, {specs.begin(), specs.end()});
-  for (std::size_t t = 0; t < specs.size(); ++t) {
-    std::vector<typename Opt::param_type> p(specs[t].size);
+void setup(Opt& opt, const typename Opt::group_options& g, bool finalize = true,
+           const std::vector<mpopt::tensor_spec>& tensors = specs) {
+  auto& group = opt.add_flat_group(g, {tensors.begin(), tensors.end()});
+  for (std::size_t t = 0; t < tensors.size(); ++t) {
+    std::vector<typename Opt::param_type> p(tensors[t].size);
     for (std::size_t i = 0; i < p.size(); ++i) p[i] = typename Opt::param_type(float(unit(key(1, t, 0, i))));
     put(group.param(t), p);
   }
@@ -89,11 +99,11 @@ void setup(Opt& opt, const typename Opt::group_options& g, bool finalize = true)
 
 /// This rank's gradients of step s; `overflow` puts an infinity in one element on the last rank.
 template <class Opt>
-void feed(Opt& opt, int s, double magnitude, bool overflow) {
+void feed(Opt& opt, int s, double magnitude, bool overflow, const std::vector<mpopt::tensor_spec>& tensors = specs) {
   using G = typename Opt::grad_type;
   auto& group = opt.group(0);
-  for (std::size_t t = 0; t < specs.size(); ++t) {
-    std::vector<G> g(specs[t].size);
+  for (std::size_t t = 0; t < tensors.size(); ++t) {
+    std::vector<G> g(tensors[t].size);
     for (std::size_t i = 0; i < g.size(); ++i)
       g[i] = G(float(magnitude * unit(key(2 + std::uint64_t(world_rank), std::uint64_t(s), t, i))));
     if (overflow && t == 0 && world_rank == world_size - 1) g[g.size() / 2] = G(std::numeric_limits<float>::infinity());
@@ -104,13 +114,14 @@ void feed(Opt& opt, int s, double magnitude, bool overflow) {
 /// Both optimizers' masters and parameters agree within `tolerance` (relative; 0: bit for bit). A
 /// 16-bit parameter rounded from masters that differ in their last bits may differ by one unit.
 template <class A, class B>
-void compare(const std::string& name, A& device, B& host, double tolerance) {
+void compare(const std::string& name, A& device, B& host, double tolerance,
+             const std::vector<mpopt::tensor_spec>& tensors = specs) {
   using P = typename A::param_type;
   const double param_ulp = std::is_same_v<P, float> ? 0 : std::is_same_v<P, mpopt::half> ? 0x1p-10 : 0x1p-7;
   const auto close = [](double x, double y, double tol) {
     return tol == 0 ? std::memcmp(&x, &y, sizeof x) == 0 : std::abs(x - y) <= tol * (std::abs(y) + 1e-3);
   };
-  for (std::size_t t = 0; t < specs.size(); ++t) {
+  for (std::size_t t = 0; t < tensors.size(); ++t) {
     const auto dm = fetch(device.master(t)), hm = fetch(host.master(t));
     const auto dp = fetch<P>(device.group(0).param(t));
     const auto hp = fetch<typename B::param_type>(host.group(0).param(t));
@@ -120,26 +131,26 @@ void compare(const std::string& name, A& device, B& host, double tolerance) {
     for (std::size_t i = 0; i < dp.size() && i < hp.size(); ++i)
       bad += !close(double(float(dp[i])), double(float(hp[i])), param_tolerance);
     expect(dm.size() == hm.size() && dp.size() == hp.size() && bad == 0,
-           name + ": tensor " + specs[t].name + ": " + std::to_string(bad) + " elements differ");
+           name + ": tensor " + tensors[t].name + ": " + std::to_string(bad) + " elements differ");
   }
 }
 
 /// Steps both optimizers `steps` times on the same gradients and compares statuses and states.
 template <class Precision, class Scaler, class Partition, class Rule>
 void case_of(const std::string& name, const typename Rule::options& g, mpopt::optimizer_options o, int steps,
-             int overflow_step, double tolerance) {
+             int overflow_step, double tolerance, const std::vector<mpopt::tensor_spec>& tensors = specs) {
   run(name, [&] {
     mpopt::optimizer<Precision, Scaler, Partition, Rule, mpopt::cuda, device_comm> device(device_comm(MPI_COMM_WORLD), o);
     mpopt::optimizer<Precision, Scaler, Partition, Rule, mpopt::host, mpopt::mpi> host(mpopt::mpi(MPI_COMM_WORLD), o);
-    setup(device, g);
-    setup(host, g);
+    setup(device, g, true, tensors);
+    setup(host, g, true, tensors);
     // The device backend agrees on the overflow in device memory as a count of chunks (a double),
     // the host backend as a byte; 1-bit LAMB decides on the host on both.
     constexpr bool device_decides = !std::is_same_v<Rule, mpopt::onebit_lamb>;
     const std::uint64_t flag_bytes = device_decides && world_size > 1 ? sizeof(double) - 1 : 0;
     for (int s = 0; s < steps; ++s) {
-      feed(device, s, 0.5, s == overflow_step);
-      feed(host, s, 0.5, s == overflow_step);
+      feed(device, s, 0.5, s == overflow_step, tensors);
+      feed(host, s, 0.5, s == overflow_step, tensors);
       const auto a = device.step(), b = host.step();
       expect(a.result == b.result && a.scale_after == b.scale_after && a.step == b.step,
              name + ": step " + std::to_string(s) + ": " + std::string(a.reason()) + " vs " + std::string(b.reason()));
@@ -149,7 +160,7 @@ void case_of(const std::string& name, const typename Rule::options& g, mpopt::op
                         std::to_string(b.grad_norm));
       expect(a.comm_bytes == b.comm_bytes + flag_bytes, name + ": the bytes handed to the communicators");
     }
-    compare(name, device, host, tolerance);
+    compare(name, device, host, tolerance, tensors);
 #ifdef MPOPT_TEST_NCCL
     const auto report = device.memory_report();
     bool staged = false;
@@ -293,6 +304,12 @@ int main(int argc, char** argv) {
       "zero2 bf16 Adam, stochastic rounding, no clipping", adam, {.clip_grad = 0, .rounding_seed = 77}, 5, -1, 0);
   case_of<mpopt::bf16, mpopt::no_scaling, mpopt::replicated, mpopt::lamb>("replicated bf16 LAMB", lamb, {}, 4, 2, 1e-5);
   case_of<mpopt::fp16, mpopt::dynamic_scale, mpopt::replicated, mpopt::onebit_lamb>("1-bit LAMB", onebit, {}, 6, -1, 1e-5);
+#ifdef MPOPT_TEST_MUON
+  mpopt::muon::options muon;
+  muon.ns_precision = mpopt::muon::iteration_precision::bf16;
+  case_of<mpopt::bf16, mpopt::no_scaling, mpopt::layerwise, mpopt::muon>(
+      "layerwise bf16 Muon, no clipping", muon, {.clip_grad = 0}, 4, -1, MPOPT_DEVICE_IS_GPU ? 1e-5 : 0, matrices);
+#endif
   experts();
   checkpoint();
 

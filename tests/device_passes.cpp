@@ -10,7 +10,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -20,6 +19,7 @@
 #include <mpopt/mpopt.hpp>
 
 #include "../include/mpopt/detail/exchange/flat_layout.hpp"
+#include "mirrored.hpp"
 
 namespace {
 
@@ -44,25 +44,6 @@ static_assert(drives<device_pipeline<mpopt::fp32, mpopt::replicated, mpopt::adam
               drives<device_pipeline<mpopt::fp16, mpopt::replicated, mpopt::onebit_lamb>> &&
               drives<device_pipeline<mpopt::fp16, mpopt::replicated, mpopt::onebit_adam>> &&
               drives<device_pipeline<mpopt::fp16, mpopt::replicated, mpopt::zero_one_adam>>);
-
-/// A buffer mirrored in host and device memory (the same memory in the OMP build, copies on a GPU).
-template <class T>
-struct mirrored {
-  std::vector<T> host;
-  mpopt::detail::device_buffer<T> device;
-  explicit mirrored(std::size_t n) : host(n, T{}), device(n) {}
-  void upload(mpopt::cuda& b) { b.to_device(device.data(), host.data(), host.size()); }
-  std::vector<T> download(mpopt::cuda& b) const {
-    std::vector<T> out(host.size());
-    b.to_host(out.data(), device.data(), host.size());
-    return out;
-  }
-};
-
-template <class T>
-bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
-}
 
 /// Tensors of random sizes in one group, laid out like a replicated optimizer's state, each user
 /// tensor at `misalign` elements past an aligned start.
@@ -307,8 +288,7 @@ void quantized_adam() {
     p.upload(copier);
     const std::string name = "t" + std::to_string(t);
     hg.add(p.host, g.host, name);
-    dg.add(mpopt::view<bf16>{p.device.data(), sizes[t], mpopt::memory_space::device},
-           mpopt::view<bf16>{g.device.data(), sizes[t], mpopt::memory_space::device}, name);
+    dg.add(p.device_view(), g.device_view(), name);
   }
   for (int step = 0; step < 3; ++step) {
     for (auto& g : grads) {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The public headers compile on their own with -Wall -Wextra -Wpedantic -Werror and no CUDA or MPI
-# directory on the include path (mpi.hpp and nccl.hpp get MPI's, nccl.hpp CUDA's, cuda.hpp and offload.hpp CCCL's
-# for its Thrust-OMP build, muon.hpp and matrix_rule.hpp the CBLAS's, nothing more): mpopt.hpp with every given
+# directory on the include path (mpi.hpp and nccl.hpp get MPI's, nccl.hpp CUDA's, cuda.hpp, offload.hpp and
+# cuda_matrix.hpp CCCL's for their Thrust-OMP build, muon.hpp, matrix_rule.hpp and cuda_matrix.hpp the CBLAS's,
+# nothing more): mpopt.hpp with every given
 # compiler, unoptimized (the scalar lanes alone) and, but for the first, whose release builds compile
 # the vector lanes (layout.cpp, convert.cpp), optimized (the vector lanes, for x86-64 without -march:
 # -march=native would only let their intrinsics be called from anywhere); every other public header
@@ -47,14 +48,18 @@ check() {
         flags+=(-I"$cuda")
       fi
       ;;
-    muon.hpp | matrix_rule.hpp)  # the host's CBLAS
+  esac
+  case "$header" in
+    muon.hpp | matrix_rule.hpp | cuda_matrix.hpp)  # the host's CBLAS
       blas=$(pkg-config --cflags openblas 2>/dev/null || pkg-config --cflags blis 2>/dev/null) ||
         { echo "skip: $header (no CBLAS)"; return 0; }
       read -r -a blas_flags <<<"$blas"
       flags+=("${blas_flags[@]}")
       ;;
-    cuda.hpp | offload.hpp)  # the Thrust-OMP build of the device backend
-      [ -d "$cuda/cccl" ] || { echo "skip: cuda.hpp (no CCCL)"; return 0; }
+  esac
+  case "$header" in
+    cuda.hpp | offload.hpp | cuda_matrix.hpp)  # the Thrust-OMP build of the device backend
+      [ -d "$cuda/cccl" ] || { echo "skip: $header (no CCCL)"; return 0; }
       flags+=(-fopenmp -DTHRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_OMP -isystem "$cuda/cccl")
       ;;
   esac

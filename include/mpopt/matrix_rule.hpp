@@ -1,6 +1,7 @@
 // mpopt — what runs a matrix rule (rule.hpp, matrix_rule: Muon, or yours): include it where such a
 // rule is defined. It brings the host's BLAS (cblas.h: OpenBLAS or BLIS), which the matrix stage's
-// operations run on; optimizers of other rules never include it.
+// operations run on (on the CUDA backend, cuBLAS: cuda_matrix.hpp); optimizers of other rules never
+// include it.
 #pragma once
 
 #include "version.hpp"  // first: C++20, or a clear error

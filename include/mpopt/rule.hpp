@@ -181,7 +181,8 @@ concept reducing_rule =
 /// registered shape's first dimension; cols: the product of the others) and returns the factor
 /// that `update` reads as e.tensor_scale(), where e.matrix() reads what the matrix stage left.
 /// The matrix m offers rows(), cols(), and the backend's operations on it in place:
-///   m.orthogonalize(s)   the Newton-Schulz iteration (detail/math/newton_schulz.hpp), on the BLAS
+///   m.orthogonalize(s)   the Newton-Schulz iteration (detail/math/newton_schulz.hpp): on the host's
+///                        CBLAS, or on cuBLAS where the CUDA backend keeps it (cuda_matrix.hpp)
 /// Every tensor of a matrix rule is registered with a shape of two or more dimensions. A matrix
 /// rule has no reduction (reducing_rule), and needs <mpopt/matrix_rule.hpp>, which runs it. It may
 /// say what its stage costs on a rows x cols matrix, `static double matrix_cost(std::size_t rows,

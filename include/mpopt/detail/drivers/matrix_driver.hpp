@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -24,29 +25,47 @@
 
 namespace mpopt::detail {
 
-/// A matrix as a host backend hands it to a matrix stage: row-major values, and the host BLAS.
-class host_matrix {
+/// What runs a matrix stage where a backend keeps its buffers: the host's BLAS for the host's memory;
+/// for the device's, <mpopt/cuda_matrix.hpp> names cuBLAS.
+template <memory_space Space>
+struct matrix_engine {
+  using type = void;
+};
+template <>
+struct matrix_engine<memory_space::host> {
+  using type = newton_schulz;
+};
+
+/// A matrix as a backend hands it to a matrix stage: row-major values where the backend keeps
+/// them, and the engine that works on them there.
+template <class Engine, class Backend>
+class stage_matrix {
  public:
-  host_matrix(std::span<float> values, std::size_t rows, std::size_t cols, newton_schulz& ns)
-      : values_(values), rows_(rows), cols_(cols), ns_(&ns) {}
+  stage_matrix(std::span<float> values, std::size_t rows, std::size_t cols, Engine& engine, const Backend& backend)
+      : values_(values), rows_(rows), cols_(cols), engine_(&engine), backend_(&backend) {}
   std::size_t rows() const { return rows_; }
   std::size_t cols() const { return cols_; }
-  std::span<float> values() const { return values_; }
-  void orthogonalize(const newton_schulz_settings& s) { (*ns_)(values_, rows_, cols_, s); }
+  void orthogonalize(const newton_schulz_settings& s) {
+    if constexpr (Backend::space == memory_space::host) (*engine_)(values_, rows_, cols_, s);
+    else (*engine_)(values_, rows_, cols_, s, *backend_);
+  }
 
  private:
   std::span<float> values_;
   std::size_t rows_, cols_;
-  newton_schulz* ns_;
+  Engine* engine_;
+  const Backend* backend_;
 };
 
 template <class Rule, class Precision, class Backend, class Communicator>
 class matrix_driver : public staged_driver<Rule, Precision, Backend, Communicator> {
-  static_assert(Backend::space == memory_space::host,
-                "a matrix rule (Muon) runs on a host backend (mpopt::host, or offload<host>) for now: its matrix "
-                "stage on the CUDA backend, on cuBLAS, is still to come");
+  using engine = typename matrix_engine<Backend::space>::type;
+  static_assert(!std::is_void_v<engine>,
+                "a matrix rule (Muon) on the CUDA backend needs <mpopt/cuda_matrix.hpp>: its matrix stage on cuBLAS");
   template <class T>
   using buffer = typename Backend::template buffer<T>;
+  template <class T>
+  using shared = typename Backend::template shared_vector<T>;
 
  public:
   /// Each tensor is a matrix: a shape of two or more dimensions.
@@ -108,7 +127,7 @@ class matrix_driver : public staged_driver<Rule, Precision, Backend, Communicato
     c.backend.to_host(&decided, c.gradients.decision, 1);
     if (decided.skip) return;
     for (const placed_matrix& m : matrices_) {
-      host_matrix view(std::span<float>(matrix_.data() + m.state, m.rows * m.cols), m.rows, m.cols, ns_);
+      stage_matrix view(std::span<float>(matrix_.data() + m.state, m.rows * m.cols), m.rows, m.cols, engine_, c.backend);
       scale_[m.tensor] = Rule::matrix(c.scalars[m.group], view);
     }
     c.backend.template rule_stage<Rule, update_stage>(with_matrix(c), c.scalars, scale_.data());
@@ -119,7 +138,7 @@ class matrix_driver : public staged_driver<Rule, Precision, Backend, Communicato
     r.buffers.push_back({"matrix stage", "each matrix's input to its matrix stage and result (fp32)",
                          matrix_.size() * sizeof(float), true});
     r.buffers.push_back({"orthogonalization", "the Newton-Schulz iteration's buffers, for the largest matrix (fp32)",
-                         ns_.bytes(), true});
+                         engine_.bytes(), true});
     return matrices_.capacity() * sizeof(placed_matrix) + scale_.capacity() * sizeof(float);
   }
 
@@ -139,8 +158,8 @@ class matrix_driver : public staged_driver<Rule, Precision, Backend, Communicato
 
   std::vector<placed_matrix> matrices_;
   buffer<float> matrix_;
-  std::vector<float> scale_;  ///< per tensor: its matrix stage's factor
-  newton_schulz ns_;
+  shared<float> scale_;  ///< per tensor: its matrix stage's factor, which the update reads
+  engine engine_;
 };
 
 }  // namespace mpopt::detail
