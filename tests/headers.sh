@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
 # The public headers compile on their own with -Wall -Wextra -Wpedantic -Werror and no CUDA or MPI
-# directory on the include path (mpi.hpp and nccl.hpp get MPI's, nccl.hpp CUDA's, cuda.hpp, offload.hpp and
-# cuda_matrix.hpp CCCL's for their Thrust-OMP build, muon.hpp, matrix_rule.hpp and cuda_matrix.hpp the CBLAS's,
-# nothing more): mpopt.hpp with every given
-# compiler, unoptimized (the scalar lanes alone) and, but for the first, whose release builds compile
-# the vector lanes (layout.cpp, convert.cpp), optimized (the vector lanes, for x86-64 without -march:
-# -march=native would only let their intrinsics be called from anywhere); every other public header
-# with the first compiler.
+# directory on the include path (mpi.hpp and nccl.hpp get MPI's, nccl.hpp CUDA's, cuda.hpp, offload.hpp
+# and cuda_matrix.hpp CCCL's for their Thrust-OMP build, muon.hpp, matrix_rule.hpp and cuda_matrix.hpp
+# the CBLAS's, nothing more): mpopt.hpp with every given compiler, unoptimized (the scalar lanes
+# alone) and, but for the first, whose release builds compile the vector lanes (layout.cpp,
+# convert.cpp), optimized (the vector lanes, for x86-64 without -march: -march=native would only let
+# their intrinsics be called from anywhere); every other public header with the first compiler.
 # The separately compiled mode (src.hpp): mpopt.hpp declares without defining, src.hpp includes every
 # .ipp file, and src_optimizers.hpp compiles with every other compiler (with the first, the build's
 # libmpopt compiles both, warnings as errors: src/*.cpp); header-only, two units that include

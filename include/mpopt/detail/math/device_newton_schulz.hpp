@@ -1,8 +1,9 @@
 // mpopt — Muon's orthogonalization where the CUDA backend keeps its buffers. On a GPU: the iteration
-// of newton_schulz.hpp, the same values rounded in the same places, with its products on cuBLAS
-// (cublasSgemm; in bf16 over bf16 values, so fp32 accumulation of exact products, as there) and its
-// element steps as Thrust kernels, all on the backend's stream. In the Thrust-OMP build, whose device
-// memory is the host's, newton_schulz itself.
+// of newton_schulz.hpp, the same values rounded in the same places, with its norm and products on
+// cuBLAS (cublasSnrm2, cublasSgemm; in bf16 over bf16 values, so fp32 accumulation of exact
+// products, as there) and its element steps as Thrust kernels, all on the backend's stream, which
+// the host does not wait for. In the Thrust-OMP build, whose device memory is the host's,
+// newton_schulz itself.
 #pragma once
 
 #include <cstddef>
@@ -13,7 +14,6 @@
 
 #if MPOPT_DEVICE_IS_GPU
 #include <algorithm>
-#include <cmath>
 #include <memory>
 #include <type_traits>
 #include <utility>
@@ -21,9 +21,7 @@
 #include <cublas_v2.h>
 #include <thrust/execution_policy.h>
 #include <thrust/for_each.h>
-#include <thrust/functional.h>
 #include <thrust/iterator/counting_iterator.h>
-#include <thrust/transform_reduce.h>
 
 #include "../../numeric.hpp"
 #include "../options/validate.hpp"
@@ -57,14 +55,16 @@ struct copy_x {
       g[k] = x[at];
   }
 };
-struct square {
-  MPOPT_HOST_DEVICE double operator()(float v) const { return double(v) * double(v); }
-};
-struct divide {
+/// X = X / max(||X||, eps), the norm read where cuBLAS left it.
+struct normalize {
   float* x;
-  float norm;
+  const float* norm;
+  float eps;
   bool bf16;
-  MPOPT_HOST_DEVICE void operator()(std::size_t k) const { x[k] = kept(x[k] / norm, bf16); }
+  MPOPT_HOST_DEVICE void operator()(std::size_t k) const {
+    const float n = kept(*norm, bf16);
+    x[k] = kept(x[k] / kept(n < eps ? eps : n, bf16), bf16);  // (std::max's order: a NaN stays)
+  }
 };
 /// A = kept(A), then c A.
 struct gram_scaled {
@@ -107,6 +107,7 @@ class device_newton_schulz {
     reserve(next_, m * n);
     reserve(gram_, m * m);
     reserve(update_, m * m);
+    reserve(norm_, 1);
     if (!handle_) {
       cublasHandle_t h = nullptr;
       cublas_check(cublasCreate(&h), "cublasCreate");
@@ -122,10 +123,12 @@ class device_newton_schulz {
     float* next = next_.data();
 
     each(m * n, k::copy_x{g.data(), x, cols, n, transposed, bf16, true});
-    const double squares = thrust::transform_reduce(thrust::cuda::par.on(on.stream()), x, x + m * n, k::square{}, 0.0,
-                                                    thrust::plus<double>());
-    const float norm = k::kept(std::max(k::kept(float(std::sqrt(squares)), bf16), float(s.eps)), bf16);
-    each(m * n, k::divide{x, norm, bf16});
+    // The norm stays in device memory (the host waits for nothing): cuBLAS's, in fp32, where the
+    // host's iteration sums the squares in double.
+    cublas_check(cublasSetPointerMode(handle_.get(), CUBLAS_POINTER_MODE_DEVICE), "cublasSetPointerMode");
+    cublas_check(cublasSnrm2(handle_.get(), blas_int(m * n), x, 1, norm_.data()), "cublasSnrm2");
+    cublas_check(cublasSetPointerMode(handle_.get(), CUBLAS_POINTER_MODE_HOST), "cublasSetPointerMode");
+    each(m * n, k::normalize{x, norm_.data(), float(s.eps), bf16});
 
     const float a = float(s.a), b = float(s.b), c = float(s.c);
     for (int step = 0; step < s.steps; ++step) {
@@ -170,7 +173,7 @@ class device_newton_schulz {
     return int(v);
   }
 
-  device_buffer<float> x_, next_, gram_, update_;
+  device_buffer<float> x_, next_, gram_, update_, norm_;
   std::unique_ptr<std::remove_pointer_t<cublasHandle_t>, handle_destroyer> handle_;
 };
 
