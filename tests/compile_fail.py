@@ -3,7 +3,7 @@
 static assertions whose messages contain A and B, raised from that line and from no other, and
 nothing else may fail; with -DMALFORMED_FIXED the same file, mended, must compile without a warning.
 
-usage: compile_fail.py CXX INCLUDE_DIR SOURCE [FLAG...] (g++'s diagnostics; FLAGs: more include paths, the
+usage: compile_fail.py CXX INCLUDE_DIR SOURCE [FLAG...] (g++'s diagnostics; FLAGs: more include paths and defines, the
 build's g++ heap setting)"""
 import re
 import subprocess

@@ -100,7 +100,8 @@ void same_steps(muon::iteration_precision iteration, double clip, typename Scale
     for (std::size_t t = 0; t < tensors.size(); ++t) {
       CAPTURE(tensors[t].name);
       const bool exact = !MPOPT_DEVICE_IS_GPU || !is_muon(tensors[t].group);
-      const auto hm = h.master(t), dm = d.master(t);
+      const auto hm = h.master(t);
+      const auto dm = d.master(t);
       if (exact) {
         CHECK(same_bits(params[t].download(copier), params[t].host));
         CHECK(same_bits(std::vector<float>(dm.begin(), dm.end()), std::vector<float>(hm.begin(), hm.end())));
@@ -115,7 +116,8 @@ void same_steps(muon::iteration_precision iteration, double clip, typename Scale
               (iteration == muon::iteration_precision::fp32 ? 1e-5 : 5e-3));
       }
       for (std::size_t k = 0; k < (is_muon(tensors[t].group) ? 1 : 2); ++k) {
-        const auto a = h.moment(k, t), b = d.moment(k, t);
+        const auto a = h.moment(k, t);
+        const auto b = d.moment(k, t);
         CHECK(same_bits(std::vector<float>(b.begin(), b.end()), std::vector<float>(a.begin(), a.end())));
       }
     }

@@ -300,10 +300,12 @@ void quantized_adam() {
     for (std::size_t t = 0; t < sizes.size(); ++t) {
       CAPTURE(t);
       REQUIRE(same_bits(params[t].download(copier), params[t].host));
-      const auto hm = h.master(t), dm = d.master(t);
+      const auto hm = h.master(t);
+      const auto dm = d.master(t);
       REQUIRE(std::equal(hm.begin(), hm.end(), dm.begin(), dm.end()));
       for (std::size_t k = 0; k < 2; ++k) {
-        const auto a = h.moment(k, t), b = d.moment(k, t);
+        const auto a = h.moment(k, t);
+        const auto b = d.moment(k, t);
         REQUIRE(std::equal(a.begin(), a.end(), b.begin(), b.end()));
       }
     }

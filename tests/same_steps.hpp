@@ -110,7 +110,8 @@ void check_same_steps(const std::string& json, int calls, int overflow_at) {
   CHECK(a.group(0).step() == b.group(0).step());
   if (overflow_at >= 0) CHECK(b.group(0).step() < std::uint64_t(calls / c.options.accumulation_steps));
   for (std::size_t t = 0; t < 3; ++t) {
-    const auto ma_t = a.master(t), mb_t = b.master(t);
+    const auto ma_t = a.master(t);  // (each its own: a span or a vector, by storage)
+    const auto mb_t = b.master(t);
     REQUIRE(ma_t.size() == mb_t.size());
     CHECK(std::memcmp(ma_t.data(), mb_t.data(), ma_t.size_bytes()) == 0);
   }

@@ -166,7 +166,10 @@ struct stored {
   template <class Opt>
   explicit stored(const Opt& o, const model& x) {
     for (std::size_t i = 0; i < o.tensor_count(); ++i) {
-      const auto pm = o.master(i), mm = o.moment(0, i), vm = o.moment(1, i);
+      // (one declaration each: master() and moment() may return a span or a vector)
+      const auto pm = o.master(i);
+      const auto mm = o.moment(0, i);
+      const auto vm = o.moment(1, i);
       p.emplace_back(pm.begin(), pm.end());
       m.emplace_back(mm.begin(), mm.end());
       v.emplace_back(vm.begin(), vm.end());
