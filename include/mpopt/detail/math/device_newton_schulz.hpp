@@ -145,7 +145,9 @@ class device_newton_schulz {
   }
 
   /// The bytes its buffers hold.
-  std::size_t bytes() const { return (x_.size() + next_.size() + gram_.size() + update_.size()) * sizeof(float); }
+  std::size_t bytes() const {
+    return (x_.size() + next_.size() + gram_.size() + update_.size() + norm_.size()) * sizeof(float);
+  }
 
  private:
   struct handle_destroyer {
