@@ -1,6 +1,7 @@
 // mpopt device benchmark: the time of one optimizer step() on the device backend (mpopt::cuda)
-// against a device-to-device copy of the bytes the update cannot avoid, measured in the same process
-// (protocol and fields: bench/README.md).
+// against a device-to-device copy of the bytes the update cannot avoid and against the
+// minimal-traffic kernel (one pass over one flat range moving only those bytes, in whole vectors),
+// measured in the same process (protocol and fields: bench/README.md).
 //
 //   device_step [--params N] [--repeat R] [--filter SUBSTR] [--quick]
 //
@@ -12,17 +13,22 @@
 // Cases: those of bench/common.hpp (for_each_case), clipped and "/noclip".
 //   fused:   one flat group (add_flat_group) holding one tensor of N parameters, in device memory;
 //   unfused: the same N split into 1000 device buffers registered with add() (the chunked path).
-// Per case: one untimed step and copy, then R rounds of (copy, step), each timed alone; step()
-// returns with its kernels finished, the copy is waited for.
+// Per case: one untimed step, copy and minimal-traffic run, then R rounds of (copy, minimal-traffic
+// kernel, step), each timed alone; step() returns with its kernels finished, the others are waited
+// for.
 #include <mpopt/cuda.hpp>
 
 #include <cstdint>
 #include <cstdio>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include <thrust/copy.h>
+#include <thrust/execution_policy.h>
+#include <thrust/for_each.h>
+#include <thrust/iterator/counting_iterator.h>
 
 #include "common.hpp"
 
@@ -40,6 +46,71 @@ void device_copy(const device& backend, std::uint64_t* dst, const std::uint64_t*
   thrust::copy(thrust::device, src, src + n, dst);
   (void)backend;
 #endif
+}
+
+/// The minimal-traffic kernel's own buffers, n elements each (fp32 keeps its master in `param`).
+template <class Precision>
+struct limit_state {
+  using P = typename Precision::param_type;
+  using G = typename Precision::grad_type;
+  device::buffer<P> param;
+  device::buffer<G> grad;
+  device::buffer<float> master, m, v;
+  explicit limit_state(std::size_t n) : param(n), grad(n), master(Precision::has_master ? n : 0), m(n), v(n) {}
+};
+
+/// Pass `Pass` of the minimal-traffic kernel on vector q (elements 4q .. 4q + 3): the loads and
+/// stores the update cannot avoid (minimal_bytes_per_param), whole aligned vectors, one FMA each.
+/// Adam (pass 1): read g, master, m, v; write master, m, v (and the 16-bit param). LAMB: pass 1
+/// reads g, master, m, v and writes m, v; pass 2 reads master, m, v and writes master (and param).
+/// k is a runtime zero: the state keeps its values.
+template <class Precision, bool Lamb, int Pass>
+struct limit_kernel {
+  using L = mpopt::detail::quad_lanes<true>;
+  typename Precision::param_type* param;
+  const typename Precision::grad_type* grad;
+  float* master;  // == param for fp32
+  float* m;
+  float* v;
+  float k;
+
+  MPOPT_HOST_DEVICE void operator()(std::size_t q) const {
+    const std::size_t j = 4 * q;
+    const mpopt::detail::full_t all{};
+    const mpopt::detail::quad kv(k);
+    const mpopt::detail::quad w = L::load(master + j, all);
+    if constexpr (Pass == 1) {
+      const mpopt::detail::quad g = L::load(grad + j, all);
+      L::store(m + j, fma(kv, Lamb ? g + w : g, L::load(m + j, all)), all);
+      L::store(v + j, fma(kv, g, L::load(v + j, all)), all);
+      if constexpr (!Lamb) store_master(j, fma(kv, g, w));
+    } else {
+      store_master(j, fma(kv, L::load(m + j, all) + L::load(v + j, all), w));
+    }
+  }
+  MPOPT_HOST_DEVICE void store_master(std::size_t j, mpopt::detail::quad w) const {
+    L::store(master + j, w, mpopt::detail::full_t{});
+    if constexpr (Precision::has_master) L::store(param + j, w, mpopt::detail::full_t{});
+  }
+};
+
+/// One run of the minimal-traffic kernel over n elements (a multiple of 4), finished on return.
+template <class Precision, class Rule>
+void limit_step(const device& backend, limit_state<Precision>& s, std::size_t n, float k) {
+  constexpr bool lamb = std::is_same_v<Rule, mpopt::lamb>;
+  float* master = Precision::has_master ? s.master.data() : reinterpret_cast<float*>(s.param.data());
+  const auto run = [&]<int Pass>() {
+    const limit_kernel<Precision, lamb, Pass> kernel{s.param.data(), s.grad.data(), master, s.m.data(), s.v.data(), k};
+#if MPOPT_DEVICE_IS_GPU
+    thrust::for_each_n(thrust::cuda::par_nosync.on(backend.stream()), thrust::counting_iterator<std::size_t>(0), n / 4,
+                       kernel);
+#else
+    thrust::for_each_n(thrust::device, thrust::counting_iterator<std::size_t>(0), n / 4, kernel);
+#endif
+  };
+  run.template operator()<1>();
+  if constexpr (lamb) run.template operator()<2>();
+  backend.synchronize();
 }
 
 /// n values ~ N(0, sigma), made on the host and copied to device memory.
@@ -102,25 +173,32 @@ void run_case(const config& cfg, std::string_view precision, std::string_view ru
   checked_step();
   device_copy(opt.backend(), copy_dst.data(), copy_src.data(), words);
 
-  std::vector<double> t_copy, t_step;
+  const std::size_t limit_n = (n + 3) / 4 * 4;
+  limit_state<Precision> limit(limit_n);
+  fill_device(opt.backend(), limit.grad.data(), limit_n, gsigma, 3);
+  const float zero = runtime_zero;
+  limit_step<Precision, Rule>(opt.backend(), limit, limit_n, zero);
+
+  std::vector<double> t_copy, t_limit, t_step;
   for (int r = 0; r < cfg.repeat; ++r) {
-    auto t0 = clock_type::now();
-    device_copy(opt.backend(), copy_dst.data(), copy_src.data(), words);
-    t_copy.push_back(seconds_since(t0));
-    t0 = clock_type::now();
-    checked_step();
-    t_step.push_back(seconds_since(t0));
+    timed(t_copy, [&] { device_copy(opt.backend(), copy_dst.data(), copy_src.data(), words); });
+    timed(t_limit, [&] { limit_step<Precision, Rule>(opt.backend(), limit, limit_n, zero); });
+    timed(t_step, checked_step);
   }
   const std::size_t before = opt.backend().launches();
   checked_step();
   const std::size_t kernels = opt.backend().launches() - before;
-  const stats step = gbps(t_step, total), copy = gbps(t_copy, 16.0 * double(words));
+  const stats step = gbps(t_step, total), copy = gbps(t_copy, 16.0 * double(words)), limit_gbps = gbps(t_limit, total),
+              limit_ratio = paired_ratio(t_limit, t_step);
   std::printf(
       "{\"bench\":\"device_step\",\"device\":\"%s\",\"precision\":\"%.*s\",\"rule\":\"%.*s\",\"layout\":\"%.*s\",\"clip_grad\":%g,"
       "\"params\":%zu,\"threads\":%d,\"bytes_per_param\":%zu,\"kernels_per_step\":%zu,\"gbps\":%.2f,"
-      "\"copy_gbps\":%.2f,\"ratio\":%.3f,\"gbps_min\":%.2f,\"gbps_max\":%.2f}\n",
+      "\"copy_gbps\":%.2f,\"ratio\":%.3f,\"gbps_min\":%.2f,\"gbps_max\":%.2f,\"limit_gbps\":%.2f,\"limit_ratio\":%.3f,"
+      "\"limit_ratio_min\":%.3f,\"limit_ratio_max\":%.3f}\n",
       MPOPT_DEVICE_IS_GPU ? "gpu" : "thrust-omp", int(precision.size()), precision.data(), int(rule.size()),
-      rule.data(), int(layout.size()), layout.data(), settings.optimizer.clip_grad, n, max_threads(), bpp, kernels, step.median, copy.median, step.median / copy.median, step.min, step.max);
+      rule.data(), int(layout.size()), layout.data(), settings.optimizer.clip_grad, n, max_threads(), bpp, kernels,
+      step.median, copy.median, step.median / copy.median, step.min, step.max, limit_gbps.median, limit_ratio.median,
+      limit_ratio.min, limit_ratio.max);
   std::fflush(stdout);
 }
 

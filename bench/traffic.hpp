@@ -56,10 +56,6 @@ std::vector<chunk> make_chunks(const std::vector<S>& segs) {
   return out;
 }
 
-/// A runtime zero the compiler cannot see through: x + zero * y keeps the optimizer state bit-exact
-/// (the gradients are finite) while every load, FMA and store really happens.
-inline volatile float runtime_zero = 0.0f;
-
 /// One chunk of pass `Pass` (0: the gradient pre-pass; 1: the Adam pass or LAMB pass 1; 2: LAMB
 /// pass 2) in lane type L: its loads, stores and 16-bit conversions, nothing else of the step.
 /// Returns the largest lane of what the reductions read.
