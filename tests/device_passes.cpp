@@ -18,6 +18,10 @@
 #include <mpopt/host.hpp>
 #include <mpopt/mpopt.hpp>
 
+#include <thrust/functional.h>
+#include <thrust/iterator/counting_iterator.h>
+#include <thrust/transform_reduce.h>
+
 #include "../include/mpopt/detail/exchange/flat_layout.hpp"
 #include "mirrored.hpp"
 
@@ -91,7 +95,7 @@ struct both {
   tensor_set<P>& ts;
   mirrored<float> master, m, v;
   mirrored<typename P::accumulate_type> accum;
-  mirrored<float> sum, sum2;
+  mirrored<float> sums;  // per chunk: a direction stage's two sums of squares, [sum | sum2] as the optimizer lays them
   mirrored<double> grad_sum;  // the overflow-and-norm pass's sums of squares, in double
   mirrored<std::uint8_t> nonfinite;
   mirrored<mpopt::detail::step_decision> decision{1};
@@ -99,7 +103,7 @@ struct both {
   mpopt::detail::step_data<P> host_data, device_data;
 
   explicit both(tensor_set<P>& t)
-      : ts(t), master(t.state), m(t.state), v(t.state), accum(t.state), sum(t.work.size()), sum2(t.work.size()),
+      : ts(t), master(t.state), m(t.state), v(t.state), accum(t.state), sums(2 * t.work.size()),
         grad_sum(t.work.size()), nonfinite(t.work.size()) {
     host_data = make(false);
     device_data = make(true);
@@ -114,8 +118,8 @@ struct both {
     d.state[0] = pick(m);
     d.state[1] = pick(v);
     d.state_count = 2;
-    d.chunk_sum = pick(sum);
-    d.chunk_sum2 = pick(sum2);
+    d.chunk_sum = pick(sums);
+    d.chunk_sum2 = pick(sums) + ts.work.size();
     d.chunk_nonfinite = pick(nonfinite);
     d.decision = pick(decision);
     d.rounding_key = mpopt::detail::rounding_key(7, 1);  // read under stochastic rounding only
@@ -150,6 +154,11 @@ void check_sums(const std::vector<T>& device, const std::vector<T>& host, double
       FAIL_CHECK("chunk ", c, ": device ", got, ", host ", want);
   }
   CHECK(bad == 0);
+}
+
+bool same_decision(const mpopt::detail::step_decision& a, const mpopt::detail::step_decision& b) {
+  return a.sumsq == b.sumsq && a.nonfinite == b.nonfinite && a.norm == b.norm && a.clip == b.clip &&
+         a.grad_scale == b.grad_scale && a.skip == b.skip;
 }
 
 std::vector<std::size_t> random_sizes(std::mt19937_64& rng) {
@@ -208,6 +217,15 @@ void adam_and_lamb(std::size_t misalign) {
     CHECK(on_host.clip < 1.0);
     check_sums(std::vector<double>{on_device.sumsq, on_device.clip}, std::vector<double>{on_host.sumsq, on_host.clip}, 1e-5);
     CHECK(on_host.grad_scale == float(0.25 * on_host.clip));
+    // The same sums and decision in the norm pass's own kernel: each backend's bits again.
+    mirrored<double> fused_sums(2);
+    mirrored<mpopt::detail::step_decision> fused(1);
+    host_backend.gradient_norm_sums(h, s.grad_sum.host.data(), fused_sums.host.data(), &rule, fused.host.data());
+    device.gradient_norm_sums(d, s.grad_sum.device.data(), fused_sums.device.data(), &rule, fused.device.data());
+    CHECK(same_bits(fused_sums.host, s.decision_sums.host));
+    CHECK(same_bits(fused_sums.download(device), s.decision_sums.download(device)));
+    CHECK(same_decision(fused.host[0], on_host));
+    CHECK(same_decision(fused.download(device)[0], on_device));
     s.decision.upload(device);
     host_backend.rule_stage<mpopt::adam, update>(h, coefficients.host.data());
     device.rule_stage<mpopt::adam, update>(d, coefficients.device.data());
@@ -223,10 +241,27 @@ void adam_and_lamb(std::size_t misalign) {
   mirrored<float> alpha(ts.sizes.size());
   for (std::size_t t = 0; t < alpha.host.size(); ++t) alpha.host[t] = 1e-3f * float(t + 1);
   alpha.upload(device);
-  host_backend.rule_stage<mpopt::lamb, direction>(s.host_data, lk.host.data());
-  device.rule_stage<mpopt::lamb, direction>(s.device_data, lk.device.data());
-  check_sums(s.sum.download(device), s.sum.host, 1e-5);
-  check_sums(s.sum2.download(device), s.sum2.host, 1e-5);
+  // The moments pass, then the per-tensor sums and trust ratios: on the host as separate calls,
+  // on the device in the pass's own kernel.
+  const std::size_t n = ts.sizes.size();
+  const mpopt::detail::norm_segments segments(ts.work, n);
+  REQUIRE(segments.second.empty());
+  mirrored<std::size_t> offsets(segments.first.size());
+  offsets.host = segments.first;
+  offsets.upload(device);
+  mirrored<double> tensor_sums(2 * n), kept(n);
+  mirrored<float> ratio(n);
+  host_backend.rule_stage<mpopt::lamb, direction>(s.host_data, lk.host.data(), nullptr, true);
+  host_backend.segmented_sum(s.sums.host.data(), offsets.host.data(), 2 * n, tensor_sums.host.data());
+  host_backend.tensor_scales<mpopt::lamb>(s.host_data, lk.host.data(), tensor_sums.host.data(), kept.host.data(),
+                                          ratio.host.data());
+  device.rule_stage_scales<mpopt::lamb, direction>(s.device_data, lk.device.data(), offsets.device.data(),
+                                                   tensor_sums.device.data(), kept.device.data(), ratio.device.data());
+  check_sums(s.sums.download(device), s.sums.host, 1e-5);
+  check_sums(tensor_sums.download(device), tensor_sums.host, 1e-5);
+  check_sums(kept.download(device), kept.host, 1e-5);
+  check_sums(ratio.download(device), ratio.host, 1e-5);
+  CHECK(std::count(ratio.host.begin(), ratio.host.end(), 0.0f) == 0);
   host_backend.rule_stage<mpopt::lamb, update>(s.host_data, lk.host.data(), alpha.host.data());
   device.rule_stage<mpopt::lamb, update>(s.device_data, lk.device.data(), alpha.device.data());
   s.check_elements(device);
@@ -330,4 +365,80 @@ TEST_CASE("device passes = host passes: fp32, fp16, bf16, with stochastic roundi
     adam_and_lamb<mpopt::fp16_stochastic>(misalign);
     adam_and_lamb<mpopt::bf16_stochastic>(misalign);
   }
+}
+
+TEST_CASE("the device's blocks take chunks in order across tensors, each until it holds a chunk's worth of "
+          "elements or eight chunks") {
+  std::mt19937_64 rng(5);
+  std::uniform_int_distribution<std::size_t> size(0, 140000);
+  for (int round = 0; round < 20; ++round) {
+    std::vector<std::size_t> sizes(std::size_t(1 + round * 50));
+    for (auto& n : sizes) n = round % 4 == 0 ? size(rng) % 300 : size(rng);  // tiny tensors, and zeros, too
+    const mpopt::detail::flat_layout layout(std::vector<std::uint32_t>(sizes.size(), 0), sizes, 1, 1, 0, false);
+    const work_list w = layout.local_work();
+    const std::vector<std::uint32_t> first = mpopt::detail::device_block_starts(w);
+    REQUIRE(first.front() == 0);
+    REQUIRE(first.back() == w.size());
+    for (std::size_t b = 0; b + 1 < first.size(); ++b) {
+      REQUIRE(first[b] < first[b + 1]);  // no empty block
+      std::size_t elements = 0;
+      for (std::size_t c = first[b]; c < first[b + 1]; ++c) elements += w[c].size;
+      const std::size_t chunks = first[b + 1] - first[b];
+      CHECK(chunks <= mpopt::detail::device_block_chunks);
+      // Closed at its size or count, and not before (the last block takes what is left).
+      if (b + 2 < first.size()) CHECK((elements >= mpopt::detail::chunk_elements || chunks == 8));
+      CHECK(elements - w[first[b + 1] - 1].size < mpopt::detail::chunk_elements);
+    }
+  }
+}
+
+namespace {
+
+std::uint32_t bits_of(float f) { return mpopt::detail::bit_cast<std::uint32_t>(f); }
+
+/// Whether the device lanes widen half h (alone, and among others in a vector) to other bits than
+/// float_bits.hpp's half_bits_to_float.
+struct widen_differs {
+  MPOPT_HOST_DEVICE std::uint64_t operator()(std::uint64_t h) const {
+    using namespace mpopt::detail;
+    const auto x = mpopt::half::from_bits(std::uint16_t(h)), y = mpopt::half::from_bits(std::uint16_t(h * 40503 + 1));
+    const mpopt::half e[4] = {x, y, y, x};
+    const quad v = widen4(e);
+    const auto differs = [](float got, mpopt::half want) {
+      return bit_cast<std::uint32_t>(got) != bit_cast<std::uint32_t>(half_bits_to_float(want.bits));
+    };
+    return differs(widen(x), x) || differs(v.x[0], x) || differs(v.x[1], y) || differs(v.x[3], x);
+  }
+};
+
+/// Whether the device lanes narrow the float of bits i * stride to other bits than float_to_half_bits.
+struct narrow_differs {
+  std::uint64_t stride;
+  MPOPT_HOST_DEVICE std::uint64_t operator()(std::uint64_t i) const {
+    using namespace mpopt::detail;
+    const float f = bit_cast<float>(std::uint32_t(i * stride)), g = bit_cast<float>(std::uint32_t(i * stride * 2654435761u));
+    quad v;
+    v.x[0] = v.x[3] = f;
+    v.x[1] = v.x[2] = g;
+    mpopt::half e[4];
+    narrow4(v, e);
+    const auto differs = [](mpopt::half got, float want) { return got.bits != float_to_half_bits(want); };
+    return differs(narrow<mpopt::half>(f), f) || differs(e[0], f) || differs(e[1], g) || differs(e[3], f);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("fp16 converts in the device lanes with float_bits.hpp's bits: every half, and every float on a GPU "
+          "(where cvt converts; off it every 65,537th)") {
+  const auto count = [](std::uint64_t n, auto differs) {
+    return thrust::transform_reduce(thrust::device, thrust::counting_iterator<std::uint64_t>(0),
+                                    thrust::counting_iterator<std::uint64_t>(n), differs, std::uint64_t{0},
+                                    thrust::plus<std::uint64_t>());
+  };
+  CHECK(count(std::uint64_t{1} << 16, widen_differs{}) == 0);
+  const std::uint64_t stride = MPOPT_DEVICE_IS_GPU ? 1 : 65537;
+  CHECK(count((std::uint64_t{1} << 32) / stride, narrow_differs{stride}) == 0);
+  // The checks see a difference: NaN's bits are the rule's, not any NaN.
+  CHECK(bits_of(mpopt::detail::widen(mpopt::half::from_bits(0x7C01))) == 0x7FC02000u);
 }

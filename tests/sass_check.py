@@ -4,10 +4,17 @@
 nvcc makes the PTX of sass_kernels.cu, ptxas -v compiles it to a cubin, cuobjdump -sass prints the
 machine code. Two checks:
   spills: no kernel spills registers to local memory (ptxas -v).
-  loads:  in the element loops of the aligned Adam and LAMB kernels, every global load is a vector
-          (LDG.E.64 or LDG.E.128) and fp32 state comes 16 bytes at a time: at least three LDG.E.128
-          (m, v and the master). The unaligned kernels that read gradients must fail this (they
-          read element by element), which shows the check can fail.
+  loads:  in the element loops of the aligned Adam and LAMB kernels and of the overflow-and-norm
+          pass, every global load is a vector (LDG.E.64 or LDG.E.128), and in the update passes fp32
+          state comes 16 bytes at a time: at least three LDG.E.128 (m, v and the master). The
+          kernels that finish in their own last block (the norm with the step's sums, LAMB's
+          moments with its trust ratios) are checked too, their finish left out: the loops after
+          the kernel's one atomic (the blocks' arrival count). The unaligned kernels that read
+          gradients must fail this (they read element by element), which shows the check can fail.
+  fp16:   a turn of an aligned fp16 element loop issues at most FP16_OVER_BF16 times bf16's
+          instructions (round to nearest; the common case, a NaN's exact conversion skipped): fp16
+          converts by the GPU's instructions, not in integer arithmetic (quad_lanes.hpp,
+          converts_by_cvt), which took 2.4 times bf16's.
 """
 import argparse
 import os
@@ -21,9 +28,21 @@ import sys
 UPDATE_PASSES = {"adam update": ("4adam", "12update_stage"),
                  "lamb direction": ("4lamb", "15direction_stage"),
                  "lamb update": ("4lamb", "12update_stage")}
-GRADIENT_READERS = ("adam update", "lamb direction")
+NORM_PASS = "norm"  # gradient_norm_pass: reads the gradients only
+GRADIENT_READERS = ("adam update", "lamb direction", NORM_PASS)
+# The passes run with a finish in their kernel (pass_finish.hpp), as the finish is mangled.
+FINISHED = {NORM_PASS: "16step_sums_finish", "lamb direction": "15segments_finish"}
 PRECISIONS = {"4fp32E": "fp32", "4halfE": "fp16", "8bfloat16E": "bf16"}
 STATE_ARRAYS = 3  # m, v, master
+FP16_OVER_BF16 = 1.25
+
+
+def pass_of(name):
+    """The checked pass a kernel runs (None: not one of them)."""
+    if "18gradient_norm_pass" in name:
+        return NORM_PASS
+    return next((p for p, (rule, stage) in UPDATE_PASSES.items()
+                 if "9rule_pass" in name and re.search(rf"NS\d*_{rule}E", name) and stage in name), None)
 
 
 def demangle(names):
@@ -74,20 +93,53 @@ def functions(sass):
         yield m.group(1), [(int(address, 16), text) for address, text in code]
 
 
-def element_loops(code):
-    """The innermost loops that load from global memory, as their global loads. A loop is the span
-    from a backward branch's target to the branch (ptxas lays loops out contiguously)."""
+def element_loop_spans(code):
+    """The innermost loops that load from global memory, as (first, last) addresses. A loop is the
+    span from a backward branch's target to the branch (ptxas lays loops out contiguously); loops
+    after the kernel's first atomic are its finish, not element loops."""
+    finish = next((a for a, text in code if re.search(r"\b(ATOMG?|RED)\b", text)), float("inf"))
     spans = [(int(m.group(1), 16), a) for a, text in code
-             if (m := re.search(r"\bBRA\b.*?(0x[0-9a-f]+)$", text)) and int(m.group(1), 16) <= a]
-    loads = lambda s: [re.search(r"LDG\S*", t).group(0) for a, t in code if s[0] <= a <= s[1] and re.search(r"\bLDG\b", t)]
-    with_loads = [s for s in spans if loads(s)]
-    inner = [s for s in with_loads if not any(o != s and s[0] <= o[0] and o[1] <= s[1] for o in with_loads)]
-    return [loads(s) for s in inner]
+             if (m := re.search(r"\bBRA\b.*?(0x[0-9a-f]+)$", text)) and int(m.group(1), 16) <= a and a < finish]
+    with_loads = [s for s in spans if any(s[0] <= a <= s[1] and re.search(r"\bLDG\b", t) for a, t in code)]
+    return [s for s in with_loads if not any(o != s and s[0] <= o[0] and o[1] <= s[1] for o in with_loads)]
 
 
-def load_problems(code):
+def element_loops(code):
+    """The element loops (element_loop_spans), as their global loads."""
+    return [[re.search(r"LDG\S*", t).group(0) for a, t in code if s[0] <= a <= s[1] and re.search(r"\bLDG\b", t)]
+            for s in element_loop_spans(code)]
+
+
+def common_pass(code, span):
+    """Instructions issued by one turn of a loop in its common case: a conditional branch forward
+    is taken where it skips only arithmetic (a NaN's exact conversion), not where it skips loads
+    (another form of the element, such as an accumulated gradient)."""
+    body = [(a, t) for a, t in code if span[0] <= a <= span[1]]
+    at = {a: i for i, (a, _) in enumerate(body)}
+    issued, i = 0, 0
+    while i < len(body):
+        issued += 1
+        text = body[i][1]
+        m = re.search(r"\bBRA\b.*?(0x[0-9a-f]+)$", text)
+        target = at.get(int(m.group(1), 16)) if m else None
+        if target is not None and target > i and (
+                not text.startswith("@") or not any(re.search(r"\bLDG\b", t) for _, t in body[i + 1:target])):
+            i = target
+        else:
+            i += 1
+    return issued
+
+
+def element_loop_size(code):
+    """Instructions a turn of the kernel's largest element loop issues (common_pass)."""
+    spans = element_loop_spans(code)
+    return common_pass(code, max(spans, key=lambda s: s[1] - s[0])) if spans else 0
+
+
+def load_problems(code, wide_loads=STATE_ARRAYS):
     """What keeps one kernel's element loops from reading whole vectors (nothing: empty): a load
-    narrower than 8 bytes (4 fp16/bf16 values), or fewer than three 16-byte ones (m, v, master)."""
+    narrower than 8 bytes (4 fp16/bf16 values), or fewer than `wide_loads` 16-byte ones (m, v,
+    master)."""
     loops = element_loops(code)
     if not loops:
         return ["no element loop found"]
@@ -96,8 +148,8 @@ def load_problems(code):
         narrow = sorted({op for op in loads if not re.search(r"\.(64|128)\b", op)})
         if narrow:
             problems.append(f"element by element: {', '.join(narrow)}")
-        if loads.count("LDG.E.128") < STATE_ARRAYS:
-            problems.append(f"an element loop has {loads.count('LDG.E.128')} LDG.E.128, expected at least {STATE_ARRAYS}")
+        if loads.count("LDG.E.128") < wide_loads:
+            problems.append(f"an element loop has {loads.count('LDG.E.128')} LDG.E.128, expected at least {wide_loads}")
     return problems
 
 
@@ -125,32 +177,46 @@ def main():
     print(f"sm_{args.arch} spills: {len(spills)} of {kernels} kernels spill registers")
     failed |= bool(spills) or kernels == 0
 
-    checked, narrow_unaligned = set(), set()
+    checked, narrow_unaligned, finished, loop_size = set(), set(), set(), {}
     for name, code in functions(sass):
-        pass_name = next((p for p, (rule, stage) in UPDATE_PASSES.items()
-                          if "9rule_pass" in name and re.search(rf"NS\d*_{rule}E", name) and stage in name), None)
+        pass_name = pass_of(name)
         precision = next((v for k, v in PRECISIONS.items() if k in name), None)
         if not pass_name or not precision:
             continue
         kernel = (pass_name, precision)
+        wide_loads = 0 if pass_name == NORM_PASS else STATE_ARRAYS
         if "quad_lanesILb0E" in name:
-            if load_problems(code):
+            if load_problems(code, wide_loads):
                 narrow_unaligned.add(kernel)
             continue
         checked.add(kernel)
-        for problem in sorted(set(load_problems(code))):
-            print(f"sm_{args.arch} loads: {kernel[0]} {precision} (aligned): {problem}")
+        if "16round_to_nearest" in name or precision == "fp32":
+            loop_size[kernel] = max(loop_size.get(kernel, 0), element_loop_size(code))
+        if FINISHED.get(pass_name, "-") in name:
+            finished.add(kernel)
+        for problem in sorted(set(load_problems(code, wide_loads))):
+            print(f"sm_{args.arch} loads: {kernel[0]} {precision} (aligned{', finished' if kernel in finished else ''}): {problem}")
             failed = True
-    expected = {(a, b) for a in UPDATE_PASSES for b in PRECISIONS.values()}
+    expected = {(a, b) for a in [*UPDATE_PASSES, NORM_PASS] for b in PRECISIONS.values()}
     for pass_name, precision in sorted(expected - checked):
         print(f"sm_{args.arch} loads: no aligned {pass_name} kernel for {precision} in the SASS")
+    expected_finished = {(a, b) for a in FINISHED for b in PRECISIONS.values()}
+    for pass_name, precision in sorted(expected_finished - finished):
+        print(f"sm_{args.arch} loads: no aligned {pass_name} kernel with its finish for {precision} in the SASS")
+    failed |= finished != expected_finished
     # Unaligned gradients are read element by element (the unaligned LAMB apply reads only state).
     reading_grads = {k for k in expected if k[0] in GRADIENT_READERS}
     for pass_name, precision in sorted(reading_grads - narrow_unaligned):
         print(f"sm_{args.arch} loads: the unaligned {pass_name} {precision} kernel passes too: the check cannot tell")
     failed |= checked != expected or not reading_grads <= narrow_unaligned
-    print(f"sm_{args.arch} loads: {len(checked)} aligned update kernels checked, "
+    print(f"sm_{args.arch} loads: {len(checked)} aligned kernels checked ({len(finished)} with their finish), "
           f"{len(narrow_unaligned)} unaligned ones seen to load element by element")
+    for pass_name in [*UPDATE_PASSES, NORM_PASS]:
+        sizes = {p: loop_size.get((pass_name, p), 0) for p in ("fp32", "bf16", "fp16")}
+        ratio = sizes["fp16"] / sizes["bf16"] if sizes["bf16"] else float("inf")
+        print(f"sm_{args.arch} fp16: {pass_name} element loop, instructions a turn: "
+              + ", ".join(f"{p} {n}" for p, n in sizes.items()) + f" (fp16/bf16 {ratio:.2f})")
+        failed |= not ratio <= FP16_OVER_BF16
     return 1 if failed else 0
 
 

@@ -163,6 +163,7 @@ concept backend_policy =
       b.gradient_norm(d, sums);  // per chunk: the sum of squares, whether any is inf or NaN
       b.step_sums(sums, nonfinite, n, sums);
       b.decide_step(rule, sums, decision);
+      b.gradient_norm_sums(d, sums, sums, &rule, decision);  // the three at once (null rule: no decision)
 
       // The rule's stages, and a reducing rule's per-tensor norms (per-chunk partials summed by
       // segments) and scales.
@@ -171,6 +172,9 @@ concept backend_policy =
       b.segmented_sum(chunk_sums, segments, n, sums);
       b.segmented_sum(sums, segments, n, sums);
       b.template tensor_scales<detail::stand_in_rule>(d, k, sums, sums, tensor_scale);
+      // The direction stage with its per-tensor sums (one level of segments) and scales at once.
+      b.template rule_stage_scales<detail::stand_in_rule, detail::direction_stage>(d, k, offsets, sums, sums,
+                                                                                  tensor_scale);
     };
 
 }  // namespace mpopt

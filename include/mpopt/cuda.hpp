@@ -3,11 +3,15 @@
 // (the build CI runs, with no GPU). It owns no formula: each kernel thread runs a pass's body on
 // four lanes (detail/lanes/quad_lanes.hpp), like the host backend runs it on 16 or 1.
 //
-// Layout: a chunk of up to 64 Ki elements is taken by 256 threads; thread t owns the 4-element
-// vectors t, t + 256, t + 512, ... (a warp reads 512 contiguous bytes per load). Per-chunk sums go
-// through fixed lanes (element i of a chunk to lane i % 1024) and one pairwise tree, so they depend
-// neither on the launch nor on the device. On a GPU a chunk is one block, which sums its lanes in
-// shared memory; Thrust's OpenMP system writes them out and sums them in a second pass.
+// Layout: a block of 256 threads takes consecutive chunks of a work list (of up to 64 Ki elements
+// each) until it holds 64 Ki elements or eight chunks, across tensors: a tensor's short last chunk
+// shares a block with the next tensor's first, so a block's work hardly depends on the tensors'
+// sizes. In each of
+// its chunks thread t owns the 4-element vectors t, t + 256, t + 512, ... (a warp reads 512
+// contiguous bytes per load). Per-chunk sums go through fixed lanes (element i of a chunk to lane
+// i % 1024) and one pairwise tree, so they depend neither on the blocks nor on the device. On a GPU
+// a block sums each chunk's lanes in shared memory; Thrust's OpenMP system writes them out and sums
+// them in a second pass.
 //
 // Memory: every pointer handed to it (tensors, state, coefficients, outputs) is device memory (in
 // the OMP build, host memory). Work lists and the tensor table are copied to the device the first
@@ -33,6 +37,7 @@
 #include "detail/config.hpp"
 #include "detail/backend/device_buffer.hpp"
 #include "detail/backend/device_reduce.hpp"
+#include "detail/passes/pass_finish.hpp"
 #include "detail/passes/passes.hpp"
 #include "detail/lanes/quad_lanes.hpp"
 #include "detail/passes/square_sum.hpp"
@@ -51,6 +56,37 @@ constexpr std::size_t device_lanes_per_chunk = 4 * device_threads_per_chunk;
 
 /// Whether a pass sums anything (its kernels then write every kind; see device_sums::write).
 MPOPT_HOST_DEVICE bool sums_anything(const pass_outputs& o) { return o.sum || o.sum2 || o.sum64 || o.nonfinite || o.largest; }
+
+/// A pass with nothing after it in its kernel (cuda::run).
+struct no_finish {};
+
+/// A block takes chunks until it holds this many elements, or this many chunks: blocks of tiny
+/// tensors sum each chunk's lanes in turn, and too many in one block would leave the others idle.
+constexpr std::size_t device_block_elements = chunk_elements;
+constexpr std::size_t device_block_chunks = 8;
+
+/// The chunks each block of a kernel takes: block b takes [first[b], first[b + 1]); null first:
+/// chunk b (a flat pass, whose chunks all are full but the last).
+struct device_blocks {
+  const std::uint32_t* first = nullptr;
+  MPOPT_HOST_DEVICE std::size_t begin(std::size_t b) const { return first ? first[b] : b; }
+  MPOPT_HOST_DEVICE std::size_t end(std::size_t b) const { return first ? first[b + 1] : b + 1; }
+};
+
+/// Where the blocks of a work list start (device_blocks::first): consecutive chunks, a block closed
+/// once it holds device_block_elements elements or device_block_chunks chunks.
+inline std::vector<std::uint32_t> device_block_starts(const work_list& w) {
+  std::vector<std::uint32_t> first{0};
+  std::size_t elements = 0;
+  for (std::size_t c = 0; c < w.size(); ++c) {
+    elements += w[c].size;
+    if (elements >= device_block_elements || c + 1 - first.back() == device_block_chunks || c + 1 == w.size()) {
+      first.push_back(std::uint32_t(c + 1));
+      elements = 0;
+    }
+  }
+  return first;
+}
 
 /// Per-lane partial sums of a device pass, device_lanes_per_chunk per chunk.
 struct device_partials {
@@ -135,15 +171,20 @@ MPOPT_HOST_DEVICE device_sums chunk_share(const Pass& pass, std::size_t ci, unsi
   return sums;
 }
 
-/// Thrust's OpenMP system: one thread of a chunk per index, lanes written out for chunk_totals_kernel.
+/// Thrust's OpenMP system: one thread of a block per index, its lanes of each of the block's chunks
+/// written out for chunk_totals_kernel.
 template <class Pass, class L>
 struct chunk_kernel {
   Pass pass;
+  device_blocks blocks;
   device_partials partials;
 
   MPOPT_HOST_DEVICE void operator()(std::size_t thread) const {
     constexpr unsigned T = device_threads_per_chunk;
-    chunk_share<L>(pass, thread / T, unsigned(thread % T)).write(pass.out, partials, thread);
+    const std::size_t b = thread / T;
+    const unsigned t = unsigned(thread % T);
+    for (std::size_t ci = blocks.begin(b); ci < blocks.end(b); ++ci)
+      chunk_share<L>(pass, ci, t).write(pass.out, partials, ci * T + t);
   }
 };
 
@@ -185,16 +226,10 @@ __device__ void block_lane_tree(void* room, Lane lane, Op op, V* out) {
   __syncthreads();  // before the room is used again
 }
 
-/// On a GPU: chunk blockIdx.x of a pass, one thread per block thread, its sums made in the block.
-/// One block per SM is all the launch bounds promise: with the block size alone ptxas held these
-/// kernels to 64 registers, and three spilled (suite 'sass').
-template <class Pass, class L>
-__global__ void __launch_bounds__(device_threads_per_chunk, 1) chunk_block(Pass pass) {
-  const device_sums s = chunk_share<L>(pass, blockIdx.x, threadIdx.x);
-  const pass_outputs& out = pass.out;
+/// The per-chunk sums of a block's threads (their lanes in s), made in the block and written for
+/// chunk ci by thread 0. `room`: shared memory for device_lanes_per_chunk doubles.
+__device__ void write_block_sums(const pass_outputs& out, const device_sums& s, double* room, std::size_t ci) {
   if (!sums_anything(out)) return;  // the same for the whole block
-  __shared__ double room[device_lanes_per_chunk];
-  const std::size_t ci = blockIdx.x;
   const auto add = [](auto a, auto b) { return a + b; };
   if (out.sum) block_lane_tree(room, [&](unsigned j) { return s.sum[j]; }, add, out.sum + ci);
   if (out.sum2) block_lane_tree(room, [&](unsigned j) { return s.sum2[j]; }, add, out.sum2 + ci);
@@ -208,6 +243,81 @@ __global__ void __launch_bounds__(device_threads_per_chunk, 1) chunk_block(Pass 
   if (out.largest)
     block_lane_tree(room, [&](unsigned j) { return s.max.x[j]; }, [](float a, float b) { return detail::max(a, b); },
                     out.largest + ci);
+}
+
+/// Whether this block is the last of its grid to get here; if so, every other block's writes
+/// before it are visible to it (read them with __ldcg: not through this SM's L1).
+__device__ bool last_block(unsigned* arrived) {
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(arrived, 1u) == gridDim.x - 1;
+  __syncthreads();
+  return last;
+}
+
+/// One value a thread, added over the block by lane_tree's pairs; every thread gets the total.
+__device__ double block_total(double* room, double v) {
+  room[threadIdx.x] = v;
+  for (unsigned w = device_threads_per_chunk / 2; w > 0; w /= 2) {
+    __syncthreads();
+    if (threadIdx.x < w) room[threadIdx.x] += room[threadIdx.x + w];
+  }
+  __syncthreads();
+  const double total = room[0];
+  __syncthreads();
+  return total;
+}
+
+/// step_sums_finish by a block: each thread adds every 256th chunk in order, the block adds the
+/// threads' sums. The norm's partials are rounded to float precision, so they add exactly in any
+/// order while within about 2^29 of each other: mostly the host's bits, always the same ones.
+__device__ void finish_block(const step_sums_finish& f, double* room) {
+  double squares = 0, nonfinite = 0;
+  for (std::size_t c = threadIdx.x; c < f.chunks; c += device_threads_per_chunk) {
+    squares += __ldcg(f.chunk_sums + c);
+    nonfinite += __ldcg(f.chunk_nonfinite + c);
+  }
+  squares = block_total(room, squares);
+  nonfinite = block_total(room, nonfinite);
+  if (threadIdx.x != 0) return;
+  f.sums[0] = squares;
+  f.sums[1] = nonfinite;
+  f.decide();
+}
+
+/// segments_finish by a block: a warp per segment (its lanes add every 32nd partial in order, then
+/// a fixed tree of shuffles), then a thread per tensor.
+template <class Scale>
+__device__ void finish_block(const segments_finish<Scale>& f, double*) {
+  constexpr unsigned W = 32, warps = device_threads_per_chunk / W;
+  const unsigned lane = threadIdx.x % W;
+  for (std::size_t s = threadIdx.x / W; s < f.segments; s += warps) {
+    double v = 0;
+    for (std::size_t i = f.offsets[s] + lane; i < f.offsets[s + 1]; i += W) v += double(__ldcg(f.partials + i));
+    for (unsigned o = W / 2; o > 0; o /= 2) v += __shfl_down_sync(0xffffffffu, v, o);
+    if (lane == 0) f.sums[s] = v;
+  }
+  __syncthreads();
+  for (std::size_t t = threadIdx.x; t < f.tensors; t += device_threads_per_chunk) f.scale(t);
+}
+
+/// On a GPU: block blockIdx.x of a pass, one thread per block thread, each of its chunks' sums made
+/// in the block; then, given a finish, the block that ends last runs it (`arrived` counts the
+/// blocks, and is left at 0 for the next launch). One block per SM is all the launch bounds
+/// promise: with the block size alone ptxas held these kernels to 64 registers, and three spilled
+/// (suite 'sass').
+template <class Pass, class L, class Finish>
+__global__ void __launch_bounds__(device_threads_per_chunk, 1)
+    chunk_block(Pass pass, device_blocks blocks, Finish finish, unsigned* arrived) {
+  __shared__ double room[device_lanes_per_chunk];
+  for (std::size_t ci = blocks.begin(blockIdx.x); ci < blocks.end(blockIdx.x); ++ci)
+    write_block_sums(pass.out, chunk_share<L>(pass, ci, threadIdx.x), room, ci);
+  if constexpr (!std::is_same_v<Finish, no_finish>) {
+    if (!last_block(arrived)) return;
+    finish_block(finish, room);
+    if (threadIdx.x == 0) *arrived = 0;
+  }
 }
 #endif
 
@@ -244,7 +354,9 @@ class cuda : public detail::backend_passes<cuda> {
 #if MPOPT_DEVICE_IS_GPU
   cudaStream_t stream() const { return stream_.get(); }
 #endif
-  /// Kernels launched so far (docs/gpu-and-offload.md's table of kernels per step is checked against it).
+  /// Kernels launched so far (docs/gpu-and-offload.md's table of kernels per step is checked against
+  /// it): those a GPU launches, on Thrust's OpenMP system too, where a kernel's per-chunk sums and
+  /// what its last block runs are loops of their own.
   std::size_t launches() const { return launches_; }
   /// Times the host has waited for the device so far (synchronize(), to_host()).
   std::size_t waits() const { return waits_; }
@@ -310,11 +422,19 @@ class cuda : public detail::backend_passes<cuda> {
 
   template <class Pass>
   void run(const detail::work_list& w, const Pass& pass, bool aligned) {
-    launch(pass, w.size(), aligned);
+    run_then(w, pass, aligned, detail::no_finish{});
+  }
+  /// The pass, then finish in its kernel, by the block that ends last (backend_passes::run_then).
+  template <class Pass, class Finish>
+  void run_then(const detail::work_list& w, const Pass& pass, bool aligned, const Finish& finish) {
+    const published_list& l = published(w);
+    if constexpr (!std::is_same_v<Finish, detail::no_finish>)
+      if (w.size() == 0) return for_each_index(1, finish);
+    launch(pass, l.blocks.size() - 1, {l.blocks.data()}, aligned, finish);
   }
   template <class Pass>
   void run_flat(const Pass& pass, bool aligned) {
-    launch(pass, pass.count(), aligned);
+    launch(pass, pass.count(), {}, aligned, detail::no_finish{});
   }
   /// CUB's segmented reduction on a GPU, in order off it (detail/backend/device_reduce.hpp).
   template <class T>
@@ -336,29 +456,30 @@ class cuda : public detail::backend_passes<cuda> {
     thrust::for_each_n(policy(), thrust::counting_iterator<std::size_t>(0), n, f);
   }
 
-  /// On a GPU one kernel, a block per chunk; on Thrust's OpenMP system one over chunks x threads,
-  /// then (if the pass sums anything) one over chunks.
-  template <class Pass>
-  void launch(const Pass& pass, std::size_t chunk_count, bool aligned) {
-    if (chunk_count == 0) return;
+  /// On a GPU one kernel of `count` blocks, whose last block runs `finish`. On Thrust's OpenMP
+  /// system the same kernel's steps one after the other: one loop over blocks x threads, then (if
+  /// the pass sums anything) one over chunks for the blocks' sums, then the finish, in order.
+  template <class Pass, class Finish>
+  void launch(const Pass& pass, std::size_t count, detail::device_blocks blocks, bool aligned, const Finish& finish) {
+    if (count == 0) return;
     ++launches_;
 #if MPOPT_DEVICE_IS_GPU
     constexpr unsigned T = detail::device_threads_per_chunk;
-    if (aligned) detail::chunk_block<Pass, detail::quad_lanes<true>><<<chunk_count, T, 0, stream()>>>(pass);
-    else detail::chunk_block<Pass, detail::quad_lanes<false>><<<chunk_count, T, 0, stream()>>>(pass);
+    unsigned* arrived = arrived_.data();
+    if (aligned) detail::chunk_block<Pass, detail::quad_lanes<true>><<<count, T, 0, stream()>>>(pass, blocks, finish, arrived);
+    else detail::chunk_block<Pass, detail::quad_lanes<false>><<<count, T, 0, stream()>>>(pass, blocks, finish, arrived);
     detail::cuda_check(cudaGetLastError(), "a kernel launch");
 #else
+    const std::size_t chunk_count = blocks.end(count - 1);
     reserve_partials(chunk_count);
     const detail::device_partials partials{sums_.data(), sums2_.data(), sums64_.data(), flags_.data(), maxima_.data()};
-    const std::size_t threads = chunk_count * detail::device_threads_per_chunk;
+    const std::size_t threads = count * detail::device_threads_per_chunk;
     auto first = thrust::counting_iterator<std::size_t>(0);
-    if (aligned) thrust::for_each_n(policy(), first, threads, detail::chunk_kernel<Pass, detail::quad_lanes<true>>{pass, partials});
-    else thrust::for_each_n(policy(), first, threads, detail::chunk_kernel<Pass, detail::quad_lanes<false>>{pass, partials});
+    if (aligned) thrust::for_each_n(policy(), first, threads, detail::chunk_kernel<Pass, detail::quad_lanes<true>>{pass, blocks, partials});
+    else thrust::for_each_n(policy(), first, threads, detail::chunk_kernel<Pass, detail::quad_lanes<false>>{pass, blocks, partials});
     const detail::pass_outputs& o = pass.out;
-    if (detail::sums_anything(o)) {
-      thrust::for_each_n(policy(), first, chunk_count, detail::chunk_totals_kernel{o, partials});
-      ++launches_;
-    }
+    if (detail::sums_anything(o)) thrust::for_each_n(policy(), first, chunk_count, detail::chunk_totals_kernel{o, partials});
+    if constexpr (!std::is_same_v<Finish, detail::no_finish>) finish(0);
 #endif
   }
 
@@ -374,17 +495,29 @@ class cuda : public detail::backend_passes<cuda> {
     maxima_ = buffer<float>(n);
   }
 
-  /// The device copy of a work list, made on first use (and again if the list changed size).
-  const detail::chunk* chunks(const detail::work_list& w) {
+  const detail::chunk* chunks(const detail::work_list& w) { return published(w).device.data(); }
+
+  /// The device copy of a work list and its blocks, made on first use (and again if the list
+  /// changed size).
+  struct published_list {
+    const detail::work_list* host = nullptr;
+    std::size_t size = 0, elements = 0;
+    buffer<detail::chunk> device;
+    buffer<std::uint32_t> blocks;  // device_blocks::first
+  };
+  const published_list& published(const detail::work_list& w) {
     for (auto& l : lists_)
-      if (l.host == &w && l.size == w.size() && l.elements == w.elements()) return l.device.data();
+      if (l.host == &w && l.size == w.size() && l.elements == w.elements()) return l;
     auto it = std::find_if(lists_.begin(), lists_.end(), [&](const auto& l) { return l.host == &w; });
-    if (it == lists_.end()) it = lists_.insert(lists_.end(), published_list{&w, 0, 0, {}});
+    if (it == lists_.end()) it = lists_.insert(lists_.end(), published_list{&w, 0, 0, {}, {}});
     it->size = w.size();
     it->elements = w.elements();
     it->device = buffer<detail::chunk>(w.size());
     to_device(it->device.data(), w.data(), w.size());
-    return it->device.data();
+    const std::vector<std::uint32_t> starts = detail::device_block_starts(w);
+    it->blocks = buffer<std::uint32_t>(starts.size());
+    to_device(it->blocks.data(), starts.data(), starts.size());
+    return *it;
   }
 
   /// The device copy of the optimizer's tensor table, and whether every tensor allows aligned vectors.
@@ -418,17 +551,14 @@ class cuda : public detail::backend_passes<cuda> {
     return publish(d).aligned;
   }
 
-  struct published_list {
-    const detail::work_list* host = nullptr;
-    std::size_t size = 0, elements = 0;
-    buffer<detail::chunk> device;
-  };
-
 #if MPOPT_DEVICE_IS_GPU
   detail::stream_holder stream_;  // own, or borrowed
 #endif
   std::size_t launches_ = 0;
   mutable std::size_t waits_ = 0;
+#if MPOPT_DEVICE_IS_GPU
+  buffer<unsigned> arrived_{1};  // blocks of a finishing kernel that have ended (chunk_block)
+#endif
   detail::device_reducer reducer_;
   std::vector<published_list> lists_;
   std::vector<published_table> tables_;

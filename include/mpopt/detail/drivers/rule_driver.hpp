@@ -59,6 +59,8 @@ struct rule_context : Exchange::context {
 
   /// Per-tensor partial sums (of squares), combined across ranks as the partition says.
   void sum_partials(std::span<double> sums) { exchange.sum_partials(*this, sums); }
+  /// Whether sum_partials combines anything: a shard's partials are its rank's share.
+  static constexpr bool partials_across_ranks = Exchange::sharded;
 };
 
 template <class Rule, class Precision, class Backend, class Communicator>

@@ -75,8 +75,15 @@ class staged_driver {
   /// The update's first pass: the whole update, or the direction before the reduction.
   template <class Context>
   void begin(Context& c) {
-    if constexpr (reducing) c.backend.template rule_stage<Rule, direction_stage>(c.gradients, c.scalars, nullptr, true);
-    else c.backend.template rule_stage<Rule, update_stage>(c.gradients, c.scalars, nullptr, true);
+    if constexpr (!reducing) {
+      c.backend.template rule_stage<Rule, update_stage>(c.gradients, c.scalars, nullptr, true);
+    } else if (scales_in_begin<Context>()) {
+      c.backend.template rule_stage_scales<Rule, direction_stage>(c.gradients, c.scalars, norm_segments_.data(),
+                                                                  tensor_sums_.data(), tensor_state_.data(),
+                                                                  tensor_scale_.data());
+    } else {
+      c.backend.template rule_stage<Rule, direction_stage>(c.gradients, c.scalars, nullptr, true);
+    }
   }
 
   /// A reducing rule: the per-tensor norms (a tensor can straddle shards, so the partial sums are
@@ -85,6 +92,8 @@ class staged_driver {
   template <class Context>
   void finish(Context& c) {
     if constexpr (reducing) {
+      if (scales_in_begin<Context>())
+        return c.backend.template rule_stage<Rule, update_stage>(c.gradients, c.scalars, tensor_scale_.data());
       const std::size_t tensors = c.gradients.tensor_count;
       if (run_segments_.size() == 0) {
         c.backend.segmented_sum(c.gradients.chunk_sum, norm_segments_.data(), 2 * tensors, tensor_sums_.data());
@@ -100,6 +109,14 @@ class staged_driver {
   }
 
   void report(step_status&) const {}
+
+  /// Whether the direction stage's per-chunk partials make each tensor's sums alone (no runs of
+  /// several owners to add in rank order, no ranks' shares): then the sums and scales follow the
+  /// stage in its own kernel (backend_passes::rule_stage_scales).
+  template <class Context>
+  bool scales_in_begin() const {
+    return !Context::partials_across_ranks && run_segments_.size() == 0;
+  }
 
   /// What a reducing rule keeps per tensor (Rule::tensor_state) from the last applied step.
   std::span<const double> tensor_state() const

@@ -28,14 +28,21 @@ static_assert(round_to_float_precision(1.0 + 0x1p-30) == 1.0 && round_to_float_p
 static_assert(round_to_float_precision(1.0 + 0x1p-24) == 1.0 && round_to_float_precision(1.0 + 0x3p-24) == 1.0 + 0x1p-22);
 static_assert(round_to_float_precision(0x1.fffffffp300) == 0x1p301);
 
+/// A float NaN's binary16 (float_to_half_bits): sign | 0x7E00 | (mantissa >> 13), the quiet bit
+/// forced, the upper payload kept (as x86 VCVTPS2PH).
+constexpr MPOPT_HOST_DEVICE std::uint16_t float_nan_to_half_bits(float f) noexcept {
+  const std::uint32_t u = detail::bit_cast<std::uint32_t>(f);
+  return static_cast<std::uint16_t>(((u >> 16) & 0x8000u) | 0x7E00u | ((u >> 13) & 0x03FFu));
+}
+
 /// float -> IEEE 754 binary16, round to nearest, ties to even; overflow -> ±inf; subnormals kept.
-/// NaN -> sign | 0x7E00 | (mantissa >> 13): quiet bit forced, upper payload kept (as x86 VCVTPS2PH).
+/// NaN: float_nan_to_half_bits.
 constexpr MPOPT_HOST_DEVICE std::uint16_t float_to_half_bits(float f) noexcept {
   const std::uint32_t u = detail::bit_cast<std::uint32_t>(f);
   const auto sign = static_cast<std::uint16_t>((u >> 16) & 0x8000u);
   const std::uint32_t a = u & 0x7FFFFFFFu;
 
-  if (a > 0x7F800000u) return static_cast<std::uint16_t>(sign | 0x7E00u | ((a >> 13) & 0x03FFu));
+  if (a > 0x7F800000u) return float_nan_to_half_bits(f);
   // IEEE 754-2019 §7.4: |x| >= 65504 + ulp/2 = 65520 (0x477FF000) overflows to inf.
   if (a >= 0x477FF000u) return static_cast<std::uint16_t>(sign | 0x7C00u);
 
@@ -60,16 +67,21 @@ constexpr MPOPT_HOST_DEVICE std::uint16_t float_to_half_bits(float f) noexcept {
   return static_cast<std::uint16_t>(sign | q);
 }
 
-/// binary16 -> float, exact. NaN -> sign | 0x7FC00000 | (payload << 13): the quiet bit is set even
-/// for a signalling NaN, exactly as x86 VCVTPH2PS does (checked on hardware: 0x7C01 -> 0x7FC02000).
+/// A binary16 NaN's float (half_bits_to_float): sign | 0x7FC00000 | (payload << 13), the quiet bit
+/// set even for a signalling NaN, exactly as x86 VCVTPH2PS does (checked on hardware: 0x7C01 ->
+/// 0x7FC02000).
+constexpr MPOPT_HOST_DEVICE float half_nan_to_float(std::uint16_t h) noexcept {
+  return detail::bit_cast<float>((static_cast<std::uint32_t>(h & 0x8000u) << 16) | 0x7FC00000u |
+                                 (static_cast<std::uint32_t>(h & 0x03FFu) << 13));
+}
+
+/// binary16 -> float, exact. NaN: half_nan_to_float.
 constexpr MPOPT_HOST_DEVICE float half_bits_to_float(std::uint16_t h) noexcept {
   const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
   std::uint32_t exp = (h >> 10) & 0x1Fu;
   std::uint32_t man = h & 0x03FFu;
 
-  if (exp == 0x1Fu) {
-    return detail::bit_cast<float>(man == 0 ? (sign | 0x7F800000u) : (sign | 0x7FC00000u | (man << 13)));
-  }
+  if (exp == 0x1Fu) return man == 0 ? detail::bit_cast<float>(sign | 0x7F800000u) : half_nan_to_float(h);
   if (exp == 0) {
     if (man == 0) return detail::bit_cast<float>(sign);
     // Subnormal: normalize so the leading 1 lands on the implicit-bit position (bit 10).

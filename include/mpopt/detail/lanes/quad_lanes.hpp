@@ -8,9 +8,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "../../numeric.hpp"
 #include "../config.hpp"
+#include "float_bits.hpp"
 #include "lanes.hpp"
 
 namespace mpopt::detail {
@@ -76,6 +78,93 @@ MPOPT_HOST_DEVICE quad select(quad_mask m, quad a, quad b) {
   return r;
 }
 
+#if defined(__CUDA_ARCH__)
+constexpr bool on_gpu = true;
+#else
+constexpr bool on_gpu = false;
+#endif
+/// Whether T converts by the GPU's conversion instructions here: fp16 on a GPU. Its integer form
+/// (float_bits.hpp) is about 20 instructions an element, which made the fp16 update loop 2.4 times
+/// bf16's (suite 'sass'). cvt rounds to nearest even, as float_to_half_bits does; only NaNs are
+/// made otherwise, so widen and narrow mend those.
+template <class T>
+constexpr bool converts_by_cvt = on_gpu && std::is_same_v<T, half>;
+
+/// By cvt where converts_by_cvt<T> (a NaN's bits aside), else as static_cast.
+template <class T>
+MPOPT_HOST_DEVICE float cvt_widen(T x) {
+  if constexpr (converts_by_cvt<T>) {
+    float f = 0;
+#if defined(__CUDA_ARCH__)
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.bits));
+#endif
+    return f;
+  } else {
+    return static_cast<float>(x);
+  }
+}
+template <class T>
+MPOPT_HOST_DEVICE T cvt_narrow(float f) {
+  if constexpr (converts_by_cvt<T>) {
+    std::uint16_t h = 0;
+#if defined(__CUDA_ARCH__)
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+#endif
+    return half::from_bits(h);
+  } else {
+    return static_cast<T>(f);
+  }
+}
+
+/// A 16-bit or fp32 value to float and back, with static_cast's bits.
+template <class T>
+MPOPT_HOST_DEVICE float widen(T x) {
+  if constexpr (converts_by_cvt<T>) return (x.bits & 0x7FFFu) > 0x7C00u ? half_nan_to_float(x.bits) : cvt_widen(x);
+  else return static_cast<float>(x);
+}
+template <class T>
+MPOPT_HOST_DEVICE T narrow(float f) {
+  if constexpr (converts_by_cvt<T>) return f != f ? half::from_bits(float_nan_to_half_bits(f)) : cvt_narrow<T>(f);
+  else return static_cast<T>(f);
+}
+/// Four values at once: where converts_by_cvt<T>, one NaN test for the four (a NaN takes widen's
+/// or narrow's exact path).
+template <class T>
+MPOPT_HOST_DEVICE quad widen4(const T (&e)[4]) {
+  quad r;
+  bool exact = !converts_by_cvt<T>;
+  if constexpr (converts_by_cvt<T>) {
+    // Two halves a word: a magnitude above 0x7C00 (a NaN) carries into its half's top bit.
+    std::uint32_t w[2];
+    std::memcpy(w, e, sizeof w);
+    exact = (((w[0] & 0x7FFF7FFFu) + 0x03FF03FFu) | ((w[1] & 0x7FFF7FFFu) + 0x03FF03FFu)) & 0x80008000u;
+  }
+  if (exact) [[unlikely]] {
+    for (int j = 0; j < 4; ++j) r.x[j] = widen(e[j]);
+  } else {
+    for (int j = 0; j < 4; ++j) r.x[j] = cvt_widen(e[j]);
+  }
+  return r;
+}
+template <class T>
+MPOPT_HOST_DEVICE void narrow4(quad x, T (&e)[4]) {
+  bool exact = !converts_by_cvt<T>;
+  if constexpr (converts_by_cvt<T>) exact = x.x[0] != x.x[0] || x.x[1] != x.x[1] || x.x[2] != x.x[2] || x.x[3] != x.x[3];
+  if (exact) [[unlikely]] {
+    for (int j = 0; j < 4; ++j) e[j] = narrow<T>(x.x[j]);
+  } else {
+    for (int j = 0; j < 4; ++j) e[j] = cvt_narrow<T>(x.x[j]);
+  }
+}
+
+/// Tells the compiler that p is device memory (global), which is all cuda.hpp takes: it cannot see
+/// that through the tensor table, and without it used generic loads for the user's tensors.
+MPOPT_HOST_DEVICE void in_device_memory([[maybe_unused]] const void* p) {
+#if defined(__CUDA_ARCH__)
+  __builtin_assume(__isGlobal(p));
+#endif
+}
+
 /// Four lanes. With Aligned, full vectors of the user's tensors are single 16-byte (fp32) or
 /// 8-byte (16-bit) accesses, which needs every chunk of them aligned to that; without, they go
 /// element by element. State buffers (padded<T>) are always aligned and read whole.
@@ -92,37 +181,42 @@ struct quad_lanes {
 
   template <class T>
   MPOPT_HOST_DEVICE static quad load(const T* p, full_t) {
+    in_device_memory(p);
     if constexpr (Aligned) {
       return load_whole(p);
     } else {
       quad r;
-      for (int j = 0; j < 4; ++j) r.x[j] = static_cast<float>(p[j]);
+      for (int j = 0; j < 4; ++j) r.x[j] = widen(p[j]);
       return r;
     }
   }
   template <class T>
   MPOPT_HOST_DEVICE static quad load(const T* p, quad_tail t) {
+    in_device_memory(p);
     quad r(0.0f);  // constant lane indices only: the quad stays in registers
     for (unsigned j = 0; j < 4; ++j)
-      if (t.holds(j)) r.x[j] = static_cast<float>(p[j]);
+      if (t.holds(j)) r.x[j] = widen(p[j]);
     return r;
   }
   template <class T>
   MPOPT_HOST_DEVICE static void store(T* p, quad x, full_t) {
+    in_device_memory(p);
     if constexpr (Aligned) {
       store_whole(p, x);
     } else {
-      for (int j = 0; j < 4; ++j) p[j] = static_cast<T>(x.x[j]);
+      for (int j = 0; j < 4; ++j) p[j] = narrow<T>(x.x[j]);
     }
   }
   template <class T>
   MPOPT_HOST_DEVICE static void store(T* p, quad x, quad_tail t) {
+    in_device_memory(p);
     for (unsigned j = 0; j < 4; ++j)
-      if (t.holds(j)) p[j] = static_cast<T>(x.x[j]);
+      if (t.holds(j)) p[j] = narrow<T>(x.x[j]);
   }
   /// A padded state buffer: always aligned, and whole at the tail.
   template <class T>
   MPOPT_HOST_DEVICE static quad load_padded(const T* p) {
+    in_device_memory(p);
     return load_whole(p);
   }
 
@@ -171,9 +265,7 @@ struct quad_lanes {
 #else
       std::memcpy(e, p, sizeof e);
 #endif
-      quad r;
-      for (int j = 0; j < 4; ++j) r.x[j] = static_cast<float>(e[j]);
-      return r;
+      return widen4(e);
     }
   }
   template <class T>
@@ -186,7 +278,7 @@ struct quad_lanes {
 #endif
     } else {
       T e[4];
-      for (int j = 0; j < 4; ++j) e[j] = static_cast<T>(x.x[j]);
+      narrow4(x, e);
 #if defined(__CUDA_ARCH__)
       *reinterpret_cast<uint2*>(p) = *reinterpret_cast<const uint2*>(e);
 #else

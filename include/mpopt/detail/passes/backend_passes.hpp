@@ -18,6 +18,7 @@
 #include <type_traits>
 
 #include "passes.hpp"
+#include "pass_finish.hpp"
 #include "../math/sign_compression.hpp"
 #include "step_data.hpp"
 #include "../math/step_decision.hpp"
@@ -40,7 +41,15 @@ class backend_passes {
   /// and whether it holds inf or NaN.
   template <class P>
   void gradient_norm(const step_data<P>& d, double* chunk_sums) {
-    update(d, gradient_norm_pass<P>{{placed(d), chunks(*d.work), {.sum64 = chunk_sums, .round64 = true, .nonfinite = d.chunk_nonfinite}}});
+    update(d, norm_pass(d, chunk_sums));
+  }
+  /// gradient_norm, then step_sums and, given a rule, decide_step: one kernel where the backend runs
+  /// what follows a pass in the pass's own (run_then).
+  template <class P>
+  void gradient_norm_sums(const step_data<P>& d, double* chunk_sums, double* sums, const step_rule* rule,
+                          step_decision* decision) {
+    self().run_then(*d.work, norm_pass(d, chunk_sums), self().aligned(d),
+                    step_sums_finish(chunk_sums, d.chunk_nonfinite, d.work->size(), sums, rule, decision));
   }
   /// One stage of a rule (rule.hpp) over every element, with k[g] the scalars of group g and, after
   /// a reduction, tensor_scale[t] the factor of tensor t. A `direction` stage writes the per-chunk
@@ -49,9 +58,19 @@ class backend_passes {
   template <class Rule, class Stage, class P>
   void rule_stage(const step_data<P>& d, const typename Rule::scalars* k, const float* tensor_scale = nullptr,
                   bool first = false) {
-    pass_outputs out = Stage::feeds_norms ? pass_outputs{.sum = d.chunk_sum, .sum2 = d.chunk_sum2} : pass_outputs{};
-    if (first) out.sum64 = d.chunk_grad_sum;
-    update(d, rule_pass<P, Rule, Stage>{{{placed(d), chunks(*d.work), out}, k}, tensor_scale, out.sum64 != nullptr});
+    update(d, stage_pass<Rule, Stage>(d, k, tensor_scale, first));
+  }
+  /// A reducing rule's first `direction` stage, then its per-tensor sums (segmented_sum over
+  /// `offsets`, one segment per tensor and norm) and scales (tensor_scales): one kernel where the
+  /// backend runs what follows a pass in the pass's own. For partials that need no combining
+  /// across owners or ranks.
+  template <class Rule, class Stage, class P>
+  void rule_stage_scales(const step_data<P>& d, const typename Rule::scalars* k, const std::size_t* offsets,
+                         double* sums, double* kept, float* scale) {
+    static_assert(Stage::feeds_norms);
+    const std::size_t n = d.tensor_count;
+    self().run_then(*d.work, stage_pass<Rule, Stage>(d, k, nullptr, true), self().aligned(d),
+                    segments_finish<scales<Rule, P>>{d.chunk_sum, offsets, 2 * n, sums, scales_of<Rule>(d, k, sums, kept, scale), n});
   }
   /// sums[s] = the sum of x over [offsets[s], offsets[s + 1]) in double (segment_sum, square_sum.hpp;
   /// on a GPU, CUB's order): per-chunk partials into per-tensor sums.
@@ -74,8 +93,7 @@ class backend_passes {
   template <class Rule, class P>
   void tensor_scales(const step_data<P>& d, const typename Rule::scalars* k, const double* sums, double* kept,
                      float* scale) {
-    using scales = detail::tensor_scales<Rule, std::remove_cvref_t<decltype(*d.tensors)>>;
-    self().for_each_index(d.tensor_count, unless_skipped<scales>{d.decision, {table(d), k, sums, d.tensor_count, kept, scale}});
+    self().for_each_index(d.tensor_count, scales_of<Rule>(d, k, sums, kept, scale));
   }
   template <class P>
   void zero_grad(const step_data<P>& d) {
@@ -164,6 +182,33 @@ class backend_passes {
   template <class P, class Pass>
   void update(const step_data<P>& d, const Pass& pass) {
     self().run(*d.work, pass, self().aligned(d));
+  }
+  /// A pass, then finish(0) once its sums are written: in order after it, where the backend has no
+  /// way of its own (cuda.hpp runs it in the pass's kernel).
+  template <class Pass, class Finish>
+  void run_then(const work_list& w, const Pass& pass, bool aligned, const Finish& finish) {
+    self().run(w, pass, aligned);
+    self().for_each_index(1, finish);
+  }
+
+  template <class P>
+  gradient_norm_pass<P> norm_pass(const step_data<P>& d, double* chunk_sums) {
+    return {{placed(d), chunks(*d.work), {.sum64 = chunk_sums, .round64 = true, .nonfinite = d.chunk_nonfinite}}};
+  }
+  template <class Rule, class Stage, class P>
+  rule_pass<P, Rule, Stage> stage_pass(const step_data<P>& d, const typename Rule::scalars* k, const float* tensor_scale,
+                                       bool first) {
+    pass_outputs out = Stage::feeds_norms ? pass_outputs{.sum = d.chunk_sum, .sum2 = d.chunk_sum2} : pass_outputs{};
+    if (first) out.sum64 = d.chunk_grad_sum;
+    return {{{placed(d), chunks(*d.work), out}, k}, tensor_scale, out.sum64 != nullptr};
+  }
+  /// Each tensor's scale, unless the step is skipped: what a reducing rule keeps per tensor is state.
+  template <class Rule, class P>
+  using scales = unless_skipped<detail::tensor_scales<Rule, tensor_slot<typename P::param_type, typename P::grad_type>>>;
+  template <class Rule, class P>
+  scales<Rule, P> scales_of(const step_data<P>& d, const typename Rule::scalars* k, const double* sums, double* kept,
+                            float* scale) {
+    return {d.decision, {table(d), k, sums, d.tensor_count, kept, scale}};
   }
   const chunk* chunks(const work_list& w) { return self().chunks(w); }
   template <class P>

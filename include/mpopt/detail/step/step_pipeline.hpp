@@ -452,12 +452,20 @@ class step_pipeline {
   /// overflow flag and norm stay there, agreed across ranks, and the update runs behind them.
   step_decision decide_on_backend(step_data<Precision>& d, const step_rule& rule) {
     step_decision decided;
-    backend.gradient_norm(d, state.chunk_grad_sums.data());
-    for (const auto& [c0, c1] : state.uncounted) backend.zero(state.chunk_grad_sums.data() + c0, c1 - c0);  // counted once
-    backend.step_sums(state.chunk_grad_sums.data(), state.chunk_nonfinite.data(), state.work.size(),
-                      state.decision_sums.data());
-    agree_on_backend();
-    backend.decide_step(rule, state.decision_sums.data(), state.decision.data());
+    const bool alone = comms.comm.size() == 1;  // nothing to agree on: the norm's kernel decides too
+    if (state.uncounted.empty()) {
+      backend.gradient_norm_sums(d, state.chunk_grad_sums.data(), state.decision_sums.data(), alone ? &rule : nullptr,
+                                 state.decision.data());
+    } else {
+      backend.gradient_norm(d, state.chunk_grad_sums.data());
+      for (const auto& [c0, c1] : state.uncounted) backend.zero(state.chunk_grad_sums.data() + c0, c1 - c0);  // counted once
+      backend.step_sums(state.chunk_grad_sums.data(), state.chunk_nonfinite.data(), state.work.size(),
+                        state.decision_sums.data());
+    }
+    if (!alone) {
+      agree_on_backend();
+      backend.decide_step(rule, state.decision_sums.data(), state.decision.data());
+    }
     if (state.layout->sharded() || progress.guard.on()) {
       // A sharded update has collectives (the norms of a reducing rule, the parameters' way back),
       // which may fail once the moments changed, and the spike guard judges on the host: the host
