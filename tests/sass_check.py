@@ -14,7 +14,7 @@ machine code. Two checks:
   fp16:   a turn of an aligned fp16 element loop issues at most FP16_OVER_BF16 times bf16's
           instructions (round to nearest; the common case, a NaN's exact conversion skipped): fp16
           converts by the GPU's instructions, not in integer arithmetic (quad_lanes.hpp,
-          converts_by_cvt), which took 2.4 times bf16's.
+          converts_by_cvt), with which the norm pass issued 1.8 times bf16's, Adam's update 1.27.
 """
 import argparse
 import os
