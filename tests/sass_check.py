@@ -192,10 +192,11 @@ def main():
         checked.add(kernel)
         if "16round_to_nearest" in name or precision == "fp32":
             loop_size[kernel] = max(loop_size.get(kernel, 0), element_loop_size(code))
-        if FINISHED.get(pass_name, "-") in name:
+        with_finish = FINISHED.get(pass_name, "-") in name
+        if with_finish:
             finished.add(kernel)
         for problem in sorted(set(load_problems(code, wide_loads))):
-            print(f"sm_{args.arch} loads: {kernel[0]} {precision} (aligned{', finished' if kernel in finished else ''}): {problem}")
+            print(f"sm_{args.arch} loads: {kernel[0]} {precision} (aligned{', with its finish' if with_finish else ''}): {problem}")
             failed = True
     expected = {(a, b) for a in [*UPDATE_PASSES, NORM_PASS] for b in PRECISIONS.values()}
     for pass_name, precision in sorted(expected - checked):
