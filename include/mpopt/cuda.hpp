@@ -256,34 +256,20 @@ __device__ bool last_block(unsigned* arrived) {
   return last;
 }
 
-/// One value a thread, added over the block by lane_tree's pairs; every thread gets the total.
-__device__ double block_total(double* room, double v) {
-  room[threadIdx.x] = v;
-  for (unsigned w = device_threads_per_chunk / 2; w > 0; w /= 2) {
-    __syncthreads();
-    if (threadIdx.x < w) room[threadIdx.x] += room[threadIdx.x + w];
-  }
-  __syncthreads();
-  const double total = room[0];
-  __syncthreads();
-  return total;
-}
-
-/// step_sums_finish by a block: each thread adds every 256th chunk in order, the block adds the
-/// threads' sums. The norm's partials are rounded to float precision, so they add exactly in any
-/// order while within about 2^29 of each other: mostly the host's bits, always the same ones.
+/// step_sums_finish by a block: each thread adds every 256th chunk in order, then the threads' sums
+/// go through block_lane_tree (each in its thread's first lane, the others zero). The norm's
+/// partials are rounded to float precision, so they add exactly in any order while within about
+/// 2^29 of each other: mostly the host's bits, always the same ones.
 __device__ void finish_block(const step_sums_finish& f, double* room) {
   double squares = 0, nonfinite = 0;
   for (std::size_t c = threadIdx.x; c < f.chunks; c += device_threads_per_chunk) {
     squares += __ldcg(f.chunk_sums + c);
     nonfinite += __ldcg(f.chunk_nonfinite + c);
   }
-  squares = block_total(room, squares);
-  nonfinite = block_total(room, nonfinite);
-  if (threadIdx.x != 0) return;
-  f.sums[0] = squares;
-  f.sums[1] = nonfinite;
-  f.decide();
+  const auto add = [](double a, double b) { return a + b; };
+  block_lane_tree(room, [&](unsigned j) { return j == 0 ? squares : 0.0; }, add, f.sums);
+  block_lane_tree(room, [&](unsigned j) { return j == 0 ? nonfinite : 0.0; }, add, f.sums + 1);
+  if (threadIdx.x == 0) f.decide();  // reads the sums thread 0 wrote
 }
 
 /// segments_finish by a block: a warp per segment (its lanes add every 32nd partial in order, then
